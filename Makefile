@@ -1,0 +1,30 @@
+# Every target sets up its own virtual environment from nothing (python3 -m venv + pip).
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-stamp
+
+.PHONY: demo test venv proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make demo: sanitize the embedded synthetic log and print a summary
+demo: $(STAMP)
+	$(VENV)/bin/cels demo
+
+## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
+proto: $(STAMP)
+	$(PY) -m cels.protocol.wire.generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info

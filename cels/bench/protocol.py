@@ -1,0 +1,5 @@
+"""Placeholder while the protocol benchmark is being written."""
+
+
+def register(subparsers) -> None:
+    return None

@@ -1,0 +1,15 @@
+"""``cels bench {mechanism,crypto,protocol}``: benchmarks that print JSON."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="measure speed, bytes and memory; prints JSON")
+    bench_sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name in BENCHMARKS:
+        importlib.import_module(name).register(bench_sub)

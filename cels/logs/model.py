@@ -1,0 +1,123 @@
+"""The search-log data model shared by every layer of CELS.
+
+A search log is a multiset of (user, query, url) events.  The mechanism works on its
+histogram (CELS section 2.1, EDBT section 2): ``c_ij`` = how often user ``u_j`` posed the
+query-url pair ``phi_i``.  It is kept as a sparse users x pairs matrix.  The baselines
+(ZEALOUS, Korolova et al., Safelog) also need the events in log order (first ``d`` queries
+of a user, consecutive query pairs), so readers yield :class:`LogRecord` events and the
+histogram is built from them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalise_query(text: str) -> str:
+    """Default pair normalisation (spec/mechanism.md): strip, collapse whitespace, lower-case."""
+    return _WHITESPACE.sub(" ", text.strip()).lower()
+
+
+class LogError(ValueError):
+    """Bad input: names the file, the 1-based line and the field at fault."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, message: str) -> None:
+        where = str(path)
+        if line is not None:
+            where += f", line {line}"
+        if field is not None:
+            where += f", field {field!r}"
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.reason = message
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One event of a log in log order: ``url`` is ``None`` for a query without a click."""
+
+    user: str
+    query: str
+    url: str | None
+    count: int = 1
+    line: int = 0
+
+
+Pair = tuple[str, str]
+
+
+@dataclass
+class SearchLog:
+    """Histogram of a search log: ``counts[j, i] = c_ij`` (users x pairs, CSR, int64).
+
+    ``users[j]`` and ``pairs[i] = (query, url)`` name rows and columns.  ``source`` carries
+    what a writer needs to emit the log in its input's format (format name, column mapping,
+    header); it is opaque to the mechanism.
+    """
+
+    users: list[str]
+    pairs: list[Pair]
+    counts: sp.csr_matrix
+    source: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.counts.shape != (len(self.users), len(self.pairs)):
+            raise ValueError(
+                f"counts shape {self.counts.shape} does not match "
+                f"{len(self.users)} users x {len(self.pairs)} pairs"
+            )
+
+    @classmethod
+    def from_records(cls, records: Iterable[LogRecord], source: dict | None = None) -> SearchLog:
+        """Histogram of the click events (records without a url make no pair)."""
+        user_index: dict[str, int] = {}
+        pair_index: dict[Pair, int] = {}
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
+        for rec in records:
+            if rec.url is None:
+                continue
+            j = user_index.setdefault(rec.user, len(user_index))
+            i = pair_index.setdefault((rec.query, rec.url), len(pair_index))
+            rows.append(j)
+            cols.append(i)
+            vals.append(rec.count)
+        counts = sp.csr_matrix(
+            (np.asarray(vals, dtype=np.int64), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
+            shape=(len(user_index), len(pair_index)),
+            dtype=np.int64,
+        )
+        counts.sum_duplicates()
+        return cls(list(user_index), list(pair_index), counts, dict(source or {}))
+
+    @property
+    def n_users(self) -> int:
+        return len(self.users)
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pairs)
+
+    def pair_totals(self) -> np.ndarray:
+        """c_i = sum_j c_ij for every pair."""
+        return np.asarray(self.counts.sum(axis=0)).ravel().astype(np.int64)
+
+    @property
+    def size(self) -> int:
+        """|D| = sum_i c_i."""
+        return int(self.counts.sum())
+
+    def select_users(self, rows: np.ndarray) -> SearchLog:
+        """The sub-log of the given user rows (pairs keep their index; used to split by user)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return SearchLog([self.users[j] for j in rows], list(self.pairs), self.counts[rows].tocsr(), dict(self.source))

@@ -1,0 +1,1 @@
+"""cels.mechanism"""

@@ -1,0 +1,1 @@
+"""party_node: gRPC adapter of the CELS party role (not yet implemented; see issue 4)."""

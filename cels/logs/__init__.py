@@ -1,5 +1,25 @@
 """Search-log formats: readers, writers, the histogram model and the synthetic log."""
 
+from cels.logs.bench import bench_load
 from cels.logs.model import LogError, LogRecord, SearchLog, normalise_query
+from cels.logs.options import FORMATS, LoadOptions, default_data_dir, parse_columns
+from cels.logs.readers import iter_records, load_log
+from cels.logs.synthetic import synthetic_log, write_synthetic
+from cels.logs.writers import write_log
 
-__all__ = ["LogError", "LogRecord", "SearchLog", "normalise_query"]
+__all__ = [
+    "FORMATS",
+    "LoadOptions",
+    "LogError",
+    "LogRecord",
+    "SearchLog",
+    "bench_load",
+    "default_data_dir",
+    "iter_records",
+    "load_log",
+    "normalise_query",
+    "parse_columns",
+    "synthetic_log",
+    "write_log",
+    "write_synthetic",
+]

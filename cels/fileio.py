@@ -1,0 +1,68 @@
+"""Atomic file output: every file CELS writes appears complete or not at all.
+
+Data goes to a temporary file in the target's directory, is flushed and fsync'ed, and is
+renamed over the target with :func:`os.replace` only when the ``with`` block succeeds.  On
+any exception the temporary file is removed and an existing target is left untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+@contextmanager
+def atomic_write(
+    path: str | os.PathLike[str],
+    mode: str = "w",
+    encoding: str | None = "utf-8",
+    newline: str | None = None,
+) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``path`` for writing; rename it to ``path`` on success.
+
+    ``mode`` is ``"w"`` (text, with ``encoding`` and ``newline``) or ``"wb"`` (binary).
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write: mode must be 'w' or 'wb', not {mode!r}")
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        os.chmod(tmp_name, _final_mode(target))
+        if mode == "wb":
+            fh: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            fh = os.fdopen(fd, "w", encoding=encoding, newline=newline)
+        with fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _final_mode(target: Path) -> int:
+    """The replaced file's mode, else what ``open`` would give a new file (0o666 & ~umask)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON (with a final newline) atomically."""
+    with atomic_write(path) as fh:
+        json.dump(obj, fh, indent=2, sort_keys=False)
+        fh.write("\n")

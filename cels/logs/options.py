@@ -1,0 +1,113 @@
+"""How to read a log: the format, the column mapping and the reader's switches."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cels.logs.model import LogError, normalise_query
+
+FORMATS = ("aol", "msnbc", "tsv", "histogram")
+COLUMN_NAMES = ("user", "query", "url", "count")
+REQUIRED_COLUMNS = ("user", "query", "url")
+SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"]
+
+
+@dataclass
+class LoadOptions:
+    """Reader switches.
+
+    ``columns`` maps ``user``/``query``/``url``[/``count``] to 1-based columns (``tsv`` only).
+    ``header``: ``None`` detects it (see docs/formats.md), ``True``/``False`` force it.
+    ``lenient`` skips bad lines (counted in ``source["skipped_lines"]``) instead of failing.
+    ``max_users`` keeps the first N users in file order.
+    """
+
+    format: str
+    columns: dict[str, int] | None = None
+    header: bool | None = None
+    lenient: bool = False
+    delimiter: str = "\t"
+    max_users: int | None = None
+    normalise: Callable[[str], str] = normalise_query
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown log format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if self.format == "tsv":
+            if self.columns is None:
+                raise ValueError("format 'tsv' needs a column mapping, e.g. user=1,query=2,url=4")
+            check_columns(self.columns)
+        elif self.columns is not None:
+            raise ValueError(f"format {self.format!r} has fixed columns; a column mapping is for 'tsv' only")
+        if len(self.delimiter) != 1 or self.delimiter in "\r\n":
+            raise ValueError(f"delimiter must be one character other than a line break, not {self.delimiter!r}")
+        if self.max_users is not None and self.max_users < 1:
+            raise ValueError(f"max_users must be a positive number of users, not {self.max_users}")
+
+
+def skip_or_raise(options: LoadOptions, source: dict, error: LogError) -> None:
+    """Lenient mode: count the bad line in ``source`` (keeping the first reasons); else raise."""
+    if not options.lenient:
+        raise error
+    source["skipped_lines"] += 1
+    if len(source["skipped_examples"]) < SKIPPED_EXAMPLES:
+        source["skipped_examples"].append(str(error))
+
+
+def check_columns(columns: dict[str, int]) -> None:
+    """Raise ValueError unless ``columns`` maps user, query, url (and maybe count) to distinct columns >= 1."""
+    unknown = sorted(set(columns) - set(COLUMN_NAMES))
+    if unknown:
+        raise ValueError(f"unknown column name(s) {', '.join(unknown)}; use {', '.join(COLUMN_NAMES)}")
+    missing = [name for name in REQUIRED_COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(f"column mapping lacks {', '.join(missing)} (needs user, query and url)")
+    for name, col in columns.items():
+        if not isinstance(col, int) or isinstance(col, bool) or col < 1:
+            raise ValueError(f"column {name}={col!r}: columns are numbered from 1")
+    if len(set(columns.values())) != len(columns):
+        raise ValueError(f"two names share one column in {format_columns(columns)}")
+
+
+def parse_columns(spec: str) -> dict[str, int]:
+    """``"user=1,query=2,url=4[,count=N]"`` -> ``{"user": 1, "query": 2, "url": 4, ...}`` (1-based)."""
+    columns: dict[str, int] = {}
+    for item in spec.split(","):
+        name, sep, number = item.strip().partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"column mapping {spec!r}: {item.strip()!r} is not name=number")
+        if name in columns:
+            raise ValueError(f"column mapping {spec!r}: {name} given twice")
+        try:
+            columns[name] = int(number.strip())
+        except ValueError:
+            raise ValueError(f"column mapping {spec!r}: {name}={number.strip()!r} is not a column number") from None
+    try:
+        check_columns(columns)
+    except ValueError as exc:
+        raise ValueError(f"column mapping {spec!r}: {exc}") from None
+    return columns
+
+
+def format_columns(columns: dict[str, int]) -> str:
+    """Inverse of :func:`parse_columns`."""
+    return ",".join(f"{name}={col}" for name, col in columns.items())
+
+
+def default_data_dir() -> Path:
+    """Where the real logs live: ``$CELS_DATA``, else ``<repo>/../shared/data``.
+
+    ``<repo>`` is the checkout holding this package (editable install); when the package is
+    installed elsewhere (no ``pyproject.toml`` beside it) the fallback is ``cwd/../shared/data``.
+    """
+    env = os.environ.get("CELS_DATA")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / "pyproject.toml").is_file():
+        return repo.parent / "shared" / "data"
+    return Path.cwd().parent / "shared" / "data"

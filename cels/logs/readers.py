@@ -1,0 +1,166 @@
+"""Readers: AOL TSV, generic delimited text, histogram TSV (here) and MSNBC (cels.logs.msnbc).
+
+:func:`iter_records` yields the events in log order; :func:`load_log` builds the histogram
+c_ij (CELS section 2.1).  Bad input raises :class:`LogError` naming file, line and field; in
+lenient mode the line is skipped and counted in ``source["skipped_lines"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from cels.logs.model import LogError, LogRecord, SearchLog
+from cels.logs.msnbc import iter_msnbc, load_msnbc
+from cels.logs.options import LoadOptions, skip_or_raise
+from cels.logs.textio import BOM, decode, iter_lines
+
+AOL_HEADER = ("AnonID", "Query", "QueryTime", "ItemRank", "ClickURL")
+HISTOGRAM_HEADER = ("user", "query", "url", "count")
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a delimited format keeps its fields: 0-based columns and the names errors use."""
+
+    columns: dict[str, int]
+    names: dict[str, str]
+    url_optional: bool = False  # AOL rows without a click may stop after QueryTime
+    max_fields: int | None = None
+
+
+AOL_LAYOUT = Layout(
+    {"user": 0, "query": 1, "url": 4},
+    {"user": "AnonID", "query": "Query", "url": "ClickURL"},
+    url_optional=True,
+    max_fields=len(AOL_HEADER),
+)
+HISTOGRAM_LAYOUT = Layout({name: k for k, name in enumerate(HISTOGRAM_HEADER)}, {n: n for n in HISTOGRAM_HEADER})
+
+
+def layout_of(options: LoadOptions) -> Layout:
+    if options.format == "aol":
+        return AOL_LAYOUT
+    if options.format == "histogram":
+        return HISTOGRAM_LAYOUT
+    assert options.columns is not None
+    return Layout({name: col - 1 for name, col in options.columns.items()}, {n: n for n in options.columns})
+
+
+class DelimitedReader:
+    """Streams the records of one AOL / tsv / histogram file and fills ``source`` while reading."""
+
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions) -> None:
+        self.path = str(path)
+        self.options = options
+        self.layout = layout_of(options)
+        self.source: dict = {
+            "format": options.format,
+            "path": self.path,
+            "delimiter": options.delimiter,
+            "columns": {name: col + 1 for name, col in self.layout.columns.items()},
+            "header": None,
+            "newline": "\n",
+            "bom": False,
+            "max_users": options.max_users,
+            "skipped_lines": 0,
+            "skipped_examples": [],
+        }
+
+    def records(self) -> Iterator[LogRecord]:
+        kept: set[str] = set()
+        for lineno, raw, ending in iter_lines(self.path):
+            text = decode(raw)
+            if lineno == 1:
+                self.source["newline"] = decode(ending) or "\n"
+                if text.startswith(BOM):
+                    text = text[1:]
+                    self.source["bom"] = True
+                fields = text.split(self.options.delimiter)
+                if self._is_header(fields):
+                    self.source["header"] = text
+                    continue
+            else:
+                fields = text.split(self.options.delimiter)
+            if not text.strip():
+                continue  # blank lines (e.g. a trailing one) carry no event
+            try:
+                record = self._parse(fields, lineno)
+            except LogError as exc:
+                skip_or_raise(self.options, self.source, exc)
+                continue
+            if self.options.max_users is not None and record.user not in kept:
+                if len(kept) >= self.options.max_users:
+                    continue
+                kept.add(record.user)
+            yield record
+
+    def _is_header(self, fields: list[str]) -> bool:
+        """Forced by ``options.header``; else AOL: first field ``AnonID``; with a count column:
+        the count field is not a number; tsv without a count column: a header is assumed."""
+        if self.options.header is not None:
+            return self.options.header
+        if self.options.format == "aol":
+            return fields[0].strip() == AOL_HEADER[0]
+        col = self.layout.columns.get("count")
+        if col is None:
+            return True
+        return col >= len(fields) or not _is_number(fields[col].strip())
+
+    def _parse(self, fields: list[str], lineno: int) -> LogRecord:
+        layout = self.layout
+        if layout.max_fields is not None and len(fields) > layout.max_fields:
+            raise LogError(self.path, lineno, None, f"{len(fields)} fields; this format has at most {layout.max_fields}")
+        values: dict[str, str] = {}
+        for name, col in layout.columns.items():
+            if col < len(fields):
+                values[name] = fields[col].strip()
+            elif not (name == "url" and layout.url_optional):
+                raise LogError(
+                    self.path,
+                    lineno,
+                    layout.names[name],
+                    f"missing: the line has {len(fields)} field(s), {layout.names[name]} is column {col + 1}",
+                )
+        if not values["user"]:
+            raise LogError(self.path, lineno, layout.names["user"], "empty user id")
+        count = 1
+        if "count" in values:
+            if not _is_number(values["count"]) or int(values["count"]) < 1:
+                raise LogError(
+                    self.path, lineno, layout.names["count"], f"{values['count']!r} is not a positive integer"
+                )
+            count = int(values["count"])
+        query = self.options.normalise(fields[layout.columns["query"]])
+        return LogRecord(values["user"], query, values.get("url") or None, count, lineno)
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def iter_records(path: str | os.PathLike[str], options: LoadOptions) -> Iterator[LogRecord]:
+    """The events of the log in file order (``url`` None for a query without a click)."""
+    if options.format == "msnbc":
+        return iter_msnbc(path, options)
+    return DelimitedReader(path, options).records()
+
+
+def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
+    """The histogram c_ij of the log at ``path``; ``source`` records how to write it back."""
+    if options.format == "msnbc":
+        log = load_msnbc(path, options)
+    else:
+        reader = DelimitedReader(path, options)
+        log = SearchLog.from_records(reader.records())
+        log.source = reader.source
+    if log.n_pairs == 0:
+        raise LogError(str(path), None, None, f"no query-url pair in {path}")
+    logger.info(
+        "loaded %s (%s): %d users, %d pairs, |D| = %d, %d bad lines skipped",
+        path, options.format, log.n_users, log.n_pairs, log.size, log.source.get("skipped_lines", 0),
+    )
+    return log

@@ -1,0 +1,77 @@
+"""Byte-exact text I/O shared by the readers and writers.
+
+Logs are read as bytes, split on ``\\n`` only (a stray ``\\r`` inside a query stays part of
+it), and decoded as UTF-8 with ``errors="surrogateescape"``: bytes that are not UTF-8
+(latin-1 queries in old logs) become lone surrogates and are encoded back to the very same
+bytes by the writers.  ``.gz`` files are (de)compressed transparently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from tqdm import tqdm
+
+from cels.fileio import atomic_write
+
+ENCODING = "utf-8"
+ERRORS = "surrogateescape"
+BOM = "\ufeff"
+_PROGRESS_EVERY = 1 << 16  # lines between progress-bar updates
+
+
+def is_gzip(path: str | os.PathLike[str]) -> bool:
+    return str(path).endswith(".gz")
+
+
+def decode(raw: bytes) -> str:
+    return raw.decode(ENCODING, ERRORS)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The whole (decompressed) file."""
+    with open(path, "rb") as raw:
+        return gzip.GzipFile(fileobj=raw).read() if is_gzip(path) else raw.read()
+
+
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bytes]]:
+    """Yield ``(1-based line number, line without terminator, terminator)`` with a progress bar.
+
+    The terminator is ``b"\\r\\n"``, ``b"\\n"`` or ``b""`` (last line without one).
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as raw, tqdm(
+        total=size, unit="B", unit_scale=True, desc=f"reading {Path(path).name}", disable=None, leave=False
+    ) as bar:
+        stream: BinaryIO = gzip.GzipFile(fileobj=raw) if is_gzip(path) else raw  # type: ignore[assignment]
+        for lineno, line in enumerate(stream, start=1):
+            if lineno % _PROGRESS_EVERY == 0:
+                bar.update(raw.tell() - bar.n)
+            if line.endswith(b"\r\n"):
+                yield lineno, line[:-2], b"\r\n"
+            elif line.endswith(b"\n"):
+                yield lineno, line[:-1], b"\n"
+            else:
+                yield lineno, line, b""
+        bar.update(size - bar.n)
+
+
+@contextmanager
+def open_text_output(path: str | os.PathLike[str], bom: bool = False) -> Iterator[TextIO]:
+    """Atomically write text (UTF-8, surrogateescape, newlines untranslated), gzip for ``.gz``."""
+    with atomic_write(path, mode="wb") as raw, (
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if is_gzip(path) else nullcontext(raw)
+    ) as sink:
+        text = io.TextIOWrapper(sink, encoding=ENCODING, errors=ERRORS, newline="")
+        try:
+            if bom:
+                text.write(BOM)
+            yield text
+        finally:
+            text.detach()  # flushes; the sink is closed by its own context

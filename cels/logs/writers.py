@@ -1,0 +1,114 @@
+"""Writers: a (sanitized) histogram back in its input's format, written atomically.
+
+Rows with count 0 (pairs the mechanism suppressed) are not written.  Values are written as
+stored (queries normalised, urls stripped), byte-exact through surrogateescape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TextIO
+
+import numpy as np
+
+from cels.logs.model import SearchLog
+from cels.logs.options import FORMATS
+from cels.logs.readers import AOL_HEADER, HISTOGRAM_HEADER
+from cels.logs.textio import open_text_output
+
+
+def released_rows(log: SearchLog) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+    """Per user row j (in order), its ``(pair index, count)`` with count > 0; users without any skipped."""
+    counts = log.counts.tocsr(copy=True)
+    counts.sum_duplicates()
+    for j in range(log.n_users):
+        lo, hi = counts.indptr[j], counts.indptr[j + 1]
+        cells = [(int(i), int(c)) for i, c in zip(counts.indices[lo:hi], counts.data[lo:hi]) if c > 0]
+        if cells:
+            yield j, cells
+
+
+def write_log(log: SearchLog, path: str | os.PathLike[str], source: dict | None = None) -> int:
+    """Write ``log`` to ``path`` in the format of ``source`` (default ``log.source``); returns data lines written.
+
+    A log whose source names no format is written as a histogram TSV.
+    """
+    source = log.source if source is None else source
+    fmt = source.get("format", "histogram")
+    if fmt not in FORMATS:
+        raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    with open_text_output(path, bom=bool(source.get("bom")) and fmt == "tsv") as out:
+        if fmt == "msnbc":
+            return _write_msnbc(log, out, source)
+        if fmt == "tsv":
+            return _write_tsv(log, out, source, path)
+        header = AOL_HEADER if fmt == "aol" else HISTOGRAM_HEADER
+        out.write("\t".join(header) + "\n")
+        columns = {"user": 0, "query": 1, "url": 4} if fmt == "aol" else {"user": 0, "query": 1, "url": 2, "count": 3}
+        return _write_rows(log, out, columns, len(header), "\t", "\n", path)
+
+
+def _write_tsv(log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:
+    columns = {name: col - 1 for name, col in source["columns"].items()}
+    delimiter = source.get("delimiter", "\t")
+    newline = source.get("newline", "\n")
+    if source.get("header") is not None:
+        out.write(source["header"] + newline)
+    return _write_rows(log, out, columns, max(columns.values()) + 1, delimiter, newline, path)
+
+
+def _write_rows(
+    log: SearchLog,
+    out: TextIO,
+    columns: dict[str, int],
+    width: int,
+    delimiter: str,
+    newline: str,
+    path: str | os.PathLike[str],
+) -> int:
+    """One line per (user, pair) with a count column, else the line repeated count times."""
+    written = 0
+    for j, cells in released_rows(log):
+        user = _checked(log.users[j], delimiter, path)
+        for i, count in cells:
+            fields = [""] * width
+            fields[columns["user"]] = user
+            fields[columns["query"]] = _checked(log.pairs[i][0], delimiter, path)
+            fields[columns["url"]] = _checked(log.pairs[i][1], delimiter, path)
+            if "count" in columns:
+                fields[columns["count"]] = str(count)
+                repeat = 1
+            else:
+                repeat = count
+            out.write((delimiter.join(fields) + newline) * repeat)
+            written += repeat
+    return written
+
+
+def _checked(value: str, delimiter: str, path: str | os.PathLike[str]) -> str:
+    if delimiter in value or "\n" in value or "\r" in value:
+        raise ValueError(f"cannot write {value!r} to {path}: it contains the delimiter or a line break")
+    return value
+
+
+def _write_msnbc(log: SearchLog, out: TextIO, source: dict) -> int:
+    """The ``%`` header, then one line per user with visits: each category repeated count times."""
+    categories = source.get("categories")
+    header = source.get("header_lines")
+    if not categories or not header:
+        raise ValueError("writing MSNBC needs source['categories'] and source['header_lines'] of an MSNBC input")
+    number = np.zeros(log.n_pairs, dtype=np.int64)
+    for i, (query, url) in enumerate(log.pairs):
+        if not (url.isascii() and url.isdigit() and 1 <= int(url) <= len(categories)):
+            raise ValueError(f"pair ({query!r}, {url!r}) is not an MSNBC category 1..{len(categories)}")
+        number[i] = int(url)
+    newline = source.get("newline", "\r\n")
+    for line in header:
+        out.write(line + newline)
+    written = 0
+    for _, cells in released_rows(log):
+        visits = sorted((int(number[i]), c) for i, c in cells)
+        out.write("".join(f"{k} " * c for k, c in visits) + newline)
+        written += 1
+    return written

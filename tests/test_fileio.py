@@ -1,0 +1,78 @@
+"""cels.fileio: outputs appear complete or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cels.fileio import atomic_write, atomic_write_json
+
+
+def _leftovers(directory: Path, keep: set[str]) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name not in keep)
+
+
+def test_atomic_write_creates_the_file_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    with atomic_write(target) as fh:
+        fh.write("héllo\n")
+        assert not target.exists()  # nothing visible before the block ends
+    assert target.read_text(encoding="utf-8") == "héllo\n"
+    assert _leftovers(tmp_path, {"out.txt"}) == []
+
+
+def test_exception_keeps_the_old_file_and_removes_the_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "out.txt"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_write(target) as fh:
+            fh.write("new, half written")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old\n"
+    assert _leftovers(tmp_path, {"out.txt"}) == []
+
+
+def test_exception_on_a_new_path_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        with atomic_write(tmp_path / "new.bin", mode="wb") as fh:
+            fh.write(b"\x00\x01")
+            raise KeyError("x")
+    assert _leftovers(tmp_path, set()) == []
+
+
+def test_binary_mode_and_newline_translation(tmp_path: Path) -> None:
+    with atomic_write(tmp_path / "a.bin", mode="wb") as fh:
+        fh.write(b"\xff\r\n")
+    assert (tmp_path / "a.bin").read_bytes() == b"\xff\r\n"
+    with atomic_write(tmp_path / "b.txt", newline="\r\n") as fh:
+        fh.write("x\n")
+    assert (tmp_path / "b.txt").read_bytes() == b"x\r\n"
+    with pytest.raises(ValueError, match="mode"):
+        with atomic_write(tmp_path / "c", mode="a"):
+            pass
+
+
+def test_modes_follow_umask_or_the_replaced_file(tmp_path: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        with atomic_write(tmp_path / "new") as fh:
+            fh.write("x")
+        assert (tmp_path / "new").stat().st_mode & 0o777 == 0o644
+        old = tmp_path / "old"
+        old.write_text("x")
+        old.chmod(0o640)
+        with atomic_write(old) as fh:
+            fh.write("y")
+        assert old.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(umask)
+
+
+def test_atomic_write_json_round_trip(tmp_path: Path) -> None:
+    obj = {"epsilon": 1.0, "pairs": [["q", "u"]], "name": "ünïcode"}
+    atomic_write_json(tmp_path / "r.json", obj)
+    text = (tmp_path / "r.json").read_text(encoding="utf-8")
+    assert json.loads(text) == obj and text.endswith("\n")

@@ -41,6 +41,16 @@ class CelsNodeStub:
                 request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.Frame.SerializeToString,
                 response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Signal = channel.unary_unary(
+                '/cels.v1.CelsNode/Signal',
+                request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionSignal.SerializeToString,
+                response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.FromString,
+                _registered_method=True)
+        self.Run = channel.unary_stream(
+                '/cels.v1.CelsNode/Run',
+                request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.SerializeToString,
+                response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.FromString,
+                _registered_method=True)
 
 
 class CelsNodeServicer:
@@ -55,6 +65,20 @@ class CelsNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Signal(self, request, context):
+        """Session control and liveness between nodes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Run(self, request, context):
+        """Start a session on this (party) node as initiator and follow it to the end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CelsNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -62,6 +86,16 @@ def add_CelsNodeServicer_to_server(servicer, server):
                     servicer.Deliver,
                     request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.Frame.FromString,
                     response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.Ack.SerializeToString,
+            ),
+            'Signal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Signal,
+                    request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionSignal.FromString,
+                    response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.SerializeToString,
+            ),
+            'Run': grpc.unary_stream_rpc_method_handler(
+                    servicer.Run,
+                    request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.FromString,
+                    response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +127,60 @@ class CelsNode:
             '/cels.v1.CelsNode/Deliver',
             cels_dot_protocol_dot_wire_dot_cels__pb2.Frame.SerializeToString,
             cels_dot_protocol_dot_wire_dot_cels__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Signal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cels.v1.CelsNode/Signal',
+            cels_dot_protocol_dot_wire_dot_cels__pb2.SessionSignal.SerializeToString,
+            cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Run(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cels.v1.CelsNode/Run',
+            cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.SerializeToString,
+            cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,58 @@
+"""Elliptic-curve commutative hash with X25519 (universe phase of spec/protocol.md).
+
+Identifiers that are compared but never decrypted (the hashed query-url pair ids of the
+universe phase) only need a commutative *hash*: H_a(H_b(x)) = H_b(H_a(x)).  X25519 is
+x-only scalar multiplication on Curve25519: a party's secret is a clamped scalar k (from
+the OS CSPRNG via ``cryptography``), and applying it to a u-coordinate gives the u-coordinate
+of [k]P.  Since [a][b]P = [b][a]P, layers commute.  An identifier is mapped to a
+u-coordinate by SHA-256 with a domain prefix (top bit cleared, as RFC 7748 decodes it).
+
+Assumption: the decisional Diffie-Hellman problem on Curve25519 (as for Pohlig-Hellman in a
+safe-prime group).  Clamping clears the cofactor, so two ids collide only if their hashes
+differ by a small-order point: probability about 2^-250.  About 80x cheaper than 2048-bit
+Pohlig-Hellman (measured by ``cels bench crypto``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from cels.crypto.commutative_cipher import CommutativeCipherError
+
+HASH_DOMAIN = b"cels/x25519-hash/v1\x00"
+ELEMENT_BYTES = 32
+
+
+def hash_to_u(data: bytes) -> bytes:
+    """SHA-256 of the id as a little-endian u-coordinate with bit 255 cleared."""
+    digest = bytearray(hashlib.sha256(HASH_DOMAIN + data).digest())
+    digest[31] &= 0x7F
+    return bytes(digest)
+
+
+class X25519Hash:
+    """One party's commutative-hash key for one session (same interface as PohligHellmanHash)."""
+
+    name = "x25519"
+
+    def __init__(self) -> None:
+        self._key = X25519PrivateKey.generate()
+
+    def hash(self, ids: Sequence[bytes]) -> list[bytes]:
+        """Map each id to a curve point and apply this party's scalar."""
+        return self.apply([hash_to_u(i) for i in ids])
+
+    def apply(self, elements: Sequence[bytes]) -> list[bytes]:
+        """Apply this party's scalar to u-coordinates other parties produced."""
+        out = []
+        for i, u in enumerate(elements):
+            if len(u) != ELEMENT_BYTES:
+                raise CommutativeCipherError(f"x25519 element {i}: {len(u)} bytes, expected {ELEMENT_BYTES}")
+            try:
+                out.append(self._key.exchange(X25519PublicKey.from_public_bytes(u)))
+            except ValueError as exc:  # a small-order point: never produced by hash_to_u in practice
+                raise CommutativeCipherError(f"x25519 element {i}: {exc}") from None
+        return out

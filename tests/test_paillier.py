@@ -1,0 +1,185 @@
+"""Packed Paillier: homomorphic correctness, packing limits, wire validation, key policy.
+
+Small keys (512 bits) only through the explicit ``allow_insecure_key_bits=True`` test
+setting; one test uses a real 2048-bit key.
+"""
+
+from __future__ import annotations
+
+import gmpy2
+import numpy as np
+import phe
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorPool
+from cels.crypto.paillier import (
+    CiphertextError,
+    EncryptedMatrix,
+    KeySizeError,
+    Packing,
+    PackingOverflowError,
+    PublicKey,
+    decrypt,
+    encrypt,
+    generate_keypair,
+)
+
+SMALL = dict(allow_insecure_key_bits=True)
+
+
+@pytest.fixture(scope="module")
+def keys():
+    public_key, private_key = generate_keypair(512, **SMALL)
+    return public_key, private_key, InlineObfuscators(public_key.n)
+
+
+def test_key_size_policy() -> None:
+    with pytest.raises(KeySizeError, match="refused"):
+        generate_keypair(1024)
+    with pytest.raises(KeySizeError):
+        generate_keypair(100, **SMALL)
+    public_key, _ = generate_keypair(512, **SMALL)
+    with pytest.raises(KeySizeError):
+        PublicKey.from_proto(public_key.to_proto())
+    assert PublicKey.from_proto(public_key.to_proto(), **SMALL) == public_key
+
+
+def test_crt_decryption_matches_phe(keys) -> None:
+    public_key, private_key, _ = keys
+    phe_key = phe.PaillierPublicKey(int(public_key.n))
+    for m in (0, 1, 12345, int(public_key.n) - 1):
+        assert private_key.decrypt_raw(gmpy2.mpz(phe_key.raw_encrypt(m))) == m
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.data(),
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 4),
+    summands=st.integers(1, 4),
+    bound=st.integers(1, 2**40),
+)
+def test_integer_sums_are_exact(keys, data, rows, cols, summands, bound) -> None:
+    public_key, private_key, obf = keys
+    packing = Packing.for_values(public_key, bound, summands)
+    terms = [data.draw(arrays(np.int64, (rows, cols), elements=st.integers(-bound, bound))) for _ in range(summands)]
+    enc = encrypt(public_key, terms[0], packing, obf)
+    for k, m in enumerate(terms[1:]):
+        enc = enc.add_plain(m) if k % 2 else enc.add(encrypt(public_key, m, packing, obf))
+    np.testing.assert_array_equal(decrypt(private_key, enc), np.sum(terms, axis=0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), rows=st.integers(1, 30), cols=st.integers(1, 3), scale_bits=st.integers(0, 40))
+def test_fixed_point_matrix_sums(keys, data, rows, cols, scale_bits) -> None:
+    public_key, private_key, obf = keys
+    packing = Packing.for_values(public_key, 1000.0, 3, scale_bits)
+    floats = st.floats(-1000, 1000, allow_nan=False)
+    a, b, c = (data.draw(arrays(np.float64, (rows, cols), elements=floats)) for _ in range(3))
+    enc = encrypt(public_key, a, packing, obf).add(encrypt(public_key, b, packing, obf)).add_plain(c)
+    # each term is rounded to a multiple of 2^-scale_bits: error <= 3 * 2^-(scale_bits+1)
+    np.testing.assert_allclose(decrypt(private_key, enc), a + b + c, rtol=0, atol=1.5 * 2.0**-scale_bits + 1e-9)
+
+
+def test_slot_boundaries_and_overflow(keys) -> None:
+    public_key, private_key, obf = keys
+    bound, r = 1000, 3
+    packing = Packing.for_values(public_key, bound, r)
+    assert packing.slot_bits == 16 and (2 * bound * r).bit_length() <= 16  # 6000 < 2^13, whole bytes
+    for rows in (packing.slots - 1, packing.slots, packing.slots + 1, 2 * packing.slots):
+        extreme = np.where(np.arange(rows) % 2 == 0, bound, -bound).reshape(-1, 1)
+        enc = encrypt(public_key, extreme, packing, obf)
+        assert len(enc.ciphertexts) == -(-rows // packing.slots)
+        for _ in range(r - 1):  # every slot at +-r*bound: no carry into the neighbouring slot
+            enc = enc.add_plain(extreme)
+        np.testing.assert_array_equal(decrypt(private_key, enc), r * extreme)
+    with pytest.raises(PackingOverflowError, match="exceeds the packing bound"):
+        encrypt(public_key, np.array([0, bound + 1]), packing, obf)
+    with pytest.raises(PackingOverflowError, match="not finite"):
+        encrypt(public_key, np.array([0.0, np.nan]), packing, obf)
+    full = encrypt(public_key, np.ones(5), packing, obf).add_plain(np.ones(5)).add_plain(np.ones(5))
+    with pytest.raises(PackingOverflowError, match="headroom"):
+        full.add_plain(np.ones(5))
+    with pytest.raises(PackingOverflowError, match="headroom"):
+        full.add(encrypt(public_key, np.ones(5), packing, obf))
+    with pytest.raises(PackingOverflowError):
+        Packing.for_values(public_key, 2.0**600, 3)
+
+
+def test_column_permutation_moves_whole_ciphertexts(keys) -> None:
+    public_key, private_key, obf = keys
+    rng = np.random.default_rng(7)
+    matrix = rng.integers(-50, 50, size=(150, 9))  # 63 slots: 3 ciphertexts per column
+    packing = Packing.for_values(public_key, 50, 2)
+    enc = encrypt(public_key, matrix, packing, obf)
+    perm = rng.permutation(9)
+    permuted = enc.permute_columns(perm)
+    b = enc.blocks
+    assert b == 3
+    assert permuted.ciphertexts[:b] == enc.ciphertexts[perm[0] * b : (perm[0] + 1) * b]
+    np.testing.assert_array_equal(decrypt(private_key, permuted), matrix[:, perm])
+    np.testing.assert_array_equal(decrypt(private_key, permuted.permute_columns(np.argsort(perm))), matrix)
+    with pytest.raises(ValueError, match="permutation"):
+        enc.permute_columns([0] * 9)
+
+
+def test_rerandomised_ciphertexts_differ_but_decrypt_equal(keys) -> None:
+    public_key, private_key, obf = keys
+    values = np.arange(-20, 20)
+    enc = encrypt(public_key, values, Packing.for_values(public_key, 20, 1), obf)
+    fresh = enc.rerandomize(obf)
+    assert all(a != b for a, b in zip(enc.ciphertexts, fresh.ciphertexts))
+    np.testing.assert_array_equal(decrypt(private_key, fresh), decrypt(private_key, enc))
+
+
+def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
+    public_key, private_key, obf = keys
+    matrix = np.arange(12).reshape(4, 3) - 6
+    enc = encrypt(public_key, matrix, Packing.for_values(public_key, 10, 2), obf)
+    msg = enc.to_proto()
+    np.testing.assert_array_equal(decrypt(private_key, EncryptedMatrix.from_proto(msg, public_key)), matrix)
+    width = public_key.ciphertext_bytes
+
+    def corrupt(raw: bytes, match: str) -> None:
+        bad = type(msg)()
+        bad.CopyFrom(msg)
+        bad.ciphertexts[1] = raw
+        with pytest.raises(CiphertextError, match=match):
+            EncryptedMatrix.from_proto(bad, public_key)
+
+    corrupt(msg.ciphertexts[1][1:], f"ciphertext 1: {width - 1} bytes, expected {width}")
+    corrupt(b"\xff" * width, "not below N")
+    corrupt(int(private_key.p).to_bytes(width, "big"), "not invertible")
+    corrupt(bytes(width), "not invertible")
+    short = type(msg)()
+    short.CopyFrom(msg)
+    del short.ciphertexts[-1]
+    with pytest.raises(CiphertextError, match="needs 3 ciphertexts, got 2"):
+        EncryptedMatrix.from_proto(short, public_key)
+    other, _ = generate_keypair(256, **SMALL)
+    with pytest.raises(CiphertextError, match="exceed"):
+        EncryptedMatrix.from_proto(msg, other)  # the packing does not fit a smaller key
+
+
+def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys) -> None:
+    public_key, private_key, _ = keys
+    with ObfuscatorPool(int(public_key.n), workers=2, batch=3) as pool:
+        pool.prefetch(4)
+        got = pool.take(7)  # 4 prefetched + 3 computed on demand
+    assert len(set(got)) == 7
+    assert all(private_key.decrypt_raw(r) == 0 for r in got)
+
+
+def test_real_2048_bit_key() -> None:
+    public_key, private_key = generate_keypair()
+    assert public_key.bits == 2048 and public_key.ciphertext_bytes == 512
+    obf = InlineObfuscators(public_key.n)
+    packing = Packing.for_values(public_key, 2**32, 3)
+    assert packing.slots == 2047 // packing.slot_bits == 51
+    values = np.arange(-60, 60) * 1_000_003
+    enc = encrypt(public_key, values, packing, obf).add_plain(values).rerandomize(obf)
+    assert len(enc.ciphertexts) == 3
+    np.testing.assert_array_equal(decrypt(private_key, EncryptedMatrix.from_proto(enc.to_proto(), public_key)).ravel(), 2 * values)

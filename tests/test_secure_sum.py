@@ -1,0 +1,160 @@
+"""Secure sum (Algorithm 1) run by the in-memory network: correctness, what travels, errors.
+
+Small keys only through the explicit ``allow_insecure_key_bits=True`` test setting.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cels.crypto.paillier import EncryptedMatrix, PackingOverflowError, PublicKey, decrypt, generate_keypair
+from cels.protocol.inmemory import InMemoryNetwork
+from cels.protocol.roles import ProtocolError
+from cels.protocol.secure_sum import SecureSum
+from cels.protocol.wire import cels_pb2
+
+KEYPAIR = generate_keypair(512, allow_insecure_key_bits=True)
+
+
+def make(ring, values, sum_id="counts", keypair=None, **kw):
+    opts = dict(bound=2**32, key_bits=512, allow_insecure_key_bits=True) | kw
+    return {
+        p: SecureSum(name=p, session_id="s1", sum_id=sum_id, ring=ring, values=values[p],
+                     keypair=keypair if p == ring[0] else None, **opts)
+        for p in ring
+    }
+
+
+class Recorder:
+    """Wraps a role and keeps every envelope it receives."""
+
+    def __init__(self, role) -> None:
+        self.role, self.name, self.received = role, role.name, []
+
+    def receive(self, sender, envelope):
+        self.received.append((sender, envelope))
+        return self.role.receive(sender, envelope)
+
+
+def run(roles, ring):
+    net = InMemoryNetwork(roles)
+    net.run(roles[ring[0]].start(), sender=ring[0])
+    return net
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 5])
+def test_every_party_learns_the_integer_sum(r) -> None:
+    ring = [f"party-{k}" for k in range(1, r + 1)]
+    rng = np.random.default_rng(r)
+    values = {p: rng.integers(0, 10**6, size=300) for p in ring}
+    roles = make(ring, values)
+    net = run(roles, ring)
+    total = sum(values.values())
+    for p in ring:
+        assert roles[p].done and roles[p].result.dtype == np.int64
+        np.testing.assert_array_equal(roles[p].result, total)
+    if r > 1:
+        steps = [(src, dst, step) for src, dst, step, _ in net.log]
+        ring_hops = [(src, dst) for src, dst, step in steps if step == "sum_hop"]
+        assert ring_hops == [(ring[k], ring[(k + 1) % r]) for k in range(r)]
+        assert sum(1 for *_, step in steps if step == "sum_key") == r - 1
+        assert sum(1 for *_, step in steps if step == "sum_result") == r - 1
+
+
+def test_float_matrix_sum_with_negative_values() -> None:
+    ring = ["a", "b", "c"]
+    rng = np.random.default_rng(5)
+    values = {p: rng.normal(scale=50, size=(6, 4)) for p in ring}
+    roles = make(ring, values, sum_id="nlp", bound=1000.0, scale_bits=32, keypair=KEYPAIR)
+    run(roles, ring)
+    for p in ring:
+        np.testing.assert_allclose(roles[p].result, sum(values.values()), rtol=0, atol=3 * 2.0**-33)
+
+
+def test_only_the_first_hop_encrypts_and_every_hop_rerandomises() -> None:
+    ring = ["a", "b", "c"]
+    values = {p: np.arange(40) * (k + 1) for k, p in enumerate(ring)}
+    roles = {p: Recorder(role) for p, role in make(ring, values, keypair=KEYPAIR).items()}
+    net = InMemoryNetwork(roles)
+    net.run(roles["a"].role.start(), sender="a")
+    hops = [e.sum_hop.partial for p in ("b", "c") for _, e in roles[p].received if e.WhichOneof("step") == "sum_hop"]
+    public_key, private_key = KEYPAIR
+    first = EncryptedMatrix.from_proto(hops[0], public_key)
+    second = EncryptedMatrix.from_proto(hops[1], public_key)
+    assert (first.terms, second.terms) == (1, 2)
+    deterministic = first.add_plain(values["b"])  # what b would send without re-randomising
+    assert all(x != y for x, y in zip(deterministic.ciphertexts, second.ciphertexts))
+    np.testing.assert_array_equal(decrypt(private_key, second).ravel(), values["a"] + values["b"])
+    assert net.stats.messages[("b", "sum_hop")] == 1
+
+
+def test_hop_before_key_is_buffered() -> None:
+    ring = ["a", "b", "c"]
+    values = {p: np.arange(10) for p in ring}
+    roles = make(ring, values)
+    out = roles["a"].start()
+    key_to_b = next(e for dst, e in out if dst == "b" and e.WhichOneof("step") == "sum_key")
+    hop = next(e for dst, e in out if e.WhichOneof("step") == "sum_hop")
+    assert roles["b"].receive("a", hop) == []
+    forwarded = roles["b"].receive("a", key_to_b)
+    assert [(dst, e.WhichOneof("step")) for dst, e in forwarded] == [("c", "sum_hop")]
+
+
+def test_protocol_errors() -> None:
+    ring = ["a", "b", "c"]
+    values = {p: np.arange(10) for p in ring}
+    roles = make(ring, values)
+    out = roles["a"].start()
+    key = next(e for dst, e in out if dst == "c")
+    hop = next(e for _, e in out if e.WhichOneof("step") == "sum_hop")
+    with pytest.raises(ProtocolError) as err:
+        roles["c"].receive("a", hop)  # c's predecessor is b
+    assert err.value.code == "failed_precondition"
+    with pytest.raises(ProtocolError) as err:
+        roles["b"].receive("c", key)  # only the key holder sends the key
+    assert err.value.code == "failed_precondition"
+    wrong_session = cels_pb2.Envelope()
+    wrong_session.CopyFrom(hop)
+    wrong_session.session_id = "other"
+    with pytest.raises(ProtocolError, match="unknown session") as err:
+        roles["b"].receive("a", wrong_session)
+    roles["b"].receive("a", next(e for dst, e in out if dst == "b" and e.WhichOneof("step") == "sum_key"))
+    corrupt = cels_pb2.Envelope()
+    corrupt.CopyFrom(hop)
+    corrupt.sum_hop.partial.ciphertexts[0] = b"\x00" * 3
+    with pytest.raises(ProtocolError, match="ciphertext 0: 3 bytes") as err:
+        roles["b"].receive("a", corrupt)
+    assert err.value.code == "invalid_argument"
+    with pytest.raises(PackingOverflowError, match="exceeds the bound"):
+        SecureSum(name="a", session_id="s1", sum_id="x", ring=ring, values=np.array([2**33]), bound=2**32)
+
+
+def test_weak_key_is_refused_by_default() -> None:
+    ring = ["a", "b"]
+    secure_b = SecureSum(name="b", session_id="s1", sum_id="counts", ring=ring, values=np.arange(3), bound=10)
+    weak = cels_pb2.SumKey(session_id="s1", sum_id="counts", key=KEYPAIR[0].to_proto())
+    with pytest.raises(ProtocolError, match="refused") as err:
+        secure_b.receive("a", cels_pb2.Envelope(session_id="s1", sender="a", sum_key=weak))
+    assert err.value.code == "invalid_argument"
+    assert PublicKey.from_proto(weak.key, allow_insecure_key_bits=True) == KEYPAIR[0]
+
+
+def test_bench_crypto_writes_the_issue_json(tmp_path, capsys) -> None:
+    from cels.cli import main
+
+    out = tmp_path / "crypto.json"
+    assert main(["bench", "crypto", "--values", "120", "--parties", "2", "--key-bits", "512", "--naive-sample", "4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    paillier = result["paillier"]
+    assert (paillier["key_bits"], paillier["values"], paillier["parties"]) == (512, 120, 2)
+    assert set(paillier["naive"]) >= {"seconds_per_value", "bytes_per_value"}
+    assert set(paillier["packed"]) >= {"seconds_per_value", "bytes_per_value", "offline_seconds"}
+    # 512-bit key, bound 2^32, 2 parties: 40-bit slots, 12 per ciphertext -> 10 ciphertexts per hop
+    assert (paillier["packed"]["slots"], paillier["packed"]["ciphertexts_per_hop"]) == (12, 10)
+    assert paillier["bytes_ratio"] == pytest.approx(paillier["naive"]["bytes_per_value"] / paillier["packed"]["bytes_per_value"])
+    assert paillier["bytes_ratio"] > 5
+    assert set(result["commutative"]) >= {"group_bits", "encrypt_per_s", "ec_hash_per_s"}

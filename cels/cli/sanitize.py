@@ -1,5 +1,171 @@
-"""Placeholder while the sanitize subcommand is being written."""
+"""``cels sanitize INPUT --format F --epsilon E --delta D --out OUT [--report R]``.
+
+The release method is looked up in :data:`METHODS` (``--method``, default ``optimal``: the
+CELS/EDBT multinomial sampling with optimal counts).  A method is a :class:`Method`: an
+optional ``add_arguments(parser)`` for its own flags and ``run(log, args) -> Release``.
+OUT and REPORT are written atomically only after the whole run succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cels.fileio import atomic_write_json
+from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, write_log
+from cels.mechanism.conditions import BOUNDS
+from cels.mechanism.sanitize import SanitizeParams, sanitize
+from cels.mechanism.solvers import (
+    DEFAULT_BREAKPOINTS,
+    DEFAULT_SUPPORT,
+    DEFAULT_TIME_LIMIT,
+    INTEGER_METHODS,
+    OBJECTIVES,
+)
 
 
-def register(subparsers) -> None:
-    return None
+@dataclass
+class Release:
+    """A method's result: the report and how to write the output (atomically) to a path."""
+
+    report: dict
+    write: Callable[[str], object]
+
+
+@dataclass
+class Method:
+    """One entry of :data:`METHODS`."""
+
+    run: Callable[[SearchLog, argparse.Namespace], Release]
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    help: str = ""
+
+
+def params_from_args(args: argparse.Namespace) -> SanitizeParams:
+    """The optimal method's parameters from the parsed flags."""
+    return SanitizeParams(
+        epsilon=args.epsilon,
+        delta=args.delta,
+        bound=args.bound,
+        objective=args.objective,
+        output_size=args.output_size,
+        min_count=args.min_count,
+        cap=args.cap,
+        noise_epsilon=args.noise_epsilon,
+        sensitivity=args.sensitivity,
+        preprocess=args.preprocess,
+        keep_user_ids=args.keep_user_ids,
+        seed=args.seed,
+        breakpoints=args.breakpoints,
+        support=args.support,
+        time_limit=args.time_limit,
+        integer=args.integer,
+    )
+
+
+def run_optimal(log: SearchLog, args: argparse.Namespace) -> Release:
+    """CELS/EDBT: optimal counts under the privacy conditions, then multinomial sampling."""
+    out, report = sanitize(log, params_from_args(args), progress=not args.quiet)
+    return Release(report, lambda path: write_log(out, path))
+
+
+def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("optimal method (CELS/EDBT multinomial sampling)")
+    g.add_argument("--bound", choices=BOUNDS, default="cels", help="b = min{eps/2 (cels) or eps (edbt), ln 1/(1-delta)}")
+    g.add_argument("--objective", choices=OBJECTIVES, default="kl", help="utility to optimise (default kl)")
+    g.add_argument("--output-size", type=float, default=None, metavar="F", help="|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5)")
+    g.add_argument("--min-count", type=int, default=0, metavar="N", help="drop pairs with total count < N (CELS cleans with 20)")
+    g.add_argument("--cap", type=int, default=None, metavar="K", help="per-user cap c_ij <- min(c_ij, K), applied first")
+    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts")
+    g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="sensitivity d of the counts")
+    g.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
+    g.add_argument("--keep-user-ids", action="store_true", help="keep the input user ids (default: fresh pseudonyms)")
+    g.add_argument("--breakpoints", type=int, default=DEFAULT_BREAKPOINTS, metavar="K", help="kl: breakpoints per variable")
+    g.add_argument("--support", type=float, default=DEFAULT_SUPPORT, metavar="s", help="frequent: minimum support (default 1/500)")
+    g.add_argument("--integer", choices=INTEGER_METHODS, default="mip", help="integer counts: HiGHS MIP + greedy (default), greedy fill, or floor")
+    g.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SEC", help="MIP time limit in seconds")
+
+
+METHODS: dict[str, Method] = {
+    "optimal": Method(run_optimal, _optimal_arguments, "optimal counts + multinomial sampling (CELS)"),
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sanitize", help="publish a differentially private version of a search log")
+    parser.add_argument("input", metavar="INPUT", help="the search log to sanitize")
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--no-header", action="store_true", help="the input has no header line")
+    parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
+    parser.add_argument("--epsilon", type=float, required=True)
+    parser.add_argument("--delta", type=float, required=True)
+    parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
+    parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
+    parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")
+    parser.add_argument("--report", default=None, metavar="REPORT.json", help="JSON report: privacy accounting, solver, sizes, utility, timings")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    for method in METHODS.values():
+        if method.add_arguments is not None:
+            method.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def load_input(args: argparse.Namespace) -> SearchLog:
+    """The input log as the flags describe it."""
+    options = LoadOptions(
+        format=args.format,
+        columns=parse_columns(args.columns) if args.columns else None,
+        header=False if args.no_header else None,
+        lenient=args.lenient,
+    )
+    return load_log(args.input, options)
+
+
+def check_output_dirs(*paths: str | None) -> None:
+    for path in paths:
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise ValueError(f"output directory of {path} does not exist")
+
+
+def write_release(release: Release, out: str, report_path: str | None) -> None:
+    """OUT then REPORT, each atomic; if the report cannot be written, OUT is removed again."""
+    existed = os.path.exists(out)
+    release.write(out)
+    if report_path is not None:
+        try:
+            atomic_write_json(report_path, release.report)
+        except BaseException:
+            if not existed:
+                os.unlink(out)
+            raise
+
+
+def summary_line(report: dict) -> str:
+    """One human line about a release."""
+    s, u, p = report.get("solver", {}), report.get("utility", {}), report.get("privacy", {})
+    sizes = report.get("sizes", {})
+    parts = [f"users {sizes.get('users')}", f"pairs {sizes.get('pairs')}"]
+    if s:
+        parts += [f"|O| {s['integer_total']}", f"LP bound {s['max_output_lp']:.1f}", f"integer ratio {s['integer_ratio']:.3f}"]
+    if u:
+        parts += [f"KL {u['kl']:.4f}", f"recall {u['recall']:.4f}"]
+    if p:
+        parts.append(f"b {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}, bound {p['bound']})")
+    return ", ".join(parts)
+
+
+def execute(args: argparse.Namespace) -> Release:
+    """Load, run the chosen method, write OUT and REPORT; returns the release."""
+    check_output_dirs(args.out, args.report)
+    release = METHODS[args.method].run(load_input(args), args)
+    write_release(release, args.out, args.report)
+    return release
+
+
+def run(args: argparse.Namespace) -> int:
+    print(summary_line(execute(args).report))
+    return 0

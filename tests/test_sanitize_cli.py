@@ -1,0 +1,105 @@
+"""``cels sanitize`` / ``cels demo``: exit codes, one-line errors, no partial output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cels.cli import main
+from cels.cli.sanitize import METHODS
+
+HEADER = "AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n"
+
+
+def aol_file(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path.write_text(HEADER + "".join(f"{u}\t{q}\t2006-03-01 00:00:00\t\t{url}\n" for u, q, url in rows))
+    return path
+
+
+def figure1_rows() -> list[tuple[str, str, str]]:
+    counts = {
+        "081": {("pregnancy test", "m.com"): 2, ("book", "amazon.com"): 3, ("google", "google.com"): 15},
+        "082": {("car price", "kbb.com"): 2, ("google", "google.com"): 7},
+        "083": {("google", "google.com"): 17, ("diabetes", "w.com"): 1, ("book", "amazon.com"): 1, ("car price", "kbb.com"): 5},
+    }
+    return [(u, q, url) for u, pairs in counts.items() for (q, url), k in pairs.items() for _ in range(k)]
+
+
+def run(tmp_path: Path, *extra: str, input_path: Path | None = None) -> int:
+    src = input_path or aol_file(tmp_path / "in.tsv", figure1_rows())
+    return main(["sanitize", str(src), "--format", "aol", "--quiet", "--out", str(tmp_path / "out.tsv"),
+                 "--report", str(tmp_path / "report.json"), *extra])  # fmt: skip
+
+
+def test_sanitize_writes_output_and_report(tmp_path, capsys):
+    code = run(tmp_path, "--epsilon", "40", "--delta", "0.9999999", "--objective", "max-output", "--seed", "1")
+    assert code == 0
+    out = (tmp_path / "out.tsv").read_text().splitlines()
+    assert out[0] + "\n" == HEADER and len(out) > 1
+    assert all(line.split("\t")[1] in {"book", "google", "car price"} for line in out[1:])
+    report = json.loads((tmp_path / "report.json").read_text())
+    for key in ("privacy", "solver", "sizes", "utility", "timings", "input"):
+        assert key in report
+    assert report["privacy"]["b"] == pytest.approx(16.118095, rel=1e-6)  # ln 1/(1-delta) < eps/2
+    assert report["solver"]["max_output_lp"] == pytest.approx(1.8128574 * report["privacy"]["b"], rel=1e-6)
+    assert report["sizes"]["nonunique_pairs"] == 3 and report["privacy"]["private"] is False
+    assert "|O|" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--epsilon", "0", "--delta", "0.1"), "epsilon must be a positive"),
+        (("--epsilon", "1", "--delta", "1"), "delta must lie in (0, 1)"),
+        (("--epsilon", "1", "--delta", "0"), "delta must lie in (0, 1)"),
+        (("--epsilon", "4", "--delta", "0.5", "--output-size", "1000"), "exceeds the maximum"),
+        (("--epsilon", "4", "--delta", "0.5", "--noise-epsilon", "1"), "go together"),
+    ],
+)
+def test_parameter_errors_exit_2_without_output(tmp_path, capsys, args, message):
+    assert run(tmp_path, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out.tsv").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_empty_log_exit_2(tmp_path, capsys):
+    empty = tmp_path / "empty.tsv"
+    empty.write_text(HEADER)
+    assert run(tmp_path, "--epsilon", "1", "--delta", "0.5", input_path=empty) == 2
+    assert "no query-url pair" in capsys.readouterr().err
+    assert not (tmp_path / "out.tsv").exists()
+
+
+def test_log_without_shared_pair_exit_2(tmp_path, capsys):
+    src = aol_file(tmp_path / "uniq.tsv", [("1", "a", "x.com"), ("2", "b", "y.com"), ("2", "b", "y.com")])
+    assert run(tmp_path, "--epsilon", "1", "--delta", "0.5", input_path=src) == 2
+    assert "held by two or more users" in capsys.readouterr().err
+    assert not (tmp_path / "out.tsv").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_failed_run_keeps_an_existing_output_untouched(tmp_path):
+    (tmp_path / "out.tsv").write_text("previous\n")
+    assert run(tmp_path, "--epsilon", "-1", "--delta", "0.5") == 2
+    assert (tmp_path / "out.tsv").read_text() == "previous\n"
+
+
+def test_noise_run_reports_end_to_end_accounting(tmp_path):
+    assert run(tmp_path, "--epsilon", "40", "--delta", "0.9999999", "--noise-epsilon", "1", "--sensitivity", "2", "--seed", "4") == 0
+    privacy = json.loads((tmp_path / "report.json").read_text())["privacy"]
+    assert privacy["end_to_end"] and privacy["total_epsilon"] == 41.0 and "ASSUMED" in privacy["note"]
+
+
+def test_method_registry_shape():
+    assert "optimal" in METHODS and callable(METHODS["optimal"].run)
+
+
+def test_demo_runs(tmp_path, capsys):
+    assert main(["demo", "--dir", str(tmp_path / "demo-out")]) == 0
+    out = capsys.readouterr().out
+    assert "KL" in out and "recall" in out and "b = " in out
+    report = json.loads((tmp_path / "demo-out" / "report.json").read_text())
+    assert report["solver"]["integer_total"] > 0
+    assert (tmp_path / "demo-out" / "sanitized.tsv").read_text().startswith("AnonID")

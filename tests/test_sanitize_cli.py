@@ -103,3 +103,19 @@ def test_demo_runs(tmp_path, capsys):
     report = json.loads((tmp_path / "demo-out" / "report.json").read_text())
     assert report["solver"]["integer_total"] > 0
     assert (tmp_path / "demo-out" / "sanitized.tsv").read_text().startswith("AnonID")
+
+
+@pytest.mark.parametrize("method", ["zealous", "korolova", "safelog"])
+def test_baseline_methods_release_through_sanitize(tmp_path, capsys, method):
+    # 60 users who all click the same pair twice: every baseline's threshold is cleared at eps 10
+    rows = [(f"u{j:03d}", "weather", "weather.com") for j in range(60) for _ in range(2)]
+    src = aol_file(tmp_path / "crowd.tsv", rows)
+    code = run(tmp_path, "--epsilon", "10", "--delta", "0.001", "--method", method, "--seed", "3", input_path=src)
+    assert code == 0
+    lines = (tmp_path / "out.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["type", "query", "url", "next_query", "count"]
+    released = {(f[0], f[1]) for f in (line.split("\t") for line in lines[1:])}
+    assert ("query", "weather") in released or ("click", "weather") in released
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["privacy"]["epsilon"] <= 10 + 1e-9 and "dp_claim" in report["privacy"]
+    assert capsys.readouterr().out.startswith(f"{method}: users 60")

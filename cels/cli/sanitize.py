@@ -2,7 +2,9 @@
 
 The release method is looked up in :data:`METHODS` (``--method``, default ``optimal``: the
 CELS/EDBT multinomial sampling with optimal counts).  A method is a :class:`Method`: an
-optional ``add_arguments(parser)`` for its own flags and ``run(log, args) -> Release``.
+optional ``add_arguments(parser)`` for its own flags and ``run(args) -> Release`` (it loads
+the input it needs: the histogram for ``optimal``, the events in log order for the baselines
+ZEALOUS, Korolova et al. and Safelog of :mod:`cels.baselines`).
 OUT and REPORT are written atomically only after the whole run succeeded.
 """
 
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cels.fileio import atomic_write_json
-from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, write_log
+from cels.baselines import BASELINES, make_rng, write_release as write_baseline_release
+from cels.baselines.base import Baseline
+from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
 from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.mechanism.solvers import (
@@ -39,7 +43,7 @@ class Release:
 class Method:
     """One entry of :data:`METHODS`."""
 
-    run: Callable[[SearchLog, argparse.Namespace], Release]
+    run: Callable[[argparse.Namespace], Release]
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     help: str = ""
 
@@ -66,10 +70,25 @@ def params_from_args(args: argparse.Namespace) -> SanitizeParams:
     )
 
 
-def run_optimal(log: SearchLog, args: argparse.Namespace) -> Release:
+def run_optimal(args: argparse.Namespace) -> Release:
     """CELS/EDBT: optimal counts under the privacy conditions, then multinomial sampling."""
-    out, report = sanitize(log, params_from_args(args), progress=not args.quiet)
+    out, report = sanitize(load_input(args), params_from_args(args), progress=not args.quiet)
     return Release(report, lambda path: write_log(out, path))
+
+
+def baseline_method(baseline: Baseline) -> Method:
+    """A baseline of :mod:`cels.baselines` as a ``--method``: it reads the events in log order
+    and writes its own release format (docs/baselines.md)."""
+
+    def run(args: argparse.Namespace) -> Release:
+        records = list(iter_records(args.input, input_options(args)))
+        items, report = baseline.run(records, args, make_rng(args.seed))
+        return Release(report, lambda path: write_baseline_release(items, path))
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        baseline.add_arguments(parser.add_argument_group(f"{baseline.name} baseline (--method {baseline.name})"))
+
+    return Method(run, add_arguments, f"{baseline.name} baseline")
 
 
 def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +110,7 @@ def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
 
 METHODS: dict[str, Method] = {
     "optimal": Method(run_optimal, _optimal_arguments, "optimal counts + multinomial sampling (CELS)"),
+    **{name: baseline_method(baseline) for name, baseline in BASELINES.items()},
 }
 
 
@@ -114,15 +134,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def load_input(args: argparse.Namespace) -> SearchLog:
-    """The input log as the flags describe it."""
-    options = LoadOptions(
+def input_options(args: argparse.Namespace) -> LoadOptions:
+    """How to read the input, as the flags describe it."""
+    return LoadOptions(
         format=args.format,
         columns=parse_columns(args.columns) if args.columns else None,
         header=False if args.no_header else None,
         lenient=args.lenient,
     )
-    return load_log(args.input, options)
+
+
+def load_input(args: argparse.Namespace) -> SearchLog:
+    """The input log's histogram."""
+    return load_log(args.input, input_options(args))
 
 
 def check_output_dirs(*paths: str | None) -> None:
@@ -145,23 +169,30 @@ def write_release(release: Release, out: str, report_path: str | None) -> None:
 
 
 def summary_line(report: dict) -> str:
-    """One human line about a release."""
+    """One human line about a release (the optimal method's or a baseline's report)."""
     s, u, p = report.get("solver", {}), report.get("utility", {}), report.get("privacy", {})
     sizes = report.get("sizes", {})
-    parts = [f"users {sizes.get('users')}", f"pairs {sizes.get('pairs')}"]
+    parts = [f"{report.get('method', 'optimal')}: users {sizes.get('users')}"]
+    if "pairs" in sizes:
+        parts.append(f"pairs {sizes['pairs']}")
     if s:
         parts += [f"|O| {s['integer_total']}", f"LP bound {s['max_output_lp']:.1f}", f"integer ratio {s['integer_ratio']:.3f}"]
-    if u:
+    if "kl" in u:
         parts += [f"KL {u['kl']:.4f}", f"recall {u['recall']:.4f}"]
-    if p:
+    for kind, per_kind in u.items():  # baselines: utility per released item type
+        if isinstance(per_kind, dict) and "released" in per_kind:
+            parts.append(f"{kind}: {per_kind['released']} released, recall {per_kind['recall']:.2e}")
+    if "bound" in p:  # the optimal method: b = min{eps/2 or eps, ln 1/(1-delta)}
         parts.append(f"b {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}, bound {p['bound']})")
+    elif p:
+        parts.append(f"eps {p.get('epsilon')}, delta {p.get('delta', 0)}, DP claim {p.get('dp_claim')}")
     return ", ".join(parts)
 
 
 def execute(args: argparse.Namespace) -> Release:
     """Load, run the chosen method, write OUT and REPORT; returns the release."""
     check_output_dirs(args.out, args.report)
-    release = METHODS[args.method].run(load_input(args), args)
+    release = METHODS[args.method].run(args)
     write_release(release, args.out, args.report)
     return release
 

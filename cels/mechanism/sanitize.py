@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from cels import metrics
 from cels.logs.model import SearchLog
-from cels.mechanism.conditions import apply_cap, build_conditions, privacy_bound
+from cels.mechanism.conditions import Conditions, apply_cap, build_conditions, privacy_bound
 from cels.mechanism.noise import add_noise_and_repair, default_rng
 from cels.mechanism.preprocess import preprocess
 from cels.mechanism.sampling import make_rng, multinomial_sample, released_log
@@ -71,20 +71,25 @@ class _Timer:
         return now
 
 
-def _solve_log(log: SearchLog, params: SanitizeParams, b: float, integer: str) -> tuple[Solution | None, object, np.ndarray]:
-    cond, var_pairs = build_conditions(log, b, params.min_count, params.cap)
-    if cond.n == 0:
-        return None, cond, var_pairs
-    sol = solve(
+def solve_with_params(cond: Conditions, params: SanitizeParams, integer: str | None = None) -> Solution:
+    """The optimal counts for ``cond`` with the objective and solver options of ``params``
+    (also called by the distributed solver role on the transformed problem)."""
+    return solve(
         cond,
         params.objective,
         output_size=params.output_size,
         breakpoints=params.breakpoints,
         support=params.support,
         time_limit=params.time_limit,
-        integer=integer,
+        integer=params.integer if integer is None else integer,
     )
-    return sol, cond, var_pairs
+
+
+def _solve_log(log: SearchLog, params: SanitizeParams, b: float, integer: str) -> tuple[Solution | None, object, np.ndarray]:
+    cond, var_pairs = build_conditions(log, b, params.min_count, params.cap)
+    if cond.n == 0:
+        return None, cond, var_pairs
+    return solve_with_params(cond, params, integer), cond, var_pairs
 
 
 def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -> tuple[SearchLog, dict]:
@@ -141,7 +146,7 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     bar.close()
     report = {
         "method": "optimal",
-        "privacy": _privacy(params, b, noise_info),
+        "privacy": privacy_accounting(params, b, noise_info),
         "solver": {**sol.summary(), "integer_requested": params.integer, "integer_used": integer},
         "sizes": {
             "users": input_log.n_users,
@@ -167,7 +172,7 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     return out, report
 
 
-def _privacy(params: SanitizeParams, b: float, noise_info: dict | None) -> dict:
+def privacy_accounting(params: SanitizeParams, b: float, noise_info: dict | None) -> dict:
     """The privacy accounting printed with every release."""
     end_to_end = noise_info is not None
     return {

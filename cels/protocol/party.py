@@ -1,0 +1,542 @@
+"""The party role P_k (CELS section 4.2; spec/protocol.md phases 1-5).
+
+One state machine per session over this party's private log D_k.  Phases, in order:
+
+1. ``universe``: commutative hashing of the pair ids around the ring (X25519 by default,
+   Pohlig-Hellman as an option); P_1 assembles the sorted union of the fully hashed ids.
+2. ``counts``: secure sums (Algorithm 1, P_1's key) of the capped count vectors, then of the
+   indicator "one of my users holds all of pair i" (unique pairs); every party then applies
+   the same suppression and cleaning (min_count) to the public totals c.
+3. ``nlp``: local ln t rows, dominated rows pruned, eqs. 7-8 (transform.py); the one-
+   encryption ring under P_0's key; per-party column permutation with re-randomisation; the
+   solution un-permuted in reverse order; every party checks its exact rows on x.
+4. ``sampling``: the exact staged Poisson protocol (sums "sampling-<stage>") or the paper's
+   local sampling.
+5. ``union``: the secure union of the sampled records (user pseudonym, query, url, count);
+   the initiator keeps the output log and the session report.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from cels.crypto import paillier
+from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
+from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.groups import group_for_bits
+from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
+from cels import metrics
+from cels.logs.model import LogRecord, SearchLog
+from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
+from cels.protocol.roles import Outgoing
+from cels.protocol.rolebase import RoleFailure, SessionRole, fail, malformed
+from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
+from cels.mechanism.sanitize import privacy_accounting
+from cels.protocol.secure_sum import SecureSum
+from cels.protocol.secure_union import SecureUnion
+from cels.protocol.sampling import DEFAULT_THETA, StagedSampler, paper_trials
+from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
+from cels.protocol.wire import cels_pb2
+
+SAMPLING_MODES = ("exact", "paper")
+COUNT_BOUND = 2**31 - 1
+"""Public packing bound of every party's count and stage-total vectors (secure sums)."""
+
+
+def encode_item(*fields) -> bytes:
+    """Injective byte encoding of a pair id (query, url) or an output record."""
+    return json.dumps(list(fields), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def decode_record(data: bytes) -> LogRecord:
+    """Inverse of encode_item for a record (user, query, url, count)."""
+    try:
+        user, query, url, count = json.loads(data.decode())
+        if not (isinstance(user, str) and isinstance(query, str) and isinstance(url, str) and isinstance(count, int)):
+            raise ValueError("field types")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise malformed(f"union record does not decode: {exc}") from None
+    if count < 1:
+        raise malformed(f"union record with count {count}")
+    return LogRecord(user, query, url, count)
+
+
+def commutative_hash(config: cels_pb2.SessionConfig, allow_paper_bits: bool = False):
+    """This party's fresh key for the universe phase (spec: EC by default, PH as an option)."""
+    name = config.universe_cipher or "x25519"
+    if name == "x25519":
+        return X25519Hash()
+    if name == "pohlig-hellman":
+        return PohligHellmanHash(group_for_bits(config.group_bits or 2048, allow_paper_bits=allow_paper_bits))
+    raise ValueError(f"universe_cipher must be 'x25519' or 'pohlig-hellman', got {name!r}")
+
+
+class PartyRole(SessionRole):
+    """P_k for one session.  ``log`` is the private log or a callable that loads it (a load
+    failure aborts the session with the loader's message)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: cels_pb2.SessionConfig,
+        log: SearchLog | Callable[[], SearchLog],
+        *,
+        allow_insecure_key_bits: bool = False,
+        obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
+    ) -> None:
+        super().__init__(name, config)
+        if name not in self.parties:
+            raise ValueError(f"{name!r} is not a party of session {self.session_id!r}")
+        if (config.sampling or "exact") not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {config.sampling!r}")
+        self.k = self.parties.index(name)
+        self.r = len(self.parties)
+        self.successor = self.parties[(self.k + 1) % self.r]
+        self.predecessor = self.parties[self.k - 1]
+        self.key_holder = self.parties[0]  # P_1: Algorithm 1's key, assembles the universe
+        self._log_source = log
+        self._allow_insecure = allow_insecure_key_bits
+        self._obfuscators = obfuscators
+        self._hash = commutative_hash(config, allow_paper_bits=allow_insecure_key_bits)
+        self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
+        self.log: SearchLog | None = None
+        self.output: SearchLog | None = None
+        self.report: dict | None = None
+        self.reports: list[cels_pb2.StepReport] = []
+        self._sums: dict[str, SecureSum] = {}
+        self.nlp_key: paillier.PublicKey | None = None
+        self._summed = False  # this party's share is in the NLP sum
+        self._sampler: StagedSampler | None = None
+        self.pi: np.ndarray | None = None  # pi_k, this party's column permutation (Algorithm 2 line 11)
+        self._obfuscator_sources: dict[int, ObfuscatorSource] = {}
+        self._sum_keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None
+
+    # -- phase 1: universe -------------------------------------------------------------------
+    def _begin(self) -> list[Outgoing]:
+        if self.phase != "prepared":
+            return []
+        self._enter("load")
+        try:
+            log = self._log_source() if callable(self._log_source) else self._log_source
+        except Exception as exc:  # noqa: BLE001 - any load failure aborts the session with its message
+            raise RoleFailure(f"cannot load the log: {exc}") from None
+        self.log = log
+        self.counts = apply_cap(log.counts, self.params.cap).tocsr()
+        local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
+        own = np.flatnonzero(local_totals > 0)
+        self._enter("universe")
+        first = self._hash.hash([encode_item(*log.pairs[i]) for i in own])
+        order = sorted(range(len(own)), key=lambda t: first[t])  # ids leave sorted, not in log order
+        self._own_pairs = own[order]
+        self._full_ids: list[bytes] | None = None
+        self._universe_sets: dict[str, list[bytes]] = {}
+        hop = cels_pb2.UniverseHop(
+            session_id=self.session_id, owner=self.name, applied=[self.name], ids=[first[t] for t in order]
+        )
+        return self._send(self.successor, universe_hop=hop)
+
+    def _on_universe_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
+        out = self._begin()
+        self._expect("universe", "universe_hop")
+        applied = list(msg.applied)
+        if msg.owner not in self.parties or not applied or applied[0] != msg.owner or len(set(applied)) != len(applied):
+            raise malformed(f"{self.name}: universe_hop owner/applied inconsistent")
+        if len(applied) < self.r:  # forward with this party's layer
+            self._expect_sender(sender, self.predecessor, "universe_hop")
+            if self.name in applied or applied != [self.parties[(self.parties.index(msg.owner) + t) % self.r] for t in range(len(applied))]:
+                raise fail(f"{self.name}: universe_hop of {msg.owner} arrived out of ring order")
+            try:
+                ids = self._hash.apply(list(msg.ids))
+            except CommutativeCipherError as exc:
+                raise malformed(f"{self.name}: universe_hop: {exc}") from None
+            hop = cels_pb2.UniverseHop(session_id=self.session_id, owner=msg.owner, applied=[*applied, self.name], ids=ids)
+            return out + self._send(self.successor, universe_hop=hop)
+        if msg.owner == self.name:  # my own ids, every layer applied, in the order I sent them
+            self._expect_sender(sender, self.predecessor, "universe_hop")
+            if self._full_ids is not None or len(msg.ids) != len(self._own_pairs):
+                raise fail(f"{self.name}: unexpected return of its own universe ids")
+            self._full_ids = list(msg.ids)
+            if self.name != self.key_holder:
+                hop = cels_pb2.UniverseHop(
+                    session_id=self.session_id, owner=self.name, applied=applied, ids=sorted(self._full_ids)
+                )
+                return out + self._send(self.key_holder, universe_hop=hop)
+            return out + self._collect_universe(self.name, self._full_ids)
+        if self.name != self.key_holder or sender != msg.owner:
+            raise fail(f"{self.name}: complete universe ids of {msg.owner} from {sender}")
+        return out + self._collect_universe(msg.owner, list(msg.ids))
+
+    def _collect_universe(self, owner: str, ids: list[bytes]) -> list[Outgoing]:
+        """P_1 assembles the sorted union of the fully hashed ids (the index of variables)."""
+        if owner in self._universe_sets:
+            raise fail(f"{self.name}: second complete universe set of {owner}")
+        self._universe_sets[owner] = ids
+        if len(self._universe_sets) < self.r:
+            return []
+        index = sorted(set().union(*self._universe_sets.values()))
+        msg = cels_pb2.UniverseIndex(session_id=self.session_id, ids=index)
+        others = [p for p in self.parties if p != self.name]
+        return self._send(others, universe_index=msg) + self._apply_index(index)
+
+    def _on_universe_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
+        self._expect("universe", "universe_index")
+        self._expect_sender(sender, self.key_holder, "universe_index")
+        if self._full_ids is None:
+            raise fail(f"{self.name}: universe_index before its own ids came back")
+        return self._apply_index(list(msg.ids))
+
+    def _apply_index(self, index: list[bytes]) -> list[Outgoing]:
+        """Map own pairs to index columns; start the secure counts sum (Algorithm 1)."""
+        position = {pid: i for i, pid in enumerate(index)}
+        if len(position) != len(index):
+            raise malformed(f"{self.name}: universe index has duplicate ids")
+        try:
+            cols = np.array([position[f] for f in self._full_ids], dtype=np.int64)
+        except KeyError:
+            raise RoleFailure("universe index lacks one of this party's pairs") from None
+        self.n = len(index)
+        select = sp.csr_matrix(
+            (np.ones(len(cols), dtype=np.int64), (np.arange(len(cols)), cols)), shape=(len(cols), self.n)
+        )
+        self.local = (self.counts[:, self._own_pairs] @ select).tocsr()  # users x universe
+        self.pair_of = dict(zip(cols.tolist(), self._own_pairs.tolist()))  # column -> own pair index
+        self._enter("counts")
+        vector = np.asarray(self.local.sum(axis=0)).ravel().astype(np.int64)
+        return self._start_sum("counts", vector)
+
+    # -- secure sums (Algorithm 1) -------------------------------------------------------------
+    def _obfuscators_for(self, key: paillier.PublicKey) -> ObfuscatorSource:
+        """One obfuscator source per public key for the whole session (a pool is made once)."""
+        n = int(key.n)
+        if n not in self._obfuscator_sources:
+            self._obfuscator_sources[n] = self._obfuscators(n)
+        return self._obfuscator_sources[n]
+
+    def _start_sum(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
+        """Join secure sum ``sum_id`` (P_1's key, one key pair for the whole session)."""
+        if self.k == 0 and self._sum_keypair is None:
+            self._sum_keypair = paillier.generate_keypair(
+                self.config.key_bits or paillier.DEFAULT_KEY_BITS, allow_insecure_key_bits=self._allow_insecure
+            )
+        try:
+            secure_sum = SecureSum(
+                name=self.name,
+                session_id=self.session_id,
+                sum_id=sum_id,
+                ring=self.parties,
+                values=vector,
+                bound=1 if sum_id == "unique" else COUNT_BOUND,
+                key_bits=self.config.key_bits or paillier.DEFAULT_KEY_BITS,
+                allow_insecure_key_bits=self._allow_insecure,
+                keypair=self._sum_keypair,
+                obfuscators=self._obfuscators_for,
+            )
+        except paillier.PackingOverflowError as exc:
+            raise RoleFailure(str(exc)) from None
+        self._sums[sum_id] = secure_sum
+        return secure_sum.start()
+
+    def _on_subprotocol(self, sender: str, envelope) -> list[Outgoing]:
+        """Sum and union messages go to the running sub-protocol objects."""
+        step = envelope.WhichOneof("step")
+        if step.startswith("union_"):
+            return self._on_union(sender, envelope)
+        sum_id = getattr(envelope, step).sum_id
+        secure_sum = self._sums.get(sum_id)
+        if secure_sum is None:
+            raise fail(f"{self.name}: message for secure sum {sum_id!r}, which is not running (phase {self.phase!r})")
+        out = secure_sum.receive(sender, envelope)
+        if secure_sum.done:
+            del self._sums[sum_id]
+            out = out + self._on_sum_done(sum_id, np.asarray(secure_sum.result).ravel())
+        return out
+
+    def _on_sum_done(self, sum_id: str, total: np.ndarray) -> list[Outgoing]:
+        if sum_id == "counts":
+            self.totals = total
+            col_max = np.asarray(self.local.max(axis=0).todense()).ravel() if self.local.shape[0] else np.zeros(self.n)
+            held_whole = ((col_max >= total) & (total > 0)).astype(np.int64)
+            return self._start_sum("unique", held_whole)
+        if sum_id == "unique":
+            return self._constraints(total > 0)
+        return self._sampling_stage_done(total)
+
+    # -- phase 3: secure NLP (Algorithm 2) ------------------------------------------------------
+    def _constraints(self, unique: np.ndarray) -> list[Outgoing]:
+        """Suppress unique pairs, clean (min_count), build and prune this party's ln t rows."""
+        c = self.totals
+        self.active = np.flatnonzero((c > 0) & ~unique & (c >= self.params.min_count))
+        self.unique_pairs = int(np.count_nonzero(unique))
+        self.rows = prune_dominated(log_t_rows(self.local[:, self.active], c[self.active]))
+        self._enter("nlp")
+        shape = cels_pb2.ConstraintShape(session_id=self.session_id, party=self.name, rows=self.rows.shape[0])
+        return self._send(self.solver, constraint_shape=shape)
+
+    def _on_nlp_key(self, sender: str, msg: cels_pb2.NlpKey) -> list[Outgoing]:
+        self._expect("nlp", "nlp_key")
+        self._expect_sender(sender, self.solver, "nlp_key")
+        if self.nlp_key is not None:
+            raise fail(f"{self.name}: second nlp_key")
+        try:
+            key = paillier.PublicKey.from_proto(msg.key, allow_insecure_key_bits=self._allow_insecure)
+        except ValueError as exc:
+            raise malformed(f"{self.name}: nlp_key: {exc}") from None
+        rows = list(msg.shape_rows)
+        if len(rows) != self.r or rows[self.k] != self.rows.shape[0] or msg.ell < sum(rows):
+            raise malformed(f"{self.name}: nlp_key shapes {rows} / l = {msg.ell} do not fit this party")
+        self.nlp_key, self.ell, self.shape_rows = key, msg.ell, rows
+        share = transform_constraints(self.rows, self.b, self.ell, self._rng)
+        count_row = self.totals[self.active] if self.k == 0 else np.zeros(len(self.active))
+        self._share = {"at": np.vstack([share.at, count_row[None, :]]), "ab": share.ab}
+        at_bound, af_bound, ab_bound = share_bounds(int(self.totals.max(initial=1)), self.b, max(rows))
+        self._packings = {
+            "at": fixed_point_packing(key, at_bound, self.r),
+            "ab": fixed_point_packing(key, ab_bound, self.r),
+        }
+        self._obf = self._obfuscators_for(key)
+        out = []
+        if rows[self.k]:
+            af = paillier.encrypt(key, share.af, fixed_point_packing(key, af_bound, 1), self._obf)
+            block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=af.to_proto())
+            out = self._send(self.solver, nlp_slack_block=block)
+        if self.k != 0:
+            return out
+        enc = {w: paillier.encrypt(key, self._share[w], self._packings[w], self._obf) for w in ("at", "ab")}
+        return out + self._forward_sum(enc, hops=1)
+
+    def _parse_matrices(self, msg, step: str, terms: int, which=("at", "ab")) -> dict[str, paillier.EncryptedMatrix]:
+        """The encrypted matrices of a hop, checked against the session's shapes and packings."""
+        shapes = {"at": (self.ell + 1, len(self.active)), "ab": (self.ell, 1)}
+        out = {}
+        for w in which:
+            shape = shapes[w]
+            try:
+                enc = paillier.EncryptedMatrix.from_proto(getattr(msg, w), self.nlp_key)
+            except ValueError as exc:
+                raise malformed(f"{self.name}: {step}.{w}: {exc}") from None
+            if (enc.rows, enc.cols) != shape or enc.packing != self._packings[w] or enc.terms != terms:
+                raise malformed(
+                    f"{self.name}: {step}.{w} is {enc.rows}x{enc.cols} with {enc.terms} shares, "
+                    f"expected {shape[0]}x{shape[1]} with {terms} in the session's packing"
+                )
+            out[w] = enc
+        return out
+
+    def _forward_sum(self, enc: dict, hops: int) -> list[Outgoing]:
+        """Next sum hop; after the last share AB goes to P_0 and AT into the permutation ring."""
+        protos = {w: e.to_proto() for w, e in enc.items()}
+        if hops < self.r:
+            hop = cels_pb2.NlpSumHop(session_id=self.session_id, hops=hops, **protos)
+            return self._send(self.successor, nlp_sum_hop=hop)
+        slacks = cels_pb2.NlpSumHop(session_id=self.session_id, hops=hops, ab=protos["ab"])
+        ring = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=0, at=protos["at"])
+        return self._send(self.solver, nlp_sum_hop=slacks) + self._send(self.parties[0], nlp_permute_hop=ring)
+
+    def _on_nlp_sum_hop(self, sender: str, msg: cels_pb2.NlpSumHop) -> list[Outgoing]:
+        """Algorithm 2 line 8: add this party's plaintext share, re-randomise, forward."""
+        self._expect("nlp", "nlp_sum_hop")
+        self._expect_sender(sender, self.predecessor, "nlp_sum_hop")
+        if self.nlp_key is None or self.k == 0 or msg.hops != self.k or self._summed:
+            raise fail(f"{self.name}: nlp_sum_hop after {msg.hops} hops out of order")
+        enc = self._parse_matrices(msg, "nlp_sum_hop", terms=self.k)
+        self._summed = True
+        enc = {w: e.add_plain(self._share[w]).rerandomize(self._obf) for w, e in enc.items()}
+        return self._forward_sum(enc, hops=self.k + 1)
+
+    def _on_nlp_permute_hop(self, sender: str, msg: cels_pb2.NlpPermuteHop) -> list[Outgoing]:
+        """Algorithm 2 lines 10-11: permute the variables of AT with pi_k, re-randomise."""
+        self._expect("nlp", "nlp_permute_hop")
+        self._expect_sender(sender, self.parties[-1] if self.k == 0 else self.predecessor, "nlp_permute_hop")
+        if self.nlp_key is None or msg.hops != self.k or self.pi is not None:
+            raise fail(f"{self.name}: nlp_permute_hop after {msg.hops} permutations out of order")
+        at = self._parse_matrices(msg, "nlp_permute_hop", terms=self.r, which=("at",))["at"]
+        perm = list(range(len(self.active)))
+        secrets.SystemRandom().shuffle(perm)
+        self.pi = np.asarray(perm, dtype=np.int64)
+        at = at.permute_columns(self.pi).rerandomize(self._obf)
+        hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=at.to_proto())
+        return self._send(self.successor if self.k < self.r - 1 else self.solver, nlp_permute_hop=hop)
+
+    def _on_nlp_solution(self, sender: str, msg: cels_pb2.NlpSolution) -> list[Outgoing]:
+        """Undo pi_r .. pi_1 in reverse order (Algorithm 2, last line); P_1 shares the result."""
+        self._expect("nlp", "nlp_solution")
+        final = msg.unpermuted == self.r
+        if final:
+            self._expect_sender(sender, self.parties[0], "nlp_solution")
+            if self.k == 0:
+                raise fail(f"{self.name}: final nlp_solution sent back to P_1")
+        else:
+            expected = self.solver if self.k == self.r - 1 else self.successor
+            self._expect_sender(sender, expected, "nlp_solution")
+            if msg.unpermuted != self.r - 1 - self.k or self.pi is None:
+                raise fail(f"{self.name}: nlp_solution un-permuted {msg.unpermuted} times out of order")
+        x = np.asarray(msg.x, dtype=np.int64)
+        if x.shape != (len(self.active),):
+            raise malformed(f"{self.name}: nlp_solution has {x.shape[0]} counts for {len(self.active)} variables")
+        if not final:
+            unpermuted = np.empty_like(x)
+            unpermuted[self.pi] = x  # permuted column j was column perm[j]
+            x = unpermuted
+            step = cels_pb2.NlpSolution(
+                session_id=self.session_id, unpermuted=msg.unpermuted + 1, x=x.tolist(),
+                solver_report_json=msg.solver_report_json,
+            )
+            if self.k > 0:
+                return self._send(self.predecessor, nlp_solution=step)
+            out = self._send(self.parties[1:], nlp_solution=step)
+        else:
+            out = []
+        return out + self._solution(x, msg.solver_report_json)
+
+    def _solution(self, x: np.ndarray, report_json: str) -> list[Outgoing]:
+        """Check this party's exact conditions on x, then sample."""
+        try:
+            self.solver_report = json.loads(report_json or "{}")
+        except ValueError as exc:
+            raise malformed(f"{self.name}: solver report is not JSON: {exc}") from None
+        load = self.rows @ x.astype(np.float64)
+        if np.any(load > self.b):
+            worst = float(load.max())
+            raise RoleFailure(f"the solution breaks one of this party's conditions ({worst:.6g} > b = {self.b:.6g})")
+        self.x = x
+        self._enter("sampling")
+        if (self.config.sampling or "exact") == "paper":
+            return self._paper_sampling()
+        theta = self.config.sampling_theta or DEFAULT_THETA
+        self._sampler = StagedSampler(self.local[:, self.active], self.totals[self.active], x, self._rng, theta)
+        return self._next_stage()
+
+    # -- phase 4: sampling ------------------------------------------------------------------------
+    def _next_stage(self) -> list[Outgoing]:
+        if self._sampler.done:
+            return self._union(self._sampler.result())
+        _pairs, local = self._sampler.propose()
+        return self._start_sum(f"sampling-{self._sampler.stage}", local)
+
+    def _sampling_stage_done(self, total: np.ndarray) -> list[Outgoing]:
+        try:
+            self._sampler.settle(total)
+        except ValueError as exc:
+            raise malformed(f"{self.name}: sampling stage totals: {exc}") from None
+        return self._next_stage()
+
+    def _paper_sampling(self) -> list[Outgoing]:
+        """The paper's local sampling: floor(x_i c_i^k / c_i) trials over this party's users."""
+        local = self.local[:, self.active]
+        trials = paper_trials(np.asarray(local.sum(axis=0)).ravel(), self.totals[self.active], self.x)
+        return self._union(sp.csr_matrix(multinomial_sample(local, trials, self._rng)))
+
+    # -- phase 5: secure union (Algorithm 3, shuffled) --------------------------------------------
+    def _records(self, sampled: sp.csr_matrix) -> list[bytes]:
+        """(user pseudonym, query, url, count) for every x_ij > 0 of this party's users."""
+        sampled = sp.csr_matrix(sampled)
+        sampled.eliminate_zeros()
+        users = np.flatnonzero(np.diff(sampled.indptr))
+        names = [self.log.users[j] for j in users] if self.config.keep_user_ids else pseudonyms(len(users))
+        out = []
+        for j, user in zip(users, names):
+            lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
+            for col, count in zip(sampled.indices[lo:hi], sampled.data[lo:hi]):
+                query, url = self.log.pairs[self.pair_of[int(self.active[col])]]
+                out.append(encode_item(user, query, url, int(count)))
+        return out
+
+    def _union(self, sampled: sp.csr_matrix) -> list[Outgoing]:
+        self._enter("union")
+        self.sampled = sampled
+        self._secure_union = SecureUnion(
+            name=self.name, session_id=self.session_id, ring=self.parties, records=self._records(sampled),
+            group=group_for_bits(self.config.group_bits or 2048, allow_paper_bits=self._allow_insecure),
+        )
+        return self._secure_union.start()
+
+    def _on_union(self, sender: str, envelope) -> list[Outgoing]:
+        if self.phase != "union":
+            raise fail(f"{self.name}: {envelope.WhichOneof('step')} out of order (in phase {self.phase!r})")
+        out = self._secure_union.receive(sender, envelope)
+        if self._secure_union.done:
+            if self.name == self.initiator:
+                self._output(self._secure_union.result)
+            self._finish()
+        return out
+
+    # -- the initiator: output and report -------------------------------------------------------
+    def _output(self, records: list[bytes]) -> None:
+        """The union in the input's schema (records decode to (user, query, url, count))."""
+        self.output = SearchLog.from_records((decode_record(r) for r in records), source=self.log.source)
+
+    def _report(self) -> list[Outgoing]:
+        if self.name != self.initiator:
+            return super()._report()
+        self.reports.extend(self.step_reports())
+        self._complete_report()
+        return []
+
+    def _on_step_report(self, sender: str, msg: cels_pb2.StepReport) -> list[Outgoing]:
+        if self.name != self.initiator or msg.node != sender:
+            raise fail(f"{self.name}: step_report of {msg.node!r} from {sender!r}")
+        self.reports.append(msg)
+        self._complete_report()
+        return []
+
+    def _complete_report(self) -> None:
+        """Once the output is in and every node has reported: the session report."""
+        reported = {r.node for r in self.reports}
+        if self.output is None or reported != set(self.nodes):
+            return
+        self.report = self._session_report()
+
+    @property
+    def finished(self) -> bool:
+        """The initiator is finished once it holds the output and every node's report."""
+        return self.report is not None if self.name == self.initiator else self.done
+
+    def _session_report(self) -> dict:
+        """The same privacy / solver / utility keys as ``cels sanitize``, plus per-phase costs."""
+        phases: dict[str, dict] = {}
+        for rep in self.reports:
+            entry = phases.setdefault(rep.phase, {"seconds": {}, "bytes": {}})
+            entry["seconds"][rep.node] = rep.seconds
+            entry["bytes"][rep.node] = rep.bytes_sent
+        for entry in phases.values():
+            entry["seconds_total"] = sum(entry["seconds"].values())
+            entry["bytes_total"] = sum(entry["bytes"].values())
+        cfg = self.config
+        x_all = np.zeros(self.n, dtype=np.int64)
+        x_all[self.active] = self.x
+        cleaned = self.totals >= max(cfg.min_count, 1)
+        return {
+            "method": "cels-protocol",
+            "privacy": {**privacy_accounting(self.params, self.b, self.solver_report.get("noise")), "min_count": cfg.min_count},
+            "solver": self.solver_report,
+            "noise": self.solver_report.get("noise"),
+            "utility": {
+                **metrics.utility_report(self.totals[cleaned], x_all[cleaned], support=self.params.support),
+                "against": "the summed pair totals c after the cap (the parties never see the uncapped sum)",
+            },
+            "sizes": {
+                "parties": self.r,
+                "pairs": int(self.n),
+                "unique_pairs": self.unique_pairs,
+                "nonunique_pairs": int(len(self.active)),
+                "constraint_rows": dict(zip(self.parties, self.shape_rows)),
+                "ell": int(self.ell),
+                "output_records": int(self.output.counts.nnz),
+                "output_size": int(self.output.size),
+            },
+            "sampling": {
+                "mode": cfg.sampling or "exact",
+                "stages": self._sampler.stage if self._sampler is not None else 0,
+                "theta": cfg.sampling_theta or DEFAULT_THETA,
+            },
+            "universe_cipher": cfg.universe_cipher or "x25519",
+            "key_bits": cfg.key_bits or paillier.DEFAULT_KEY_BITS,
+            "group_bits": cfg.group_bits or 2048,
+            "phases": phases,
+            "bytes_total": int(sum(e["bytes_total"] for e in phases.values())),
+        }

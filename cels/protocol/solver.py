@@ -1,0 +1,160 @@
+"""The solver role P_0 (CELS Algorithm 2 lines 2, 12-13; spec/protocol.md phase 3).
+
+P_0 holds no data.  It collects every party's constraint-row count m_k, agrees l, generates
+the NLP's Paillier key and sends it (NlpKey) to the parties; it receives the summed, column-
+permuted transformed problem from the last party, decrypts it, eliminates the slacks
+(:func:`cels.protocol.transform.eliminate_slacks`), solves with the mechanism's solvers, adds
+the optional discrete Laplace noise (then repairs feasibility against the transformed
+constraints) and returns pi_r(..pi_1(x)..) to the last party.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from cels.crypto import paillier
+from cels.mechanism.conditions import Conditions
+from cels.mechanism.noise import add_noise_and_repair
+from cels.mechanism.sanitize import solve_with_params
+from cels.protocol.roles import Outgoing
+from cels.protocol.rolebase import RoleFailure, SessionRole, fail, malformed
+from cels.protocol.transform import agreed_ell, eliminate_slacks
+from cels.protocol.wire import cels_pb2
+
+
+class SolverRole(SessionRole):
+    """P_0 for one session."""
+
+    def __init__(
+        self,
+        name: str,
+        config: cels_pb2.SessionConfig,
+        *,
+        allow_insecure_key_bits: bool = False,
+        keypair: Callable[[], tuple[paillier.PublicKey, paillier.PrivateKey]] | None = None,
+    ) -> None:
+        super().__init__(name, config)
+        if name != self.solver:
+            raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
+        bits = config.key_bits or paillier.DEFAULT_KEY_BITS
+        paillier.check_key_bits(bits, allow_insecure_key_bits=allow_insecure_key_bits)
+        self._keypair = keypair or (
+            lambda: paillier.generate_keypair(bits, allow_insecure_key_bits=allow_insecure_key_bits)
+        )
+        self.shapes: dict[str, int] = {}
+        self.ell = 0
+        self.public_key: paillier.PublicKey | None = None
+        self._private_key: paillier.PrivateKey | None = None
+        self._af: dict[str, np.ndarray] = {}
+        self._ab: np.ndarray | None = None
+        self._at: np.ndarray | None = None
+        self.report: dict = {}
+        self.view: tuple | None = None
+
+    def _begin(self) -> list[Outgoing]:
+        if self.phase == "prepared":
+            self._enter("nlp")
+        return []
+
+    def _on_constraint_shape(self, sender: str, msg: cels_pb2.ConstraintShape) -> list[Outgoing]:
+        """Collect m_k; with all r: key pair, l, NlpKey to P_r .. P_1 (P_1 last, so that every
+        party holds the key before P_1's first hop can reach it)."""
+        self._begin()
+        self._expect("nlp", "constraint_shape")
+        if sender not in self.parties or msg.party != sender:
+            raise fail(f"{self.name}: constraint_shape for {msg.party!r} from {sender!r}")
+        if sender in self.shapes or self.public_key is not None:
+            raise fail(f"{self.name}: second constraint_shape from {sender!r}")
+        self.shapes[sender] = msg.rows
+        if len(self.shapes) < len(self.parties):
+            return []
+        rows = [self.shapes[p] for p in self.parties]
+        if sum(rows) == 0:
+            raise RoleFailure("no party has a constraint row: no pair is held by two users")
+        self.ell = agreed_ell(sum(rows), self.config.ell_ratio or 1.5)
+        self.public_key, self._private_key = self._keypair()
+        key = cels_pb2.NlpKey(session_id=self.session_id, key=self.public_key.to_proto(), ell=self.ell, shape_rows=rows)
+        return self._send(list(reversed(self.parties)), nlp_key=key)
+
+    def _decrypt(self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int) -> np.ndarray:
+        try:
+            enc = paillier.EncryptedMatrix.from_proto(msg, self.public_key)
+        except ValueError as exc:
+            raise malformed(f"{self.name}: {what}: {exc}") from None
+        if (enc.rows, enc.cols) != shape:
+            raise malformed(f"{self.name}: {what} is {enc.rows}x{enc.cols}, expected {shape[0]}x{shape[1]}")
+        if enc.terms != terms:
+            raise malformed(f"{self.name}: {what} sums {enc.terms} shares, expected {terms}")
+        try:
+            return paillier.decrypt(self._private_key, enc)
+        except ValueError as exc:
+            raise malformed(f"{self.name}: {what}: {exc}") from None
+
+    def _expect_nlp(self, step: str) -> None:
+        self._expect("nlp", step)
+        if self.public_key is None or self._private_key is None:
+            raise fail(f"{self.name}: {step} before the NLP key was sent")
+
+    def _on_nlp_slack_block(self, sender: str, msg: cels_pb2.NlpSlackBlock) -> list[Outgoing]:
+        """P_k's A_k F_k (its slack columns of AF)."""
+        self._expect_nlp("nlp_slack_block")
+        if msg.party != sender or sender not in self.parties or sender in self._af or not self.shapes[sender]:
+            raise fail(f"{self.name}: unexpected slack block of {msg.party!r} from {sender!r}")
+        self._af[sender] = self._decrypt(f"slack block of {sender}", msg.af, (self.ell, self.shapes[sender]), 1)
+        return self._solve_when_complete()
+
+    def _on_nlp_sum_hop(self, sender: str, msg: cels_pb2.NlpSumHop) -> list[Outgoing]:
+        """The summed right-hand side AB from P_r (not permuted)."""
+        self._expect_nlp("nlp_sum_hop")
+        self._expect_sender(sender, self.parties[-1], "nlp_sum_hop")
+        if self._ab is not None or msg.hops != len(self.parties):
+            raise fail(f"{self.name}: nlp_sum_hop (hops={msg.hops}) out of order")
+        self._ab = self._decrypt("ab", msg.ab, (self.ell, 1), len(self.parties))[:, 0]
+        return self._solve_when_complete()
+
+    def _on_nlp_permute_hop(self, sender: str, msg: cels_pb2.NlpPermuteHop) -> list[Outgoing]:
+        """AT (and the count row) after every party's column permutation."""
+        self._expect_nlp("nlp_permute_hop")
+        self._expect_sender(sender, self.parties[-1], "nlp_permute_hop")
+        if self._at is not None or msg.hops != len(self.parties):
+            raise fail(f"{self.name}: nlp_permute_hop after {msg.hops} of {len(self.parties)} permutations")
+        self._at = self._decrypt("at", msg.at, (self.ell + 1, msg.at.cols), len(self.parties))
+        return self._solve_when_complete()
+
+    def _solve_when_complete(self) -> list[Outgoing]:
+        """Algorithm 2 lines 12-13 once AT, AB and every slack block are in: eliminate the
+        slacks, solve, add the optional noise, return x (still permuted) to P_r."""
+        blocks = [p for p in self.parties if self.shapes[p]]
+        if self._at is None or self._ab is None or len(self._af) < len(blocks):
+            return []
+        at, ab = self._at, self._ab
+        af = np.hstack([self._af[p] for p in blocks])
+        counts = np.rint(at[-1]).astype(np.int64)
+        try:
+            recovered = eliminate_slacks(at[:-1], af, ab)
+            cond = Conditions(sp.csr_matrix(recovered.G), recovered.h, counts.astype(np.float64))
+        except ValueError as exc:
+            raise RoleFailure(f"transformed problem unusable: {exc}") from None
+        self._private_key = None  # the key is single-use: nothing else is decrypted
+        self.view = (recovered, counts)  # what P_0 learns (cels.protocol.leakage demonstrates it)
+        params = self.params
+        try:
+            solution = solve_with_params(cond, params)
+        except ValueError as exc:
+            raise RoleFailure(f"solver: {exc}") from None
+        x = solution.x
+        self.report = {**solution.summary(), "residual": recovered.residual, "rows": int(cond.G.shape[0]), "ell": self.ell}
+        if params.noise_epsilon is not None:
+            x, self.report["noise"] = add_noise_and_repair(cond, x, params.noise_epsilon, params.sensitivity)
+        solution_msg = cels_pb2.NlpSolution(
+            session_id=self.session_id,
+            unpermuted=0,
+            x=[int(v) for v in x],
+            solver_report_json=json.dumps(self.report, default=float),
+        )
+        self._finish()
+        return self._send(self.parties[-1], nlp_solution=solution_msg)

@@ -1,0 +1,141 @@
+"""Protocol errors: unknown session, out of order, unexpected sender -> failed_precondition;
+malformed content -> invalid_argument; an Abort stops every role and nothing is output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cels.logs import LogError, synthetic_log
+from cels.protocol.inmemory import InMemoryNetwork
+from cels.protocol.roles import ProtocolError
+from cels.protocol.session import in_memory_network, make_config, run_session, session_hosts, start_session
+from cels.protocol.wire import cels_pb2
+
+TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
+
+
+@pytest.fixture(scope="module")
+def logs():
+    log = synthetic_log(seed=11, users=36)
+    return [log.select_users(np.arange(k, log.n_users, 3)) for k in range(3)]
+
+
+def config(**options):
+    return make_config(3, epsilon=8.0, delta=0.9, objective="max-output", **TEST_KEYS, **options)
+
+
+def prepared(logs, cfg):
+    """Hosts with the session created on every node, nothing sent yet."""
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    start = cels_pb2.Envelope(session_id=cfg.session_id, start_session=cels_pb2.StartSession(config=cfg))
+    for host in hosts.values():
+        assert host.receive("party-1", start) == []
+    return hosts
+
+
+def envelope(session_id, sender="party-1", **step):
+    return cels_pb2.Envelope(session_id=session_id, sender=sender, **step)
+
+
+def code_of(call) -> str:
+    with pytest.raises(ProtocolError) as err:
+        call()
+    return err.value.code
+
+
+class Intercept:
+    """Wraps a host: ``action(host, sender, envelope)`` replaces delivery of one step."""
+
+    def __init__(self, host, step, action) -> None:
+        self.host, self.step, self.action = host, step, action
+
+    def receive(self, sender, env):
+        if env.WhichOneof("step") == self.step:
+            return self.action(self.host, sender, env)
+        return self.host.receive(sender, env)
+
+
+def test_unknown_session_is_failed_precondition(logs) -> None:
+    hosts = prepared(logs, config())
+    msg = envelope("no-such-session", universe_index=cels_pb2.UniverseIndex(session_id="no-such-session"))
+    assert code_of(lambda: hosts["party-2"].receive("party-1", msg)) == ProtocolError.FAILED_PRECONDITION
+
+
+def test_out_of_order_and_unexpected_sender_are_failed_precondition(logs) -> None:
+    cfg = config()
+    hosts = prepared(logs, cfg)
+    sid = cfg.session_id
+    solution = envelope(sid, "solver", nlp_solution=cels_pb2.NlpSolution(session_id=sid, x=[1, 2]))
+    assert code_of(lambda: hosts["party-3"].receive("solver", solution)) == ProtocolError.FAILED_PRECONDITION
+    shape = envelope(sid, constraint_shape=cels_pb2.ConstraintShape(session_id=sid, party="party-1", rows=3))
+    assert code_of(lambda: hosts["party-2"].receive("party-1", shape)) == ProtocolError.FAILED_PRECONDITION
+    # party-2's predecessor is party-1: a hop from party-3 is refused, so is a stranger
+    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-3", applied=["party-3"], ids=[bytes(32)])
+    assert code_of(lambda: hosts["party-2"].receive("party-3", envelope(sid, "party-3", universe_hop=hop))) == (
+        ProtocolError.FAILED_PRECONDITION
+    )
+    assert code_of(lambda: hosts["party-2"].receive("mallory", envelope(sid, "mallory", universe_hop=hop))) == (
+        ProtocolError.FAILED_PRECONDITION
+    )
+    # the same StartSession twice
+    start = envelope(sid, start_session=cels_pb2.StartSession(config=cfg))
+    assert code_of(lambda: hosts["solver"].receive("party-1", start)) == ProtocolError.FAILED_PRECONDITION
+
+
+def test_malformed_messages_are_invalid_argument(logs) -> None:
+    cfg = config()
+    hosts = prepared(logs, cfg)
+    sid = cfg.session_id
+    bad = cfg.__class__()
+    bad.CopyFrom(cfg)
+    bad.session_id, bad.sampling = "other", "bogus"
+    start = envelope("other", start_session=cels_pb2.StartSession(config=bad))
+    assert code_of(lambda: hosts["party-1"].receive("party-1", start)) == ProtocolError.INVALID_ARGUMENT
+    # an x25519 element of the wrong length in a universe hop from the right sender
+    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-1", applied=["party-1"], ids=[b"short"])
+    assert code_of(lambda: hosts["party-2"].receive("party-1", envelope(sid, universe_hop=hop))) == (
+        ProtocolError.INVALID_ARGUMENT
+    )
+
+
+def test_malformed_encrypted_matrix_is_invalid_argument(logs) -> None:
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+
+    def truncate(host, sender, env):
+        env.nlp_sum_hop.at.ciphertexts[0] = env.nlp_sum_hop.at.ciphertexts[0][:-1]
+        return host.receive(sender, env)
+
+    hosts["party-2"] = Intercept(hosts["party-2"], "nlp_sum_hop", truncate)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    assert "nlp_sum_hop.at" in str(err.value)
+
+
+def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    inner = hosts["party-3"]
+    hosts["party-3"] = Intercept(
+        inner, "nlp_key", lambda host, _s, env: host.sessions[env.session_id].abort("simulated crash")
+    )
+    roles = start_session(in_memory_network(hosts), cfg)
+    for name, role in roles.items():
+        assert role.aborted is not None, name
+        assert role.aborted.origin == "party-3" and role.aborted.reason == "simulated crash"
+    lead = roles["party-1"]
+    assert lead.output is None and lead.report is None and not lead.finished
+    late = envelope(cfg.session_id, "solver", nlp_key=cels_pb2.NlpKey(session_id=cfg.session_id))
+    assert code_of(lambda: lead.receive("solver", late)) == ProtocolError.FAILED_PRECONDITION
+
+
+def test_a_malformed_log_aborts_and_the_initiator_names_the_party(logs) -> None:
+    def broken():
+        raise LogError("party-2.tsv", 17, "query", "empty query")
+
+    with pytest.raises(RuntimeError) as err:
+        run_session([logs[0], broken, logs[2]], config(), allow_insecure_key_bits=True)
+    message = str(err.value)
+    assert "party-2" in message and "party-2.tsv, line 17, field 'query': empty query" in message

@@ -1,5 +1,194 @@
-"""Placeholder while the protocol benchmark is being written."""
+"""``cels bench protocol``: seconds and bytes of a whole CELS session, per phase and per node.
+
+``--runner inmemory`` (default) runs the roles in one process over the in-memory network
+(cels.protocol.session); every party's obfuscators r^N mod N^2 are computed inline and timed,
+which splits each node's time into *offline* (obfuscators: what an ObfuscatorPool computes
+ahead of time) and *online* (everything else).  ``--runner processes`` runs the same session
+as ``cels simulate`` does (R party node processes and a solver node over gRPC with mutual TLS
+on 127.0.0.1) and reports the wall time and the bytes on the wire, frames included; its
+obfuscators are computed inline inside the nodes, so offline time is not separated there.
+Prints JSON (and writes it to ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from cels.crypto.obfuscators import InlineObfuscators
+from cels.fileio import atomic_write_json
+from cels.node.config import DEFAULT_DEADLINE
+from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
+
+RUNNERS = ("inmemory", "processes")
 
 
-def register(subparsers) -> None:
-    return None
+class TimedObfuscators:
+    """Inline obfuscators whose cost is charged to one node's offline ledger."""
+
+    def __init__(self, n: int, ledger: dict[str, float]) -> None:
+        self._inner = InlineObfuscators(n)
+        self.n = n
+        self._ledger = ledger
+
+    def take(self, count: int) -> list:
+        start = time.perf_counter()
+        values = self._inner.take(count)
+        self._ledger["seconds"] += time.perf_counter() - start
+        self._ledger["obfuscators"] += count
+        return values
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("protocol", help="a whole CELS session: seconds and bytes per phase and node")
+    parser.add_argument("--input", type=Path, help="log to split by user over the parties (default: the synthetic log)")
+    parser.add_argument("--format", choices=FORMATS, default="aol")
+    parser.add_argument("--columns", help="tsv column mapping")
+    parser.add_argument("--no-header", action="store_true")
+    parser.add_argument("--max-users", type=int, help="keep the first N users of the input (MSNBC subsets)")
+    parser.add_argument("--parties", type=int, default=3)
+    parser.add_argument("--runner", choices=RUNNERS, default="inmemory", help="roles in one process (default) or node processes over gRPC")
+    parser.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; < 2048 only to reproduce the paper)")
+    parser.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
+    parser.add_argument("--sampling", choices=("exact", "paper"), default="exact")
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--delta", type=float, default=0.4)
+    parser.add_argument("--objective", default="kl")
+    parser.add_argument("--min-count", type=int, default=0, help="drop pairs with total count < N (the paper cleans with 20)")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="solver MIP time limit (seconds)")
+    parser.add_argument("--json", type=Path, help="also write the JSON here (atomically)")
+    parser.set_defaults(func=run)
+
+
+def load_input(args: argparse.Namespace) -> SearchLog:
+    if args.input is None:
+        return synthetic_log() if args.max_users is None else synthetic_log(users=args.max_users)
+    options = LoadOptions(
+        format=args.format,
+        columns=parse_columns(args.columns) if args.columns else None,
+        header=False if args.no_header else None,
+        max_users=args.max_users,
+    )
+    return load_log(args.input, options)
+
+
+def bench_inmemory(shares: list[SearchLog], config, allow_small: bool) -> dict[str, Any]:
+    """One session in memory; node time split into offline (obfuscators) and online."""
+    from cels.protocol.session import NodeHost, in_memory_network, party_factory, solver_factory, start_session
+
+    ledgers: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "obfuscators": 0})
+    hosts = {}
+    for party, log in zip(config.parties, shares):
+        factory = party_factory(
+            party.name,
+            log,
+            allow_insecure_key_bits=allow_small,
+            obfuscators=lambda n, ledger=ledgers[party.name]: TimedObfuscators(n, ledger),
+        )
+        hosts[party.name] = NodeHost(party.name, factory)
+    hosts[config.solver.name] = NodeHost(config.solver.name, solver_factory(config.solver.name, allow_insecure_key_bits=allow_small))
+    network = in_memory_network(hosts)
+    start = time.perf_counter()
+    roles = start_session(network, config)
+    wall = time.perf_counter() - start
+    failed = [r.aborted for r in roles.values() if r.aborted is not None]
+    if failed:
+        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    lead = roles[config.initiator]
+    busy = dict(network.stats.seconds)
+    offline = {name: ledgers[name]["seconds"] for name in hosts}
+    return {
+        "report": lead.report,
+        "wall_seconds": wall,
+        "offline": {
+            "what": "obfuscators r^N mod N^2 (an ObfuscatorPool computes them ahead of time)",
+            "seconds_by_node": offline,
+            "obfuscators_by_node": {name: int(ledgers[name]["obfuscators"]) for name in hosts},
+            "seconds_total": sum(offline.values()),
+        },
+        "online": {
+            "seconds_by_node": {name: busy.get(name, 0.0) - offline[name] for name in hosts},
+            "wall_seconds": wall - sum(offline.values()),  # one process: nodes run one after another
+        },
+    }
+
+
+def bench_processes(shares: list[SearchLog], config, fmt_args: list[str]) -> dict[str, Any]:
+    """One session over gRPC between node processes (the ``cels simulate`` machinery)."""
+    from cels.cli.service import run_nodes
+
+    with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
+        start = time.perf_counter()
+        report = run_nodes(shares, config, Path(tmp), ".tsv", fmt_args)
+        wall = time.perf_counter() - start
+    return {
+        "report": report,
+        "wall_seconds": wall,
+        "offline": None,
+        "online": {"wall_seconds": report["wall_seconds"], "note": "obfuscators computed inline inside the nodes: offline time not separated"},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from cels.cli.service import split_by_user
+    from cels.protocol.session import make_config
+
+    log = load_input(args)
+    shares = split_by_user(log, args.parties)
+    if args.key_bits < 2048:
+        print(f"cels bench protocol: WARNING: {args.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
+    config = make_config(
+        args.parties,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        objective=args.objective,
+        min_count=args.min_count,
+        sampling=args.sampling,
+        key_bits=args.key_bits,
+        universe_cipher=args.universe_cipher,
+        solver_time_limit=args.time_limit,
+        deadline_ms=int(DEFAULT_DEADLINE * 1000),
+    )
+    if args.runner == "inmemory":
+        result = bench_inmemory(shares, config, allow_small=args.key_bits < 2048)
+    else:
+        # the shares are written as histogram TSV (lossless, any input format)
+        for share in shares:
+            share.source = {"format": "histogram"}
+        result = bench_processes(shares, config, ["--format", "histogram"])
+    report = result.pop("report")
+    out = {
+        "benchmark": "protocol",
+        "runner": args.runner,
+        "input": str(args.input) if args.input else "synthetic",
+        "format": args.format,
+        "users": log.n_users,
+        "pairs": log.n_pairs,
+        "size": log.size,
+        "parties": args.parties,
+        "key_bits": args.key_bits,
+        "universe_cipher": args.universe_cipher,
+        "sampling": args.sampling,
+        "min_count": args.min_count,
+        **result,
+        "phases": report["phases"],
+        "bytes_total": report["bytes_total"],
+        "bytes_by_node": {
+            node: sum(p["bytes"].get(node, 0) for p in report["phases"].values())
+            for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})
+        },
+        "wire": report.get("wire"),
+        "sizes": report.get("sizes"),
+        "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds") if k in report["solver"]},
+    }
+    text = json.dumps(out, indent=2, default=float)
+    print(text)
+    if args.json is not None:
+        atomic_write_json(args.json, json.loads(text))
+    return 0

@@ -1,5 +1,268 @@
-"""Placeholder while the service subcommand is being written."""
+"""``cels certs``, ``cels run``, ``cels simulate``: CELS as a distributed service.
+
+- ``cels certs --out DIR --parties R``: a development CA and one certificate per node.
+- ``cels run --config session.toml``: start a session on running nodes (the initiator is a
+  party node); the sanitized log and report.json are written where the file says.
+- ``cels simulate``: split a log by user over R parties, start R party nodes and a solver node
+  as separate processes on 127.0.0.1 with a fresh dev CA, run one session, stop them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
+from cels.cli.sanitize import _optimal_arguments, load_input
+from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
+from cels.node.client import Controller, SessionAborted, run_session
+from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
+from cels.node.config import DEFAULT_DEADLINE, load_toml
+from cels.protocol.session import make_config
+from cels.protocol.wire import cels_pb2
+
+SESSION_KEYS = (
+    "epsilon", "delta", "bound", "objective", "output_size", "min_count", "cap", "noise_epsilon", "sensitivity",
+    "sampling", "key_bits", "group_bits", "universe_cipher", "ell_ratio", "keep_user_ids", "support", "breakpoints",
+    "solver_time_limit", "sampling_theta",
+)  # fmt: skip
+"""Keys of session.toml's [session] table that go into the SessionConfig as they are."""
+DEFAULT_TIMEOUT = 4 * 3600.0
 
 
-def register(subparsers) -> None:
-    return None
+def register(subparsers: argparse._SubParsersAction) -> None:
+    certs = subparsers.add_parser("certs", help="make a development CA and one certificate per node")
+    certs.add_argument("--out", required=True, type=Path, help="directory for ca.pem and NAME.pem / NAME.key")
+    certs.add_argument("--parties", type=int, default=3, help="number of party nodes (default 3)")
+    certs.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    certs.set_defaults(func=run_certs)
+
+    run = subparsers.add_parser("run", help="run a session against running party and solver nodes")
+    run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
+    run.set_defaults(func=run_run)
+
+    sim = subparsers.add_parser("simulate", help="run a whole session with local node processes on 127.0.0.1")
+    sim.add_argument("--parties", type=int, default=3, help="number of parties R (default 3)")
+    sim.add_argument("--input", type=Path, help="the log to split by user (default: the embedded synthetic log)")
+    sim.add_argument("--synthetic-users", type=int, default=2000, metavar="N", help="users of the embedded synthetic log (default 2000)")
+    sim.add_argument("--synthetic-pairs", type=int, default=3000, metavar="N", help="shared pairs of the embedded synthetic log (default 3000)")
+    sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
+    sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    sim.add_argument("--no-header", action="store_true", help="the input has no header line")
+    sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
+    sim.add_argument("--epsilon", type=float, default=1.0)
+    sim.add_argument("--delta", type=float, default=0.4, help="default 0.4 (as cels demo)")
+    sim.add_argument("--sampling", choices=("exact", "paper"), default="exact", help="exact distributed multinomial (default) or the paper's local sampling")
+    sim.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
+    sim.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
+    sim.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
+    sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
+    _optimal_arguments(sim)
+    sim.set_defaults(func=run_simulate)
+
+
+# -- cels certs ------------------------------------------------------------------------------
+
+
+def run_certs(args: argparse.Namespace) -> int:
+    names = node_names(args.parties)
+    make_dev_certs(args.out, names, days=args.days)
+    print(f"wrote {args.out}/ca.pem and certificates for {', '.join(names)} (development CA, {args.days} days)")
+    return 0
+
+
+# -- cels run --------------------------------------------------------------------------------
+
+
+def session_config(table: dict[str, Any], addresses: dict[str, str] | None = None) -> cels_pb2.SessionConfig:
+    """A SessionConfig from session.toml's [session] table."""
+    unknown = sorted(set(table) - set(SESSION_KEYS) - {"parties", "solver", "initiator", "session_id", "deadline"})
+    if unknown:
+        raise ValueError(f"[session]: unknown key(s) {', '.join(unknown)}; known: parties, solver, deadline, {', '.join(SESSION_KEYS)}")
+    for key in ("parties", "epsilon", "delta"):
+        if key not in table:
+            raise ValueError(f"[session] needs {key!r}")
+    options = {k: table[k] for k in SESSION_KEYS if k in table}
+    return make_config(
+        list(table["parties"]),
+        solver=table.get("solver", SOLVER),
+        initiator=table.get("initiator"),
+        session_id=table.get("session_id"),
+        deadline_ms=int(float(table.get("deadline", DEFAULT_DEADLINE)) * 1000),
+        addresses=addresses,
+        **options,
+    )
+
+
+def print_progress(report: cels_pb2.StepReport) -> None:
+    print(f"  {report.node:>10} {report.phase:<10} {report.seconds:8.2f} s {report.bytes_sent / 1e6:10.3f} MB sent", file=sys.stderr, flush=True)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    doc = load_toml(args.config)
+    base = args.config.resolve().parent
+    run, table = doc.get("run", {}), doc.get("session", {})
+    for key in ("initiator", "address", "output", "report"):
+        if key not in run:
+            raise ValueError(f"{args.config}: [run] needs {key!r}")
+    config = session_config({**table, "initiator": run["initiator"]})
+    insecure = bool(run.get("insecure", False))
+    paths = {k: base / run[k] for k in ("ca", "cert", "key") if k in run}
+    if not insecure and len(paths) < 3:
+        raise ValueError(f"{args.config}: [run] needs ca, cert and key (the controller's credentials) or insecure = true")
+    controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
+    output, report_path = base / run["output"], base / run["report"]
+    for path in (output, report_path):
+        if not path.parent.is_dir():
+            raise ValueError(f"output directory of {path} does not exist")
+    print(f"session {config.session_id}: {len(config.parties)} parties and {config.solver.name}, initiator {run['initiator']}", flush=True)
+    try:
+        report = run_session(controller, config, output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
+    except SessionAborted as exc:
+        print(f"cels run: {exc}", file=sys.stderr)
+        return 1
+    print(summary(report))
+    print(f"wrote {output} and {report_path}")
+    return 0
+
+
+# -- cels simulate ---------------------------------------------------------------------------
+
+
+def split_by_user(log: SearchLog, parties: int) -> list[SearchLog]:
+    """User j goes to party j mod R (users are disjoint across parties, as the paper assumes)."""
+    if log.n_users < parties:
+        raise ValueError(f"{log.n_users} users cannot be split over {parties} parties")
+    return [log.select_users(np.arange(k, log.n_users, parties)) for k in range(parties)]
+
+
+def output_suffix(path: Path | None) -> str:
+    """``.tsv.gz`` for ``aol-dev.tsv.gz``, ``.seq`` for ``x.seq``; ``.tsv`` for the synthetic log."""
+    if path is None:
+        return ".tsv"
+    suffixes = path.suffixes
+    return "".join(suffixes[-2:]) if suffixes and suffixes[-1] == ".gz" else (suffixes[-1] if suffixes else ".out")
+
+
+def input_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--format", args.format or "aol"]
+    if args.columns:
+        flags += ["--columns", args.columns]
+    if args.no_header:
+        flags.append("--no-header")
+    if args.lenient:
+        flags.append("--lenient")
+    return flags
+
+
+def simulate_config(args: argparse.Namespace, parties: int) -> cels_pb2.SessionConfig:
+    """The session of ``cels simulate``: the privacy / objective flags as ``cels sanitize``."""
+    if args.preprocess:
+        raise ValueError("--preprocess is not part of the distributed protocol (no party sees every user's log)")
+    if args.integer != "mip":
+        raise ValueError("the solver node rounds with the MIP (--integer mip)")
+    return make_config(
+        parties,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        bound=args.bound,
+        objective=args.objective,
+        output_size=args.output_size or 0.0,
+        min_count=args.min_count,
+        cap=args.cap or 0,
+        noise_epsilon=args.noise_epsilon or 0.0,
+        sensitivity=args.sensitivity or 0.0,
+        sampling=args.sampling,
+        key_bits=args.key_bits,
+        universe_cipher=args.universe_cipher,
+        keep_user_ids=args.keep_user_ids,
+        support=args.support,
+        breakpoints=args.breakpoints,
+        solver_time_limit=args.time_limit,
+        deadline_ms=int(args.deadline * 1000),
+    )
+
+
+def run_nodes(
+    shares: list[SearchLog],
+    config: cels_pb2.SessionConfig,
+    out: Path,
+    suffix: str,
+    fmt_args: list[str],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
+    CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
+    ``out/sanitized<suffix>`` and ``out/report.json``; returns the report (SessionAborted if
+    the session failed; the node logs stay in ``out/node-logs``)."""
+    parties = [p.name for p in config.parties]
+    deadline = config.deadline_ms / 1000 if config.deadline_ms else DEFAULT_DEADLINE
+    with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
+        work = Path(tmp)
+        certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
+        addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
+        for node in [*config.parties, config.solver]:
+            node.address = addresses[node.name]
+        common = ["--deadline", str(deadline)]
+        if config.key_bits < 2048:
+            common += ["--min-key-bits", str(config.key_bits)]
+        with LocalCluster(out / "node-logs") as cluster:
+            for name in addresses:
+                argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
+                if name == SOLVER:
+                    cluster.start(name, addresses[name], python_module("solver_node") + argv)
+                else:
+                    data = work / f"{name}{suffix}"
+                    write_log(shares[parties.index(name)], data)
+                    cluster.start(name, addresses[name], python_module("party_node") + argv + ["--data", str(data), *fmt_args])
+            cluster.wait_ready(timeout=60)
+            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
+            print(f"session {config.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
+            ctrl = certs[CONTROLLER]
+            controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
+            return run_session(
+                controller, config, out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
+            )
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if args.input is not None and args.format is None:
+        raise ValueError("--input needs --format")
+    if args.key_bits < 2048:
+        print(f"cels simulate: WARNING: {args.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
+    config = simulate_config(args, args.parties)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if args.input is None:
+        log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
+    else:
+        log, fmt_args = load_input(args), input_flags(args)
+    suffix = output_suffix(args.input)
+    shares = split_by_user(log, args.parties)
+    print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
+          f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
+    extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
+    try:
+        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra)
+    except SessionAborted as exc:
+        print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
+        return 1
+    print(summary(report))
+    print(f"wrote {args.out / f'sanitized{suffix}'} and {args.out / 'report.json'} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One human line about a distributed release."""
+    s, u, p = report["solver"], report["utility"], report["privacy"]
+    return (
+        f"released |O| = {s.get('integer_total')} (LP bound {s.get('max_output_lp', float('nan')):.1f}), "
+        f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}); "
+        f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages ({report['wire']['bytes_total'] / 1e6:.2f} MB on the wire)"
+    )

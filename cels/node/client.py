@@ -1,0 +1,92 @@
+"""The ``cels run`` side: ask the initiating party node to run a session, follow it, write the results."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cels.fileio import atomic_write, atomic_write_json
+from cels.node.tls import open_channel, warn_insecure
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+
+
+CONNECT_TIMEOUT = 60.0
+"""Seconds ``cels run`` waits for the initiator node to accept the connection (nodes starting up)."""
+
+
+class SessionAborted(RuntimeError):
+    """The session ended without output; ``origin`` is the node that failed."""
+
+    def __init__(self, origin: str, reason: str) -> None:
+        super().__init__(f"session aborted by {origin}: {reason}")
+        self.origin, self.reason = origin, reason
+
+
+@dataclass
+class Controller:
+    """Who ``cels run`` is and how it reaches the initiating party node."""
+
+    initiator: str
+    address: str
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    insecure: bool = False
+
+
+def run_session(
+    controller: Controller,
+    config: cels_pb2.SessionConfig,
+    output: str | os.PathLike[str],
+    report_path: str | os.PathLike[str],
+    timeout: float,
+    on_progress: Callable[[cels_pb2.StepReport], None] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run one session; write the sanitized log and report.json atomically; return the report.
+
+    Nothing is written unless the session completes: the log goes to a temporary file that is
+    renamed only after the report arrived.  ``extra`` keys are added to the report.
+    Raises SessionAborted with the failing node.
+    """
+    if controller.insecure:
+        warn_insecure("cels run")
+        channel = open_channel(controller.address, controller.initiator, None, None, None)
+    else:
+        channel = open_channel(controller.address, controller.initiator, controller.ca, controller.cert, controller.key)
+    request = cels_pb2.RunRequest(config=config, output_name=Path(output).name)
+    report: dict[str, Any] | None = None
+    with channel:
+        stub = cels_pb2_grpc.CelsNodeStub(channel)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=min(timeout, CONNECT_TIMEOUT))
+        except grpc.FutureTimeoutError:
+            raise SessionAborted(
+                controller.initiator, f"cannot connect to {controller.initiator} at {controller.address} "
+                f"within {min(timeout, CONNECT_TIMEOUT):g}s (not running, or its certificate does not name it)"
+            ) from None
+        try:
+            with atomic_write(output, mode="wb") as sink:
+                for event in stub.Run(request, timeout=timeout):
+                    kind = event.WhichOneof("event")
+                    if kind == "progress" and on_progress is not None:
+                        on_progress(event.progress)
+                    elif kind == "output_chunk":
+                        sink.write(event.output_chunk)
+                    elif kind == "report_json":
+                        report = json.loads(event.report_json)
+                    elif kind == "aborted":
+                        raise SessionAborted(event.aborted.origin, event.aborted.reason)
+                if report is None:
+                    raise SessionAborted(controller.initiator, "the stream ended without a report")
+        except grpc.RpcError as exc:
+            raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
+    report.update(extra or {})
+    atomic_write_json(report_path, report)
+    return report

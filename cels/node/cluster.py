@@ -1,0 +1,118 @@
+"""Start nodes as separate OS processes on loopback (``cels simulate``, tests); always stop them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from cels.certs import NodeCert
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def tls_args(cert: NodeCert | None) -> list[str]:
+    """``--ca/--cert/--key`` for a node, or ``--insecure`` without credentials."""
+    if cert is None:
+        return ["--insecure"]
+    return ["--ca", str(cert.ca), "--cert", str(cert.cert), "--key", str(cert.key)]
+
+
+def peer_args(addresses: Mapping[str, str], me: str) -> list[str]:
+    return [arg for name, address in addresses.items() if name != me for arg in ("--peer", f"{name}={address}")]
+
+
+@dataclass
+class NodeProcess:
+    name: str
+    address: str
+    process: subprocess.Popen
+    log_path: Path
+    _log: IO[bytes] = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+class LocalCluster:
+    """Node processes started by :meth:`start`; :meth:`stop` (or leaving the ``with``) ends them all."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.nodes: dict[str, NodeProcess] = {}
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, name: str, address: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeProcess:
+        """Launch ``argv`` (a node command) with its output in ``log_dir/NAME.log``."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "wb")
+        process = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
+        node = NodeProcess(name, address, process, log_path, log)
+        self.nodes[name] = node
+        return node
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until every node accepts TCP connections (bounded); raise if one died."""
+        limit = time.monotonic() + timeout
+        for node in self.nodes.values():
+            host, port = node.address.rsplit(":", 1)
+            while True:
+                if node.process.poll() is not None:
+                    raise RuntimeError(f"node {node.name} exited with {node.process.returncode}:\n{node.log_text()}")
+                try:
+                    with socket.create_connection((host, int(port)), timeout=0.5):
+                        break
+                except OSError:
+                    if time.monotonic() > limit:
+                        raise TimeoutError(f"node {node.name} not listening on {node.address} after {timeout:g}s") from None
+                    time.sleep(0.05)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one node (failure tests)."""
+        node = self.nodes[name]
+        node.process.kill()
+        node.process.wait(10)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every node, SIGKILL what is still running after ``grace`` seconds."""
+        for node in self.nodes.values():
+            if node.process.poll() is None:
+                node.process.terminate()
+        limit = time.monotonic() + grace
+        for node in self.nodes.values():
+            try:
+                node.process.wait(max(0.0, limit - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+                node.process.wait(10)
+            if node._log is not None:
+                node._log.close()
+
+
+def python_module(module: str) -> list[str]:
+    """``python -m module`` with this interpreter."""
+    return [sys.executable, "-m", module]

@@ -1,0 +1,176 @@
+"""Node configuration: a TOML file, overridden by command-line flags.
+
+```toml
+[node]
+name = "party-1"                 # the name in this node's certificate
+listen = "127.0.0.1:7101"
+deadline = 600.0                 # seconds, every RPC this node makes (sessions may set their own)
+insecure = false                 # plaintext gRPC: development only, prints a warning
+
+[tls]
+ca = "certs/ca.pem"
+cert = "certs/party-1.pem"
+key = "certs/party-1.key"
+
+[peers]                          # every node this node may talk to: name -> host:port
+solver = "127.0.0.1:7100"
+party-2 = "127.0.0.1:7102"
+
+[data]                           # party nodes: the private log, read at every session start
+path = "logs/party-1.tsv"
+format = "aol"                   # and columns / header / lenient as `cels sanitize`
+
+[solver]                         # solver nodes: key and solver options
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from cels.certs import CONTROLLER
+
+DEFAULT_DEADLINE = 600.0
+MIN_KEY_BITS = 2048
+
+
+@dataclass
+class NodeConfig:
+    """Everything a node adapter needs besides its role."""
+
+    name: str
+    listen: str
+    peers: dict[str, str]
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    insecure: bool = False
+    deadline: float = DEFAULT_DEADLINE
+    controllers: tuple[str, ...] = (CONTROLLER,)
+    min_key_bits: int = MIN_KEY_BITS
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The role-specific tables ([data] for a party, [solver] for the solver)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("node name missing (--name or [node] name)")
+        if not self.listen or ":" not in self.listen:
+            raise ValueError(f"listen address {self.listen!r} is not host:port")
+        if self.name in self.peers:
+            raise ValueError(f"node {self.name!r} lists itself among its peers")
+        for peer, address in self.peers.items():
+            if ":" not in address:
+                raise ValueError(f"peer {peer}: address {address!r} is not host:port")
+        if self.deadline <= 0:
+            raise ValueError(f"deadline must be positive seconds, not {self.deadline}")
+        if not self.insecure:
+            missing = [n for n in ("ca", "cert", "key") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(
+                    f"mutual TLS needs {', '.join(missing)} ([tls] table or --ca/--cert/--key); "
+                    "--insecure disables TLS for development"
+                )
+            for n in ("ca", "cert", "key"):
+                if not Path(getattr(self, n)).is_file():
+                    raise ValueError(f"{n} file {getattr(self, n)} does not exist")
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every node takes (they override the TOML file)."""
+    parser.add_argument("--config", type=Path, help="TOML node configuration")
+    parser.add_argument("--name", help="this node's name (as in its certificate)")
+    parser.add_argument("--listen", help="host:port to serve on")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=HOST:PORT", help="a peer node (repeatable)")
+    parser.add_argument("--ca", type=Path, help="CA certificate (PEM) that signs every node")
+    parser.add_argument("--cert", type=Path, help="this node's certificate (PEM)")
+    parser.add_argument("--key", type=Path, help="this node's private key (PEM)")
+    parser.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
+    parser.add_argument("--insecure", action="store_true", default=None, help="no TLS (development only; prints a warning)")
+    parser.add_argument(
+        "--min-key-bits",
+        type=int,
+        help="smallest Paillier key a session may ask for (default 2048; lower only to reproduce the paper)",
+    )
+
+
+def parse_peer(spec: str) -> tuple[str, str]:
+    name, sep, address = spec.partition("=")
+    if not sep or not name.strip() or not address.strip():
+        raise ValueError(f"--peer {spec!r}: expected NAME=HOST:PORT")
+    return name.strip(), address.strip()
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
+    """Merge the TOML file (if any) and the flags; relative paths in the file are relative to it."""
+    doc = load_toml(args.config) if args.config else {}
+    base = args.config.resolve().parent if args.config else Path.cwd()
+    node, tls = doc.get("node", {}), doc.get("tls", {})
+
+    def path_of(flag: Path | None, key: str) -> Path | None:
+        if flag is not None:
+            return flag
+        return base / tls[key] if key in tls else None
+
+    peers = {str(k): str(v) for k, v in doc.get("peers", {}).items()}
+    peers.update(parse_peer(spec) for spec in args.peer)
+    return NodeConfig(
+        name=args.name or node.get("name", ""),
+        listen=args.listen or node.get("listen", ""),
+        peers=peers,
+        ca=path_of(args.ca, "ca"),
+        cert=path_of(args.cert, "cert"),
+        key=path_of(args.key, "key"),
+        insecure=bool(args.insecure if args.insecure is not None else node.get("insecure", False)),
+        deadline=float(args.deadline if args.deadline is not None else node.get("deadline", DEFAULT_DEADLINE)),
+        controllers=tuple(node.get("controllers", (CONTROLLER,))),
+        min_key_bits=int(args.min_key_bits if args.min_key_bits is not None else node.get("min_key_bits", MIN_KEY_BITS)),
+        extra={"base": base, **doc.get(role_table, {})},
+    )
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """A party's private log and how to read it (the same input flags as ``cels sanitize``)."""
+    parser.add_argument("--data", type=Path, help="the party's private log (read at every session start)")
+    parser.add_argument("--format", help="log format: aol, msnbc, tsv, histogram (default aol)")
+    parser.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
+    parser.add_argument("--lenient", action="store_true", default=None, help="skip bad lines instead of failing")
+
+
+def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, Any]:
+    """The data file and its LoadOptions from the flags over the ``[data]`` table."""
+    from cels.logs import LoadOptions, parse_columns
+
+    base = table.get("base", Path.cwd())
+    path = args.data if args.data is not None else (base / table["path"] if "path" in table else None)
+    if path is None:
+        raise ValueError("a party node needs its data file (--data or [data] path)")
+    columns = args.columns if args.columns is not None else table.get("columns")
+    if args.no_header:
+        header: bool | None = False
+    else:
+        header = table.get("header")
+    options = LoadOptions(
+        format=args.format or table.get("format", "aol"),
+        columns=parse_columns(columns) if isinstance(columns, str) else columns,
+        header=header,
+        lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
+    )
+    return Path(path), options

@@ -1,0 +1,46 @@
+"""``cels-solver`` / ``python -m solver_node``: serve the CELS solver role P_0 over gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cels.node.config import add_node_arguments, node_config
+from cels.node.process import serve
+from cels.node.service import Node
+from cels.node.tls import warn_insecure_keys
+from cels.protocol.solver import SolverRole
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
+    add_node_arguments(parser)
+    parser.add_argument(
+        "--solver-time-limit",
+        type=float,
+        help="seconds for the integer step when a session does not set its own ([solver] time_limit)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = node_config(args, "solver")
+    except ValueError as exc:
+        print(f"cels-solver: error: {exc}", file=sys.stderr)
+        return 2
+    time_limit = args.solver_time_limit if args.solver_time_limit is not None else float(config.extra.get("time_limit", 0.0))
+    allow_small = warn_insecure_keys(config)
+
+    def factory(session, name: str) -> SolverRole:
+        if time_limit and not session.solver_time_limit:
+            session.solver_time_limit = time_limit
+        return SolverRole(name, session, allow_insecure_key_bits=allow_small)
+
+    return serve(Node(config, factory))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

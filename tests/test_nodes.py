@@ -1,0 +1,258 @@
+"""The node adapters over gRPC with mutual TLS, with a toy protocol (tests/nodes_toy.py).
+
+Nodes run as separate OS processes on 127.0.0.1; every fixture stops them.  Known answers:
+the toy session's output is the sum of the parties' log sizes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cels.certs import make_dev_certs, node_names
+from cels.logs import SearchLog, write_log
+from cels.logs.model import LogRecord
+from cels.node.client import Controller, SessionAborted, run_session
+from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
+from cels.node.framing import to_frames
+from cels.node.tls import open_channel
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+
+TOY = Path(__file__).resolve().parent / "nodes_toy.py"
+PARTIES = 3
+SIZES = {"party-1": 5, "party-2": 7, "party-3": 11}
+
+
+def write_party_log(path: Path, events: int) -> None:
+    records = [LogRecord(user=f"u{k % 2}", query=f"q{k % 3}", url=f"http://x/{k % 3}") for k in range(events)]
+    write_log(SearchLog.from_records(records, {"format": "histogram"}), path)
+
+
+class ToyCluster:
+    """3 toy parties and a toy solver with a dev CA (plus an 'intruder' cert from the same CA)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.certs = make_dev_certs(root / "certs", [*node_names(PARTIES), "intruder"])
+        self.addresses = {name: f"{LOOPBACK}:{free_port()}" for name in node_names(PARTIES)[:-1]}
+        self.cluster = LocalCluster(root / "logs")
+        self.data = {}
+        try:
+            self._start()
+        except BaseException:
+            self.cluster.stop()
+            raise
+
+    def _start(self) -> None:
+        root = self.root
+        for name, address in self.addresses.items():
+            argv = [sys.executable, str(TOY), "--name", name, "--listen", address, *tls_args(self.certs[name])]
+            argv += peer_args(self.addresses, name)
+            if name.startswith("party"):
+                self.data[name] = root / f"{name}.tsv"
+                write_party_log(self.data[name], SIZES[name])
+                argv += ["--data", str(self.data[name]), "--format", "histogram"]
+            self.cluster.start(name, address, argv)
+        self.cluster.wait_ready()
+
+    def config(self, session_id: str, delay: float = 0.0, payload: int = 0, deadline: float = 10.0) -> cels_pb2.SessionConfig:
+        parties = [cels_pb2.NodeAddress(name=n, address=a) for n, a in self.addresses.items() if n.startswith("party")]
+        return cels_pb2.SessionConfig(
+            session_id=session_id,
+            parties=parties,
+            solver=cels_pb2.NodeAddress(name="solver", address=self.addresses["solver"]),
+            solver_time_limit=delay,
+            breakpoints=payload,
+            deadline_ms=int(deadline * 1000),
+        )
+
+    def controller(self, expect: str = "party-1") -> Controller:
+        cert = self.certs["controller"]
+        return Controller(initiator=expect, address=self.addresses["party-1"], ca=cert.ca, cert=cert.cert, key=cert.key)
+
+    def run(self, config: cels_pb2.SessionConfig, out: Path, **kw) -> dict:
+        out.mkdir(parents=True, exist_ok=True)
+        controller, timeout = kw.pop("controller", self.controller()), kw.pop("timeout", 60)
+        return run_session(controller, config, out / "out.tsv", out / "report.json", timeout=timeout, **kw)
+
+    def stub(self, target: str, as_name: str) -> cels_pb2_grpc.CelsNodeStub:
+        cert = self.certs[as_name]
+        channel = open_channel(self.addresses[target], target, cert.ca, cert.cert, cert.key)
+        return cels_pb2_grpc.CelsNodeStub(channel)
+
+    def state(self, node: str, session_id: str) -> str:
+        probe = cels_pb2.SessionSignal(session_id=session_id, kind=cels_pb2.SessionSignal.PROBE)
+        return self.stub(node, "party-1" if node != "party-1" else "party-2").Signal(probe, timeout=5).state
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    cluster = ToyCluster(tmp_path_factory.mktemp("toy"))
+    try:
+        yield cluster
+    finally:
+        cluster.cluster.stop()
+
+
+def deliver(stub: cels_pb2_grpc.CelsNodeStub, envelope: cels_pb2.Envelope) -> None:
+    stub.Deliver(iter(to_frames(envelope, 1)), timeout=5)
+
+
+def toy_hop(session_id: str, sender: str, sum_id: str = "toy-ring", values=(1,)) -> cels_pb2.Envelope:
+    msg = cels_pb2.SumResult(session_id=session_id, sum_id=sum_id, values=list(values))
+    return cels_pb2.Envelope(session_id=session_id, sender=sender, sum_result=msg)
+
+
+def wait_for(predicate, timeout: float) -> float:
+    """Seconds until ``predicate()`` holds; fails after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, "condition not reached in time"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_session_runs_over_mutual_tls(toy, tmp_path) -> None:
+    progress = []
+    report = toy.run(toy.config("ok-1"), tmp_path, on_progress=progress.append)
+    assert (tmp_path / "out.tsv").read_text() == f"total\t{sum(SIZES.values())}\n"
+    assert report["total"] == sum(SIZES.values())
+    assert sorted(r.node for r in progress) == ["party-2", "party-3"]
+    wire = report["wire"]["nodes"]
+    assert set(wire) == set(toy.addresses)
+    assert wire["party-1"]["messages_sent"] == {"start_session": 3, "sum_result": 1}
+    assert wire["solver"]["messages_sent"] == {"sum_result": 3}
+    assert report["wire"]["bytes_total"] == sum(n["bytes_total"] for n in wire.values())
+    for node in toy.addresses:
+        assert toy.state(node, "ok-1") == "done"
+
+
+def test_large_messages_travel_in_frames_under_4mb(toy, tmp_path) -> None:
+    payload = 5_000_000  # 5 MB of sint64 padding per hop: one gRPC message would exceed 4 MB
+    report = toy.run(toy.config("big-1", payload=payload), tmp_path)
+    assert report["total"] == sum(SIZES.values())
+    sent = report["wire"]["nodes"]["party-2"]["bytes_sent"]["sum_result"]
+    assert sent > 4 * 1024 * 1024
+    assert max(f.ByteSize() for f in to_frames(toy_hop("s", "p", values=[7] * payload), 0)) < 1.1 * 2**20
+
+
+def test_unknown_session_is_failed_precondition(toy) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        deliver(toy.stub("party-1", "party-2"), toy_hop("no-such-session", "party-2"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "unknown session 'no-such-session'" in err.value.details()
+
+
+def test_out_of_order_and_malformed_messages_are_refused(toy, tmp_path) -> None:
+    config = toy.config("order-1", delay=0.8, deadline=4.0)  # ~6 s session; stray messages held back 1 s
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(toy.run(config, tmp_path)))
+    runner.start()
+    try:
+        wait_for(lambda: toy.state("party-3", "order-1") == "running", 10)
+        # party-1 starts the ring: a ring message *to* it is out of protocol order
+        with pytest.raises(grpc.RpcError) as err:
+            deliver(toy.stub("party-1", "party-3"), toy_hop("order-1", "party-3"))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "out of order" in err.value.details()
+        # a step message without values is malformed
+        with pytest.raises(grpc.RpcError) as err:
+            deliver(toy.stub("party-3", "party-2"), toy_hop("order-1", "party-2", values=()))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # bytes that are not an Envelope, and frames out of order
+        frames = [cels_pb2.Frame(session_id="order-1", message_id=1, index=0, last=True, data=b"\xff\xff\xff")]
+        with pytest.raises(grpc.RpcError) as err:
+            toy.stub("party-2", "party-1").Deliver(iter(frames), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        frames = to_frames(toy_hop("order-1", "party-1", values=[7] * 3_000_000), 1)
+        with pytest.raises(grpc.RpcError) as err:
+            toy.stub("party-2", "party-1").Deliver(iter(frames[1:]), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        runner.join(60)
+    # refused stray messages do not end the session
+    assert result["total"] == sum(SIZES.values())
+
+
+def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
+    envelope = toy_hop("no-such-session", "intruder")
+    with pytest.raises(grpc.RpcError) as err:  # same CA, but not a node party-1 expects
+        deliver(toy.stub("party-1", "intruder"), envelope)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as err:  # a valid certificate claiming another sender
+        deliver(toy.stub("party-1", "party-2"), toy_hop("no-such-session", "party-3"))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    other = make_dev_certs(tmp_path / "other-ca", ["party-2"])["party-2"]  # another CA
+    channel = open_channel(toy.addresses["party-1"], "party-1", other.ca, other.cert, other.key)
+    with pytest.raises(grpc.RpcError) as err:
+        deliver(cels_pb2_grpc.CelsNodeStub(channel), toy_hop("no-such-session", "party-2"))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    # the controller pins the initiator's name: a server whose certificate names another node is refused
+    with pytest.raises(SessionAborted) as aborted:
+        toy.run(toy.config("pin-1"), tmp_path, controller=toy.controller(expect="party-2"), timeout=2)
+    assert "cannot connect to party-2" in aborted.value.reason
+    # a party may not act as the controller
+    cert = toy.certs["party-2"]
+    impostor = Controller("party-1", toy.addresses["party-1"], cert.ca, cert.cert, cert.key)
+    with pytest.raises(SessionAborted) as aborted:
+        toy.run(toy.config("pin-2"), tmp_path, controller=impostor)
+    assert "PERMISSION_DENIED" in aborted.value.reason
+    assert not (tmp_path / "out.tsv").exists()
+
+
+def test_deadline_aborts_and_the_nodes_serve_the_next_session(toy, tmp_path) -> None:
+    # every hop takes 1.5 s but the session allows 1 s per call: the delivery to party-2 times out
+    with pytest.raises(SessionAborted) as aborted:
+        toy.run(toy.config("slow-1", delay=1.5, deadline=1.0), tmp_path / "slow")
+    assert "DEADLINE_EXCEEDED" in aborted.value.reason
+    assert not (tmp_path / "slow").exists() or not any((tmp_path / "slow").iterdir())
+    wait_for(lambda: all(toy.state(n, "slow-1") == "aborted" for n in toy.addresses), 10)
+    report = toy.run(toy.config("after-slow"), tmp_path / "next")
+    assert report["total"] == sum(SIZES.values())
+
+
+def test_malformed_log_on_one_party_aborts_with_its_error(toy, tmp_path) -> None:
+    path = toy.data["party-2"]
+    good = path.read_bytes()
+    path.write_text("user\tquery\turl\tcount\nu1\tq\thttp://x\tmany\n")
+    try:
+        with pytest.raises(SessionAborted) as aborted:
+            toy.run(toy.config("badlog-1"), tmp_path / "bad")
+    finally:
+        path.write_bytes(good)
+    assert aborted.value.origin == "party-2"
+    assert f"{path}, line 2, field 'count'" in aborted.value.reason
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+    assert toy.run(toy.config("badlog-2"), tmp_path / "good")["total"] == sum(SIZES.values())
+
+
+@pytest.mark.parametrize("victim", ["party-1", "party-2", "solver"])
+def test_killed_node_aborts_the_session_everywhere(tmp_path, victim) -> None:
+    toy = ToyCluster(tmp_path / "cluster")
+    try:
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                toy.run(toy.config("kill-1", delay=1.0, deadline=3.0), tmp_path / "out")
+            except SessionAborted as exc:
+                outcome["aborted"] = exc
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        wait_for(lambda: toy.state("party-3", "kill-1") == "running", 10)
+        toy.cluster.kill(victim)
+        killed = time.monotonic()
+        runner.join(20)
+        assert outcome["aborted"].origin == victim
+        survivors = [n for n in toy.addresses if n != victim]
+        wait_for(lambda: all(toy.state(n, "kill-1") == "aborted" for n in survivors), 10)
+        assert time.monotonic() - killed < 3.0 + 1.0  # within the deadline (+1 s for polling here)
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    finally:
+        toy.cluster.stop()

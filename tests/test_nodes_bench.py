@@ -1,0 +1,27 @@
+"""`cels bench protocol`: the JSON adds up (phases, nodes, offline + online = busy time)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cels.cli import main
+
+
+def test_bench_protocol_inmemory_json(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "protocol", "--max-users", "60", "--parties", "2", "--key-bits", "512", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    assert (result["runner"], result["parties"], result["users"], result["key_bits"]) == ("inmemory", 2, 60, 512)
+    nodes = {"party-1", "party-2", "solver"}
+    assert set(result["bytes_by_node"]) <= nodes
+    assert result["bytes_total"] == sum(p["bytes_total"] for p in result["phases"].values()) == sum(result["bytes_by_node"].values())
+    offline, online = result["offline"], result["online"]
+    assert offline["obfuscators_by_node"]["solver"] == 0  # the solver only decrypts
+    assert min(offline["obfuscators_by_node"]["party-1"], offline["obfuscators_by_node"]["party-2"]) > 0
+    for node in nodes:  # offline + online = time inside the node's role (the phases' seconds)
+        busy = sum(p["seconds"].get(node, 0.0) for p in result["phases"].values())
+        assert offline["seconds_by_node"][node] + online["seconds_by_node"][node] == pytest.approx(busy, rel=0.05, abs=0.05)
+    assert online["wall_seconds"] == pytest.approx(result["wall_seconds"] - offline["seconds_total"])

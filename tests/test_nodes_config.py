@@ -1,0 +1,110 @@
+"""Node configuration: TOML file, flags over it, TLS required unless --insecure (with a warning)."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+import pytest
+
+from cels.certs import make_dev_certs, node_names
+from cels.cli.service import session_config
+from cels.node.cluster import LOOPBACK, free_port
+from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
+from cels.node.service import Node
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+from party_node.__main__ import main as party_main
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_node_arguments(parser)
+    add_data_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_dev_certs(tmp_path_factory.mktemp("certs"), node_names(2))
+
+
+def test_toml_file_with_flags_over_it(tmp_path, certs) -> None:
+    (tmp_path / "logs").mkdir()
+    config = tmp_path / "party-1.toml"
+    config.write_text(
+        f"""
+[node]
+name = "party-1"
+listen = "127.0.0.1:7101"
+deadline = 30
+
+[tls]
+ca = "{certs['party-1'].ca}"
+cert = "{certs['party-1'].cert}"
+key = "{certs['party-1'].key}"
+
+[peers]
+solver = "127.0.0.1:7100"
+party-2 = "127.0.0.1:7102"
+
+[data]
+path = "logs/mine.tsv"
+format = "tsv"
+columns = "user=1,query=2,url=3"
+lenient = true
+"""
+    )
+    args = parse(["--config", str(config), "--peer", "party-2=10.0.0.2:7102", "--deadline", "12", "--no-header"])
+    cfg = node_config(args, "data")
+    assert (cfg.name, cfg.listen, cfg.deadline, cfg.insecure) == ("party-1", "127.0.0.1:7101", 12.0, False)
+    assert cfg.peers == {"solver": "127.0.0.1:7100", "party-2": "10.0.0.2:7102"}
+    assert cfg.min_key_bits == 2048
+    path, options = data_source(args, cfg.extra)
+    assert path == tmp_path / "logs" / "mine.tsv"  # relative to the TOML file
+    assert (options.format, options.columns, options.header, options.lenient) == ("tsv", {"user": 1, "query": 2, "url": 3}, False, True)
+
+
+def test_tls_is_required_unless_insecure(tmp_path) -> None:
+    base = ["--name", "party-1", "--listen", "127.0.0.1:7101", "--peer", "solver=127.0.0.1:7100"]
+    with pytest.raises(ValueError, match="mutual TLS needs ca, cert, key"):
+        node_config(parse(base), "data")
+    with pytest.raises(ValueError, match="does not exist"):
+        node_config(parse([*base, "--ca", str(tmp_path / "x"), "--cert", str(tmp_path / "y"), "--key", str(tmp_path / "z")]), "data")
+    with pytest.raises(ValueError, match="lists itself"):
+        node_config(parse([*base, "--insecure", "--peer", "party-1=127.0.0.1:1"]), "data")
+    assert node_config(parse([*base, "--insecure"]), "data").insecure
+
+
+def test_insecure_node_prints_a_warning_and_still_checks_peer_names(capfd) -> None:
+    address = f"{LOOPBACK}:{free_port()}"
+    node = Node(node_config(parse(["--name", "party-1", "--listen", address, "--peer", "party-2=127.0.0.1:1", "--insecure"]), "data"), None)
+    node.start()
+    try:
+        assert "--insecure: no TLS, peers are NOT authenticated" in capfd.readouterr().err
+        with grpc.insecure_channel(address) as channel:
+            stub = cels_pb2_grpc.CelsNodeStub(channel)
+            envelope = cels_pb2.Envelope(session_id="s", sender="mallory", abort=cels_pb2.Abort(session_id="s"))
+            frames = [cels_pb2.Frame(session_id="s", index=0, last=True, data=envelope.SerializeToString())]
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Deliver(iter(frames), timeout=5)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        node.stop()
+
+
+def test_party_node_refuses_to_start_without_its_data(tmp_path, capsys) -> None:
+    argv = ["--name", "party-1", "--listen", "127.0.0.1:7101", "--insecure", "--data", str(tmp_path / "missing.tsv")]
+    assert party_main(argv) == 2
+    assert "missing.tsv does not exist" in capsys.readouterr().err
+
+
+def test_session_toml_table_becomes_the_session_config() -> None:
+    table = {"parties": ["party-1", "party-2"], "epsilon": 1.0, "delta": 0.1, "min_count": 20, "key_bits": 3072, "deadline": 42}
+    config = session_config({**table, "initiator": "party-2"})
+    assert [p.name for p in config.parties] == ["party-1", "party-2"] and config.solver.name == "solver"
+    assert (config.initiator, config.min_count, config.key_bits, config.deadline_ms) == ("party-2", 20, 3072, 42_000)
+    assert config.session_id  # fresh
+    with pytest.raises(ValueError, match="unknown key"):
+        session_config({**table, "epsilonn": 1.0})
+    with pytest.raises(ValueError, match="needs 'delta'"):
+        session_config({"parties": ["party-1", "party-2"], "epsilon": 1.0})

@@ -1,0 +1,48 @@
+"""End to end with the product's defaults: `cels simulate` with 2048-bit keys, 3 party node
+processes and a solver node over mutual TLS, on a small synthetic log (the ONE slow test)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+
+from cels.cli import main
+from cels.logs import LoadOptions, load_log, synthetic_log
+
+
+@pytest.mark.slow
+def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out)]
+    assert main(argv) == 0
+    console = capsys.readouterr()
+    assert "started 4 node processes on 127.0.0.1" in console.err
+    assert "released |O| = " in console.out
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["key_bits"] == 2048
+    assert report["privacy"]["b"] == pytest.approx(min(1.0 / 2, math.log(1 / (1 - 0.4))))
+    assert report["simulation"]["users_per_party"] == [20, 20, 20]  # 60 users split by user
+    for phase in ("universe", "counts", "nlp", "sampling", "union"):
+        entry = report["phases"][phase]
+        assert set(entry["bytes"]) <= {"party-1", "party-2", "party-3", "solver"}
+        assert entry["bytes_total"] == sum(entry["bytes"].values())
+    assert report["bytes_total"] == sum(e["bytes_total"] for e in report["phases"].values())
+    assert report["wire"]["bytes_total"] >= report["bytes_total"]  # frames and session control on top
+    assert {"kl", "recall"} <= set(report["utility"])
+
+    released = load_log(out / "sanitized.tsv", LoadOptions(format="aol"))  # the input's format
+    assert released.size == report["solver"]["integer_total"]
+    source_pairs = set(synthetic_log(users=60, pairs=30).pairs)
+    assert set(released.pairs) <= source_pairs
+    assert not set(released.users) & set(synthetic_log(users=60, pairs=30).users)  # pseudonyms
+
+    # every node process was stopped: their ports are free again
+    for line in (out / "node-logs").glob("*.log"):
+        address = next(l for l in line.read_text().splitlines() if "listening on" in l).rsplit(" ", 1)[1]
+        host, port = address.rsplit(":", 1)
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=1).close()

@@ -110,3 +110,13 @@ def test_paper_trials_floor_the_local_share() -> None:
     np.testing.assert_array_equal(
         [paper_trials(np.array([k]), np.array([10]), np.array([7]))[0] for k in (5, 3, 2)], [3, 2, 1]
     )
+
+
+def test_result_leaves_the_party_counts_intact() -> None:
+    # a user sampled zero times must not be dropped from the party's own count matrix
+    counts = sp.csr_matrix(np.array([[2, 2, 0], [1, 0, 3]]))
+    before = counts.toarray().copy()
+    sampler = StagedSampler(counts, np.array([3, 2, 3]), np.array([0, 0, 0]), np.random.default_rng(0))
+    assert sampler.result().nnz == 0
+    np.testing.assert_array_equal(counts.toarray(), before)
+    np.testing.assert_array_equal(sampler.counts.toarray(), before)

@@ -100,8 +100,10 @@ class StagedSampler:
 
     def result(self) -> sp.csr_matrix:
         """x_ij for this party's users (users x pairs)."""
-        out = sp.csr_matrix((self.sampled, self.counts.indices, self.counts.indptr), shape=self.counts.shape)
-        out.eliminate_zeros()
+        out = sp.csr_matrix(
+            (self.sampled.copy(), self.counts.indices.copy(), self.counts.indptr.copy()), shape=self.counts.shape
+        )
+        out.eliminate_zeros()  # in place: on copies, so the party's own counts stay intact
         return out
 
 

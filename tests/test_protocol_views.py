@@ -1,6 +1,7 @@
 """Each party's view: what a party sends is ciphertext, permuted ciphertext, hashed ids or the
 public values of the protocol (totals c, the shape m_k, the solution x, the output union) --
-never a plaintext count, constraint row or record of its own."""
+never a plaintext count, constraint row or record of its own.  Read from the recorded views
+(cels.protocol.views) of one in-memory session."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from cels.crypto.ec_hash import hash_to_u
 from cels.logs import synthetic_log
 from cels.protocol.party import encode_item
-from cels.protocol.session import make_config, session_hosts, start_session
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.protocol.session import in_memory_network, make_config, session_hosts, start_session
+from cels.protocol.views import load_views, record_hosts
 
 PUBLIC_STEPS = {"sum_result", "nlp_solution", "union_result", "step_report", "start_session", "constraint_shape"}
 CIPHER_STEPS = {
@@ -20,49 +21,44 @@ CIPHER_STEPS = {
 }
 
 
-class Recorder:
-    def __init__(self, host, seen) -> None:
-        self.host, self.seen = host, seen
-
-    def receive(self, sender, env):
-        self.seen.append((sender, env))
-        return self.host.receive(sender, env)
-
-
 @pytest.fixture(scope="module")
-def session():
+def session(tmp_path_factory):
     log = synthetic_log(seed=3, users=36)
     logs = [log.select_users(np.arange(k, log.n_users, 3)) for k in range(3)]
     config = make_config(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
-    seen: list = []
-    hosts = {n: Recorder(h, seen) for n, h in session_hosts(logs, config, allow_insecure_key_bits=True).items()}
-    roles = start_session(InMemoryNetwork(hosts), config)
+    root = tmp_path_factory.mktemp("views")
+    hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=True), root)
+    roles = start_session(in_memory_network(hosts), config)
     assert roles["party-1"].finished
-    return log, config, seen
+    views = load_views(root)[config.session_id]
+    sent = [(node, e) for node, view in views.items() for e in view.entries if e["direction"] == "sent"]
+    return log, config, sent
 
 
 def test_parties_send_only_ciphertexts_or_public_values(session) -> None:
-    log, config, seen = session
+    _log, config, sent = session
     parties = [p.name for p in config.parties]
-    for sender, env in seen:
-        step = env.WhichOneof("step")
+    for sender, entry in sent:
+        step = entry["step"]
         if sender in parties:
             assert step in CIPHER_STEPS | PUBLIC_STEPS, step
         if step == "sum_result":
             assert sender == parties[0]  # only the key holder, and only the total
         if step == "constraint_shape":
+            env = entry.envelope()
             assert {f.name for f, _ in env.constraint_shape.ListFields()} <= {"session_id", "party", "rows"}
 
 
 def test_no_pair_or_record_travels_in_the_clear(session) -> None:
-    log, _config, seen = session
+    log, _config, sent = session
     words = {w.encode() for q, u in log.pairs for w in (q, u) if len(w) >= 6}
     unkeyed = {hash_to_u(encode_item(*pair)) for pair in log.pairs}
     assert len(words) > 10
-    for _sender, env in seen:
-        step = env.WhichOneof("step")
+    for _sender, entry in sent:
+        step = entry["step"]
         if step == "union_result":
             continue  # the published output
+        env = entry.envelope()
         data = env.SerializeToString()
         assert not any(w in data for w in words), f"a query or url in clear in {step}"
         if step in ("universe_hop", "universe_index"):
@@ -72,12 +68,12 @@ def test_no_pair_or_record_travels_in_the_clear(session) -> None:
 
 def test_every_forwarded_matrix_is_rerandomised(session) -> None:
     """No ciphertext of the NLP rings is ever sent twice (a later party cannot match them)."""
-    _log, _config, seen = session
+    _log, _config, sent = session
     ciphertexts = []
-    for _sender, env in seen:
-        step = env.WhichOneof("step")
+    for _sender, entry in sent:
+        step = entry["step"]
         if step in ("nlp_sum_hop", "nlp_permute_hop", "nlp_slack_block", "sum_hop"):
-            body = getattr(env, step)
+            body = getattr(entry.envelope(), step)
             for field in ("at", "af", "ab", "partial"):
                 if field in body.DESCRIPTOR.fields_by_name and body.HasField(field):
                     ciphertexts.extend(getattr(body, field).ciphertexts)

@@ -19,6 +19,8 @@ SUBCOMMANDS = (
     "cels.cli.bench",
     "cels.cli.experiment",
     "cels.cli.service",
+    "cels.cli.views",
+    "cels.cli.attack",
 )
 
 

@@ -196,13 +196,21 @@ def _host(node) -> NodeHost:
 def run_session(
     logs: Sequence[SearchLog | Callable[[], SearchLog]],
     config: cels_pb2.SessionConfig,
+    *,
+    record_view: str | None = None,
     **options,
 ) -> tuple[SearchLog, dict]:
     """Run one session in memory: ``logs[k]`` is party k's log (or its loader); ``options``
-    go to the roles (e.g. ``allow_insecure_key_bits=True`` in tests).  Returns (output,
-    report); raises RuntimeError naming the failing node and its reason if the session aborts.
+    go to the roles (e.g. ``allow_insecure_key_bits=True`` in tests); ``record_view=DIR``
+    records every node's view (cels.protocol.views).  Returns (output, report); raises
+    RuntimeError naming the failing node and its reason if the session aborts.
     """
-    network = in_memory_network(session_hosts(logs, config, **options))
+    hosts = session_hosts(logs, config, **options)
+    if record_view is not None:
+        from cels.protocol.views import record_hosts
+
+        record_hosts(hosts, record_view)
+    network = in_memory_network(hosts)
     started = time.perf_counter()
     roles = start_session(network, config)
     failed = [role.aborted for role in roles.values() if role.aborted is not None]

@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## make demo: sanitize the embedded synthetic log and print a summary
+## make demo: the distributed service on one machine: 3 party nodes + 1 solver node as
+## processes on 127.0.0.1 (mutual TLS, 2048-bit keys) sanitize the embedded synthetic log
 demo: $(STAMP)
-	$(VENV)/bin/cels demo
+	$(VENV)/bin/cels simulate --parties 3 --out demo-out
 
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)

@@ -25,3 +25,6 @@ def test_bench_protocol_inmemory_json(tmp_path, capsys) -> None:
         busy = sum(p["seconds"].get(node, 0.0) for p in result["phases"].values())
         assert offline["seconds_by_node"][node] + online["seconds_by_node"][node] == pytest.approx(busy, rel=0.05, abs=0.05)
     assert online["wall_seconds"] == pytest.approx(result["wall_seconds"] - offline["seconds_total"])
+    table5 = result["paper_table5"]
+    assert table5["this_run_mb"] == pytest.approx(result["bytes_total"] / 1e6)
+    assert table5["paper_mb_at_same_r"]["AOL 1M"] == 3.7 and table5["paper_mb_at_same_r"]["MSNBC 200K"] == 2.2  # r = 2

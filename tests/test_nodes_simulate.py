@@ -11,12 +11,14 @@ import pytest
 
 from cels.cli import main
 from cels.logs import LoadOptions, load_log, synthetic_log
+from cels.protocol.views import load_views
 
 
 @pytest.mark.slow
 def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
-    out = tmp_path / "out"
-    argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out)]
+    out, views = tmp_path / "out", tmp_path / "views"
+    argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
+            "--record-view", str(views)]  # fmt: skip
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "started 4 node processes on 127.0.0.1" in console.err
@@ -39,6 +41,13 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     source_pairs = set(synthetic_log(users=60, pairs=30).pairs)
     assert set(released.pairs) <= source_pairs
     assert not set(released.users) & set(synthetic_log(users=60, pairs=30).users)  # pseudonyms
+
+    # every node process recorded its view of the one session (--record-view), and `cels views` reads them
+    (session,) = load_views(views).values()
+    assert set(session) == {"party-1", "party-2", "party-3", "solver"}
+    assert {e["step"] for e in session["solver"].entries} >= {"nlp_permute_hop", "nlp_slack_block"}
+    assert main(["views", str(views)]) == 0
+    assert list(views.rglob("sequence.mmd")) and list(views.rglob("sequence.png"))
 
     # every node process was stopped: their ports are free again
     for line in (out / "node-logs").glob("*.log"):

@@ -135,6 +135,26 @@ def bench_processes(shares: list[SearchLog], config, fmt_args: list[str]) -> dic
     }
 
 
+PAPER_TABLE5_MB = {
+    "AOL 1M": {2: 3.7, 4: 14.3, 6: 30.3, 8: 56.2, 10: 85.2},
+    "AOL 2M": {2: 9.8, 4: 28.2, 6: 65.3, 8: 121.2, 10: 183.8},
+    "AOL 4M": {2: 19.3, 4: 66.0, 6: 152.6, 8: 257.4, 10: 405.3},
+    "MSNBC 200K": {2: 2.2, 4: 8.8, 6: 19.1, 8: 32.6, 10: 46.2},
+    "MSNBC 400K": {2: 4.6, 4: 18.3, 6: 40.9, 8: 62.1, 10: 87.3},
+    "MSNBC 800K": {2: 8.9, 4: 36.5, 6: 89.3, 8: 132.7, 10: 194.6},
+}
+"""CELS Table 5: all parties' total bandwidth in MB (512-bit Paillier, 1024-bit PH) by input and r."""
+
+
+def paper_reference(parties: int, bytes_total: int) -> dict:
+    """This run's total bytes next to the paper's Table 5 column for the same r (where it has one)."""
+    return {
+        "source": "CELS Table 5 (512-bit Paillier, 1024-bit Pohlig-Hellman; inputs of 200K-4M pairs)",
+        "this_run_mb": bytes_total / 1e6,
+        "paper_mb_at_same_r": {name: row[parties] for name, row in PAPER_TABLE5_MB.items() if parties in row},
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from cels.cli.service import split_by_user
     from cels.protocol.session import make_config
@@ -179,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         **result,
         "phases": report["phases"],
         "bytes_total": report["bytes_total"],
+        "paper_table5": paper_reference(args.parties, report["bytes_total"]),
         "bytes_by_node": {
             node: sum(p["bytes"].get(node, 0) for p in report["phases"].values())
             for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})

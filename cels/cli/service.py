@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate", help="run a whole session with local node processes on 127.0.0.1")
     sim.add_argument("--parties", type=int, default=3, help="number of parties R (default 3)")
     sim.add_argument("--input", type=Path, help="the log to split by user (default: the embedded synthetic log)")
-    sim.add_argument("--synthetic-users", type=int, default=2000, metavar="N", help="users of the embedded synthetic log (default 2000)")
-    sim.add_argument("--synthetic-pairs", type=int, default=3000, metavar="N", help="shared pairs of the embedded synthetic log (default 3000)")
+    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300: about 2 minutes with 2048-bit keys)")
+    sim.add_argument("--synthetic-pairs", type=int, default=200, metavar="N", help="shared pairs of the embedded synthetic log (default 200)")
     sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
     sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
     sim.add_argument("--no-header", action="store_true", help="the input has no header line")
@@ -63,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
     sim.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
+    sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     _optimal_arguments(sim)
     sim.set_defaults(func=run_simulate)
 
@@ -196,6 +197,7 @@ def run_nodes(
     suffix: str,
     fmt_args: list[str],
     extra: dict[str, Any] | None = None,
+    record_view: Path | None = None,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
@@ -212,6 +214,8 @@ def run_nodes(
         common = ["--deadline", str(deadline)]
         if config.key_bits < 2048:
             common += ["--min-key-bits", str(config.key_bits)]
+        if record_view is not None:
+            common += ["--record-view", str(record_view.resolve())]
         with LocalCluster(out / "node-logs") as cluster:
             for name in addresses:
                 argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
@@ -249,7 +253,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra)
+        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra, args.record_view)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

@@ -57,6 +57,8 @@ class NodeConfig:
     deadline: float = DEFAULT_DEADLINE
     controllers: tuple[str, ...] = (CONTROLLER,)
     min_key_bits: int = MIN_KEY_BITS
+    record_view: Path | None = None
+    """Where every session's view of this node is recorded (cels.protocol.views), if anywhere."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The role-specific tables ([data] for a party, [solver] for the solver)."""
 
@@ -100,6 +102,12 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="smallest Paillier key a session may ask for (default 2048; lower only to reproduce the paper)",
     )
+    parser.add_argument(
+        "--record-view",
+        type=Path,
+        metavar="DIR",
+        help="record every message this node receives and sends, and what it can decode (see `cels views DIR`)",
+    )
 
 
 def parse_peer(spec: str) -> tuple[str, str]:
@@ -141,6 +149,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         deadline=float(args.deadline if args.deadline is not None else node.get("deadline", DEFAULT_DEADLINE)),
         controllers=tuple(node.get("controllers", (CONTROLLER,))),
         min_key_bits=int(args.min_key_bits if args.min_key_bits is not None else node.get("min_key_bits", MIN_KEY_BITS)),
+        record_view=args.record_view or (base / node["record_view"] if "record_view" in node else None),
         extra={"base": base, **doc.get(role_table, {})},
     )
 

@@ -44,6 +44,7 @@ from cels.node.config import NodeConfig
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.tls import open_channel, peer_names, server_credentials, warn_insecure
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
+from cels.protocol.views import record_views
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -380,7 +381,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def __init__(self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None) -> None:
         self.config = config
-        self.factory = factory
+        self.factory = record_views(factory, config.record_view) if config.record_view else factory
         self.output_writer = output_writer
         self.peers = PeerClients(config)
         self.sessions: dict[str, Session] = {}

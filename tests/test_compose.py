@@ -18,7 +18,6 @@ from pathlib import Path
 
 import yaml
 
-from cels.cli.service import split_by_user
 from cels.logs import synthetic_log, write_log
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
 
@@ -91,7 +90,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
     assert certs.returncode == 0, certs.stderr
     (tmp_path / "data").mkdir()
     (tmp_path / "out").mkdir()
-    for k, share in enumerate(split_by_user(synthetic_log(users=90, pairs=40), 3), start=1):
+    for k, share in enumerate(synthetic_log(users=90, pairs=40).split_by_user(3), start=1):
         write_log(share, tmp_path / "data" / f"party-{k}.tsv")
     session = (REPO / "deploy" / "session.toml").read_text()
     assert "key_bits = 2048" in session

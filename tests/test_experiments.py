@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from cels.cli import main
 from cels.experiments import common
-from cels.experiments.common import Dataset, UnionSolver, b_grid, clean, split_by_user
+from cels.experiments.common import Dataset, UnionSolver, b_grid, clean
 from cels.logs import write_synthetic
 from cels.logs.model import SearchLog
 from cels.mechanism import build_conditions, feasible, solve
@@ -111,16 +111,17 @@ def test_table5_and_fig6_sessions(data, tmp_path):
 # ----------------------------------------------------------------------------- building blocks
 def test_split_by_user_is_a_seeded_partition(data):
     log = common.load_dataset(data, "msnbc", 200).log
-    parts = split_by_user(log, 3, seed=9)
+    parts = log.split_by_user(3, seed=9)
     users = [u for p in parts for u in p.users]
     assert sorted(users) == sorted(log.users) and len(set(users)) == log.n_users
     assert max(p.n_users for p in parts) - min(p.n_users for p in parts) <= 1
     assert all(p.pairs == log.pairs for p in parts)
     assert sum(p.size for p in parts) == log.size
-    assert [p.users for p in split_by_user(log, 3, seed=9)] == [p.users for p in parts]
-    assert [p.users for p in split_by_user(log, 3, seed=10)] != [p.users for p in parts]
+    assert [p.users for p in log.split_by_user(3, seed=9)] == [p.users for p in parts]
+    assert [p.users for p in log.split_by_user(3, seed=10)] != [p.users for p in parts]
+    assert [p.users for p in log.split_by_user(3)] == [log.users[k::3] for k in range(3)]  # no seed: j mod r
     with pytest.raises(ValueError, match="cannot split"):
-        split_by_user(log, log.n_users + 1, seed=0)
+        log.split_by_user(log.n_users + 1, seed=0)
 
 
 def test_clean_drops_rare_pairs_and_empty_users():

@@ -7,7 +7,6 @@ import pytest
 import scipy.sparse as sp
 
 from cels.baselines.local import local_sanitize, output_shares, pair_counts, union_logs
-from cels.experiments.common import split_by_user
 from cels.logs import SearchLog, synthetic_log
 from cels.mechanism import SanitizeParams, build_conditions, feasible, privacy_bound, sanitize
 from cels.mechanism.examples import FIGURE1_PAIRS, figure1_log
@@ -27,7 +26,7 @@ def log() -> SearchLog:
 
 @pytest.fixture(scope="module")
 def parties(log: SearchLog) -> list[SearchLog]:
-    return split_by_user(log, 4, seed=5)
+    return log.split_by_user(4, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def demonstrate(
 ) -> dict:
     """Run a recorded in-memory session (users dealt round-robin to the parties), publish its
     output, run :func:`attack` on P_0's files and grade it with the parties' real rows."""
-    logs = [log.select_users(np.arange(k, log.n_users, parties)) for k in range(parties)]
+    logs = log.split_by_user(parties)
     config = make_config(
         parties, epsilon=epsilon, delta=delta, objective=objective, key_bits=key_bits, group_bits=group_bits
     )

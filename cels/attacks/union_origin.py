@@ -135,8 +135,8 @@ def attribution_accuracy(attributed: dict[bytes, str], truth: dict[bytes, str], 
 def party_records(log: SearchLog, parties: int, per_party: int, rng: np.random.Generator) -> dict[str, list[bytes]]:
     """``per_party`` records (pseudonym, query, url, count) of each party's users (round-robin split)."""
     out = {}
-    for k in range(parties):
-        sub = log.select_users(np.arange(k, log.n_users, parties)).counts.tocoo()
+    for k, share in enumerate(log.split_by_user(parties)):
+        sub = share.counts.tocoo()
         if sub.nnz < per_party:
             raise ValueError(f"party-{k + 1} has {sub.nnz} records, fewer than {per_party}")
         names = pseudonyms(log.n_users, rng)

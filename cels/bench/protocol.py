@@ -156,11 +156,10 @@ def paper_reference(parties: int, bytes_total: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.cli.service import split_by_user
     from cels.protocol.session import make_config
 
     log = load_input(args)
-    shares = split_by_user(log, args.parties)
+    shares = log.split_by_user(args.parties)
     if args.key_bits < 2048:
         print(f"cels bench protocol: WARNING: {args.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
     config = make_config(

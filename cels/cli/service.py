@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.sanitize import _optimal_arguments, load_input
@@ -136,13 +135,6 @@ def run_run(args: argparse.Namespace) -> int:
 # -- cels simulate ---------------------------------------------------------------------------
 
 
-def split_by_user(log: SearchLog, parties: int) -> list[SearchLog]:
-    """User j goes to party j mod R (users are disjoint across parties, as the paper assumes)."""
-    if log.n_users < parties:
-        raise ValueError(f"{log.n_users} users cannot be split over {parties} parties")
-    return [log.select_users(np.arange(k, log.n_users, parties)) for k in range(parties)]
-
-
 def output_suffix(path: Path | None) -> str:
     """``.tsv.gz`` for ``aol-dev.tsv.gz``, ``.seq`` for ``x.seq``; ``.tsv`` for the synthetic log."""
     if path is None:
@@ -248,7 +240,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         log, fmt_args = load_input(args), input_flags(args)
     suffix = output_suffix(args.input)
-    shares = split_by_user(log, args.parties)
+    shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}

@@ -83,15 +83,6 @@ def _human(n: int) -> str:
     return f"{round(n / 1000)}K" if n >= 1000 else str(n)
 
 
-def split_by_user(log: SearchLog, r: int, seed: int) -> list[SearchLog]:
-    """A seeded random partition of the users into r shares of (nearly) equal user counts,
-    as the paper's "equally partitioned" inputs; every share keeps the full pair index."""
-    if not 1 <= r <= log.n_users:
-        raise ValueError(f"cannot split {log.n_users} users into {r} parties")
-    order = np.random.default_rng(seed).permutation(log.n_users)
-    return [log.select_users(np.sort(part)) for part in np.array_split(order, r)]
-
-
 def b_grid(b_min: float, b_max: float, per_decade: int) -> np.ndarray:
     """Log-spaced b values from b_min to b_max, ``per_decade`` points per factor of 10."""
     if not 0 < b_min <= b_max:

@@ -116,7 +116,7 @@ def measure(
             draws, _ = solver.counts(b, fraction, noise, 1, random.Random(seed))
             x, users = draws[0], None
         else:
-            parts = common.split_by_user(dataset.log, parties, seed)
+            parts = dataset.log.split_by_user(parties, seed)
             out, _ = local_sanitize(parts, params, total_output=fraction * solver.max_output(b))
             x, users = pair_counts(out, dataset.log.pairs), out.n_users
         rows.append(

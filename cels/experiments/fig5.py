@@ -62,7 +62,7 @@ def measure(
             rows.append({**row, "method": "CELS", "parties": None, **utility(totals, draws)})
             continue
         if (dataset.label, r) not in splits:
-            splits[(dataset.label, r)] = common.split_by_user(dataset.log, r, seed)
+            splits[(dataset.label, r)] = dataset.log.split_by_user(r, seed)
         draws, clipped = [], 0
         for k in range(draws_per_point):
             params = params_for_b(float(b), noise, integer=integer, time_limit=time_limit, seed=(seed * 1000 + k) * 1000)

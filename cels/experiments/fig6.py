@@ -33,13 +33,13 @@ def measure(
     seed: int = 0,
     progress: bool = True,
 ) -> list[dict]:
-    """One session per (dataset, r): users split by :func:`common.split_by_user`."""
+    """One session per (dataset, r): users split by :meth:`SearchLog.split_by_user` (seeded)."""
     rows = []
     for dataset, r in tqdm(cases, desc="sessions", unit="session", disable=not progress):
         config = make_config(
             r, epsilon=epsilon, delta=delta, key_bits=key_bits, group_bits=group_bits, universe_cipher=universe_cipher
         )
-        out, report = run_session(common.split_by_user(dataset.log, r, seed), config, allow_insecure_key_bits=key_bits < 2048)
+        out, report = run_session(dataset.log.split_by_user(r, seed), config, allow_insecure_key_bits=key_bits < 2048)
         sent = report["network"]["bytes_by_node"]
         party_bytes = [v for k, v in sent.items() if k != config.solver.name]
         rows.append(

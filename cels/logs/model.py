@@ -121,3 +121,16 @@ class SearchLog:
         """The sub-log of the given user rows (pairs keep their index; used to split by user)."""
         rows = np.asarray(rows, dtype=np.int64)
         return SearchLog([self.users[j] for j in rows], list(self.pairs), self.counts[rows].tocsr(), dict(self.source))
+
+    def split_by_user(self, parties: int, seed: int | None = None) -> list[SearchLog]:
+        """A horizontal partition (CELS section 4: every user's whole log at exactly one party).
+
+        Without a seed user j goes to share j mod ``parties``; with one, a seeded random
+        partition into shares of (nearly) equal user counts.  Every share keeps the pair index.
+        """
+        if not 1 <= parties <= self.n_users:
+            raise ValueError(f"cannot split {self.n_users} users into {parties} parties")
+        if seed is None:
+            return [self.select_users(np.arange(k, self.n_users, parties)) for k in range(parties)]
+        order = np.random.default_rng(seed).permutation(self.n_users)
+        return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]

@@ -3,7 +3,6 @@ malformed content -> invalid_argument; an Abort stops every role and nothing is 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from cels.logs import LogError, synthetic_log
@@ -18,7 +17,7 @@ TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 @pytest.fixture(scope="module")
 def logs():
     log = synthetic_log(seed=11, users=36)
-    return [log.select_users(np.arange(k, log.n_users, 3)) for k in range(3)]
+    return log.split_by_user(3)
 
 
 def config(**options):

@@ -28,7 +28,7 @@ def log():
 
 def split(log, r):
     """Users dealt round-robin to r parties (disjoint users, the paper's horizontal split)."""
-    return [log.select_users(np.arange(k, log.n_users, r)) for k in range(r)]
+    return log.split_by_user(r)
 
 
 def output_counts(log, out) -> np.ndarray:

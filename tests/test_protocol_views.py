@@ -5,7 +5,6 @@ never a plaintext count, constraint row or record of its own.  Read from the rec
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from cels.crypto.ec_hash import hash_to_u
@@ -24,7 +23,7 @@ CIPHER_STEPS = {
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     log = synthetic_log(seed=3, users=36)
-    logs = [log.select_users(np.arange(k, log.n_users, 3)) for k in range(3)]
+    logs = log.split_by_user(3)
     config = make_config(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
     root = tmp_path_factory.mktemp("views")
     hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=True), root)

@@ -21,7 +21,7 @@ from cels.protocol.wire import cels_pb2
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     log = synthetic_log(seed=11, users=36)
-    logs = [log.select_users(np.arange(k, log.n_users, 3)) for k in range(3)]
+    logs = log.split_by_user(3)
     config = make_config(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
     root = tmp_path_factory.mktemp("recorded")
     output, _report = run_session(logs, config, record_view=str(root), allow_insecure_key_bits=True)

@@ -6,7 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import add_node_arguments, node_config
+from cels.node.keys import NodeKeys
 from cels.node.process import serve
 from cels.node.service import Node
 from cels.node.tls import warn_insecure_keys
@@ -34,10 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     time_limit = args.solver_time_limit if args.solver_time_limit is not None else float(config.extra.get("time_limit", 0.0))
     allow_small = warn_insecure_keys(config)
 
-    def factory(session, name: str) -> SolverRole:
+    def factory(session, name: str, keys: NodeKeys) -> SolverRole:
         if time_limit and not session.solver_time_limit:
             session.solver_time_limit = time_limit
-        return SolverRole(name, session, allow_insecure_key_bits=allow_small)
+        bits = session.key_bits or DEFAULT_KEY_BITS
+        return SolverRole(name, session, allow_insecure_key_bits=allow_small, keypair=keys.keypair_for(bits))
 
     return serve(Node(config, factory))
 

@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     config = node_config(args, "data")
     if config.name.startswith("party"):
         path, options = data_source(args, config.extra)
-        factory = lambda session, name: ToyRole(name, session, load_log(path, options).size)  # noqa: E731
+        factory = lambda session, name, _keys: ToyRole(name, session, load_log(path, options).size)  # noqa: E731
     else:
-        factory = lambda session, name: ToyRole(name, session)  # noqa: E731
+        factory = lambda session, name, _keys: ToyRole(name, session)  # noqa: E731
     return serve(Node(config, factory, write_total))
 
 

@@ -18,7 +18,7 @@ from cels.protocol.views import load_views
 def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     out, views = tmp_path / "out", tmp_path / "views"
     argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
-            "--record-view", str(views)]  # fmt: skip
+            "--record-view", str(views), "--stock-nlp", "600", "--stock-sum", "100"]  # fmt: skip
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "started 4 node processes on 127.0.0.1" in console.err
@@ -35,6 +35,15 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert report["bytes_total"] == sum(e["bytes_total"] for e in report["phases"].values())
     assert report["wire"]["bytes_total"] >= report["bytes_total"]  # frames and session control on top
     assert {"kl", "recall"} <= set(report["utility"])
+
+    # the offline phase: every party stocked obfuscators for the solver's and P_1's 2048-bit node
+    # keys; the session encrypted under exactly those keys, so it took them all from the stocks
+    offline = report["offline"]
+    assert offline["seconds"] > 0 and offline["computed_online"] == 0
+    for node in ("party-1", "party-2", "party-3"):
+        used = offline["by_node"][node]
+        assert used["solver"]["stocked"] == 600 and used["party-1"]["stocked"] == 100
+        assert 0 < used["solver"]["used"] <= 600 and 0 < used["party-1"]["used"] <= 100
 
     released = load_log(out / "sanitized.tsv", LoadOptions(format="aol"))  # the input's format
     assert released.size == report["solver"]["integer_total"]

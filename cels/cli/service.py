@@ -20,7 +20,8 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.sanitize import _optimal_arguments, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
-from cels.node.client import Controller, SessionAborted, run_session
+from cels.fileio import atomic_write_json
+from cels.node.client import Controller, SessionAborted, node_statuses, run_session, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import DEFAULT_DEADLINE, load_toml
 from cels.protocol.session import make_config
@@ -63,8 +64,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
+    add_stock_arguments(sim)
     _optimal_arguments(sim)
     sim.set_defaults(func=run_simulate)
+
+
+def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
+    """The offline phase of a simulated deployment (cels.node.keys)."""
+    parser.add_argument(
+        "--stock-nlp",
+        type=int,
+        default=0,
+        metavar="N",
+        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP) before the session starts",
+    )
+    parser.add_argument(
+        "--stock-sum",
+        type=int,
+        default=0,
+        metavar="N",
+        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums) before the session starts",
+    )
+
+
+def session_stock(args: argparse.Namespace, config: cels_pb2.SessionConfig) -> dict[str, int] | None:
+    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase)."""
+    if args.stock_nlp < 0 or args.stock_sum < 0:
+        raise ValueError("--stock-nlp / --stock-sum must be >= 0")
+    stock = {config.solver.name: args.stock_nlp, config.parties[0].name: args.stock_sum}
+    return {owner: n for owner, n in stock.items() if n > 0} or None
 
 
 # -- cels certs ------------------------------------------------------------------------------
@@ -190,11 +218,17 @@ def run_nodes(
     fmt_args: list[str],
     extra: dict[str, Any] | None = None,
     record_view: Path | None = None,
+    stock: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
     ``out/sanitized<suffix>`` and ``out/report.json``; returns the report (SessionAborted if
-    the session failed; the node logs stay in ``out/node-logs``)."""
+    the session failed; the node logs stay in ``out/node-logs``).
+
+    ``stock`` (key owner -> obfuscators) runs the offline phase first: every party node stocks
+    that many obfuscators for each owner's node key, and the session starts once all stocks
+    are complete; the report's ``offline`` key has its seconds and what the session used.
+    Without it the nodes stock nothing (obfuscators are computed during the session)."""
     parties = [p.name for p in config.parties]
     deadline = config.deadline_ms / 1000 if config.deadline_ms else DEFAULT_DEADLINE
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
@@ -203,8 +237,9 @@ def run_nodes(
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
         for node in [*config.parties, config.solver]:
             node.address = addresses[node.name]
-        common = ["--deadline", str(deadline)]
-        if config.key_bits < 2048:
+        common = ["--deadline", str(deadline), "--node-key-bits", str(config.key_bits or 2048)]
+        stocking = ["--obfuscators", "0", *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]
+        if config.key_bits and config.key_bits < 2048:
             common += ["--min-key-bits", str(config.key_bits)]
         if record_view is not None:
             common += ["--record-view", str(record_view.resolve())]
@@ -216,15 +251,56 @@ def run_nodes(
                 else:
                     data = work / f"{name}{suffix}"
                     write_log(shares[parties.index(name)], data)
-                    cluster.start(name, addresses[name], python_module("party_node") + argv + ["--data", str(data), *fmt_args])
+                    party = python_module("party_node") + argv + ["--data", str(data), *fmt_args, *stocking]
+                    cluster.start(name, addresses[name], party)
             cluster.wait_ready(timeout=60)
             print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
-            print(f"session {config.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
             ctrl = certs[CONTROLLER]
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
-            return run_session(
+            party_addresses = {p: addresses[p] for p in parties}
+            offline = offline_phase(controller, party_addresses) if stock else None
+            print(f"session {config.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
+            report = run_session(
                 controller, config, out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
             )
+            if offline is not None:
+                report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
+                atomic_write_json(out / "report.json", report)
+            return report
+
+
+def offline_phase(controller: Controller, nodes: dict[str, str]) -> dict[str, Any]:
+    """Wait (with a progress bar) until every party node's obfuscator stock is complete."""
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(desc="offline: obfuscators", unit="obf", file=sys.stderr, mininterval=1.0) as bar:
+
+        def progress(ready: int, target: int) -> None:
+            bar.total = target
+            bar.update(ready - bar.n)
+
+        statuses = wait_for_stock(controller, nodes, DEFAULT_TIMEOUT, progress)
+    return {"seconds": time.perf_counter() - start, "before": statuses}
+
+
+def offline_report(offline: dict[str, Any], after: dict[str, cels_pb2.NodeStatus]) -> dict[str, Any]:
+    """Seconds of the offline phase and, per party node and key owner, the stock the session
+    found and the obfuscators it used (beyond the stock, they were computed online)."""
+    used = {}
+    for node, status in after.items():
+        before = {e.owner: e for e in offline["before"][node].stock}
+        used[node] = {
+            e.owner: {"stocked": int(before[e.owner].ready), "used": int(e.handed_out - before[e.owner].handed_out)}
+            for e in status.stock
+            if e.owner in before
+        }
+    return {
+        "what": "obfuscators r^N mod N^2 for the node keys, computed before the session (cels.node.keys)",
+        "seconds": offline["seconds"],
+        "by_node": used,
+        "computed_online": sum(max(0, u["used"] - u["stocked"]) for node in used.values() for u in node.values()),
+    }
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -245,7 +321,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra, args.record_view)
+        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra, args.record_view, session_stock(args, config))
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

@@ -139,6 +139,15 @@ def generate_keypair(
     return public_key, PrivateKey.from_phe(public_key, phe_private)
 
 
+def checked_keypair(
+    keypair: tuple[PublicKey, PrivateKey] | None, key_bits: int
+) -> tuple[PublicKey, PrivateKey] | None:
+    """A long-lived key pair handed to a session (cels.node.keys) must have the session's size."""
+    if keypair is not None and keypair[0].bits != key_bits:
+        raise ValueError(f"node key has {keypair[0].bits} bits, the session asks for {key_bits}")
+    return keypair
+
+
 @dataclass(frozen=True)
 class Packing:
     """How signed fixed-point values share a plaintext (see the module docstring)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,50 @@ class Controller:
     insecure: bool = False
 
 
+def controller_channel(controller: Controller, node: str, address: str) -> grpc.Channel:
+    """A channel from the controller to ``node`` (mutual TLS unless the controller is insecure)."""
+    if controller.insecure:
+        return open_channel(address, node, None, None, None)
+    return open_channel(address, node, controller.ca, controller.cert, controller.key)
+
+
+def stock_complete(status: cels_pb2.NodeStatus) -> bool:
+    """Every key the node stocks is known and has its target of obfuscators ready."""
+    return all(entry.n and entry.ready >= entry.target for entry in status.stock)
+
+
+def node_statuses(controller: Controller, nodes: dict[str, str], timeout: float = 10.0) -> dict[str, cels_pb2.NodeStatus]:
+    """Every node's ``Status`` (node key and obfuscator stock), read once."""
+    out = {}
+    for name, address in nodes.items():
+        with controller_channel(controller, name, address) as channel:
+            out[name] = cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
+    return out
+
+
+def wait_for_stock(
+    controller: Controller,
+    nodes: dict[str, str],
+    timeout: float,
+    on_progress: Callable[[int, int], None] | None = None,
+    poll: float = 1.0,
+) -> dict[str, cels_pb2.NodeStatus]:
+    """The offline phase seen from outside: read every node's ``Status`` until its obfuscator
+    stock is complete; ``on_progress(ready, target)`` gets the totals over all nodes.  Raises
+    TimeoutError after ``timeout`` seconds."""
+    limit = time.monotonic() + timeout
+    while True:
+        statuses = node_statuses(controller, nodes)
+        if on_progress is not None:
+            entries = [e for st in statuses.values() for e in st.stock]
+            on_progress(sum(min(e.ready, e.target) for e in entries), sum(e.target for e in entries))
+        if all(stock_complete(st) for st in statuses.values()):
+            return statuses
+        if time.monotonic() > limit:
+            raise TimeoutError(f"obfuscator stocks not complete after {timeout:g}s")
+        time.sleep(poll)
+
+
 def run_session(
     controller: Controller,
     config: cels_pb2.SessionConfig,
@@ -57,9 +102,7 @@ def run_session(
     """
     if controller.insecure:
         warn_insecure("cels run")
-        channel = open_channel(controller.address, controller.initiator, None, None, None)
-    else:
-        channel = open_channel(controller.address, controller.initiator, controller.ca, controller.cert, controller.key)
+    channel = controller_channel(controller, controller.initiator, controller.address)
     request = cels_pb2.RunRequest(config=config, output_name=Path(output).name)
     report: dict[str, Any] | None = None
     with channel:

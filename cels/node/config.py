@@ -21,6 +21,12 @@ path = "logs/party-1.tsv"
 format = "aol"                   # and columns / header / lenient as `cels sanitize`
 
 [solver]                         # solver nodes: key and solver options
+
+[keys]                           # the offline phase (cels.node.keys)
+session_keys = false             # true: a fresh Paillier key pair in every session
+key_bits = 2048                  # bits of the node key made at start-up
+obfuscators = 4096               # party nodes: obfuscators kept ready per peer key (0: none)
+stock = { solver = 16384 }       # per key owner, overriding `obfuscators` (0: not stocked)
 ```
 """
 
@@ -38,6 +44,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from cels.certs import CONTROLLER
+from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 
 DEFAULT_DEADLINE = 600.0
 MIN_KEY_BITS = 2048
@@ -59,6 +66,8 @@ class NodeConfig:
     min_key_bits: int = MIN_KEY_BITS
     record_view: Path | None = None
     """Where every session's view of this node is recorded (cels.protocol.views), if anywhere."""
+    keys: KeyPolicy = field(default_factory=KeyPolicy)
+    """Node key and obfuscator stock (the offline phase)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The role-specific tables ([data] for a party, [solver] for the solver)."""
 
@@ -108,6 +117,17 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="record every message this node receives and sends, and what it can decode (see `cels views DIR`)",
     )
+    keys = parser.add_argument_group("keys and the offline phase")
+    keys.add_argument("--session-keys", action="store_true", default=None, help="a fresh Paillier key pair in every session (no node key; nothing precomputed)")
+    keys.add_argument("--node-key-bits", type=int, help="bits of the node key made at start-up (default 2048)")
+    keys.add_argument(
+        "--obfuscators",
+        type=int,
+        metavar="N",
+        help=f"party nodes: obfuscators r^N mod N^2 kept ready per peer key while idle (default {DEFAULT_STOCK}; 0: none)",
+    )
+    keys.add_argument("--stock", action="append", default=[], metavar="NAME=N", help="stock size for one key owner (repeatable; 0: not stocked)")
+    keys.add_argument("--obfuscator-workers", type=int, help="worker processes for obfuscators (default: every core)")
 
 
 def parse_peer(spec: str) -> tuple[str, str]:
@@ -115,6 +135,36 @@ def parse_peer(spec: str) -> tuple[str, str]:
     if not sep or not name.strip() or not address.strip():
         raise ValueError(f"--peer {spec!r}: expected NAME=HOST:PORT")
     return name.strip(), address.strip()
+
+
+def parse_stock(spec: str) -> tuple[str, int]:
+    name, sep, count = spec.partition("=")
+    try:
+        if not sep or not name.strip():
+            raise ValueError
+        return name.strip(), int(count)
+    except ValueError:
+        raise ValueError(f"--stock {spec!r}: expected NAME=N (a node name and a count)") from None
+
+
+def key_policy(args: argparse.Namespace, table: dict[str, Any]) -> KeyPolicy:
+    """The ``[keys]`` table under the flags."""
+    unknown = sorted(set(table) - {"session_keys", "key_bits", "obfuscators", "stock", "workers"})
+    if unknown:
+        raise ValueError(f"[keys]: unknown key(s) {', '.join(unknown)}")
+    stock = {str(k): int(v) for k, v in table.get("stock", {}).items()}
+    stock.update(parse_stock(spec) for spec in args.stock)
+
+    def pick(flag: Any, key: str, default: Any) -> Any:
+        return flag if flag is not None else table.get(key, default)
+
+    return KeyPolicy(
+        session_keys=bool(pick(args.session_keys, "session_keys", False)),
+        key_bits=int(pick(args.node_key_bits, "key_bits", 2048)),
+        stock=int(pick(args.obfuscators, "obfuscators", DEFAULT_STOCK)),
+        stock_for=stock,
+        workers=pick(args.obfuscator_workers, "workers", None),
+    )
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -150,6 +200,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         controllers=tuple(node.get("controllers", (CONTROLLER,))),
         min_key_bits=int(args.min_key_bits if args.min_key_bits is not None else node.get("min_key_bits", MIN_KEY_BITS)),
         record_view=args.record_view or (base / node["record_view"] if "record_view" in node else None),
+        keys=key_policy(args, doc.get("keys", {})),
         extra={"base": base, **doc.get(role_table, {})},
     )
 

@@ -42,6 +42,7 @@ import grpc
 
 from cels.node.config import NodeConfig
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
+from cels.node.keys import NodeKeys
 from cels.node.tls import open_channel, peer_names, server_credentials, warn_insecure
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
 from cels.protocol.views import record_views
@@ -49,9 +50,10 @@ from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
 
-RoleFactory = Callable[[cels_pb2.SessionConfig, str], Role]
-"""Builds this node's role for a session: ``factory(config, node_name)``.  It may raise
-ValueError / OSError (e.g. a malformed local log), which refuses the session."""
+RoleFactory = Callable[[cels_pb2.SessionConfig, str, NodeKeys], Role]
+"""Builds this node's role for a session: ``factory(config, node_name, keys)`` (``keys``: the
+node key pair and obfuscators, cels.node.keys).  It may raise ValueError / OSError (e.g. a
+malformed local log), which refuses the session."""
 
 OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
@@ -368,6 +370,10 @@ class PeerClients:
     def signal(self, peer: str, session_id: str, kind: int, timeout: float) -> cels_pb2.SessionState:
         return self.stub(peer).Signal(cels_pb2.SessionSignal(session_id=session_id, kind=kind), timeout=timeout)
 
+    def status(self, peer: str) -> cels_pb2.NodeStatus:
+        """A peer's node key and stock (outside sessions; a short deadline)."""
+        return self.stub(peer).Status(cels_pb2.NodeStatusRequest(), timeout=min(self.config.deadline, 10.0))
+
     def close(self) -> None:
         with self._lock:
             for channel in self._channels.values():
@@ -377,13 +383,20 @@ class PeerClients:
 
 
 class Node(cels_pb2_grpc.CelsNodeServicer):
-    """A party or solver node: sessions of roles made by ``factory``."""
+    """A party or solver node: sessions of roles made by ``factory``.  ``encrypts``: the role
+    encrypts under its peers' keys (a party), so the node stocks obfuscators for them."""
 
-    def __init__(self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None) -> None:
+    def __init__(
+        self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False
+    ) -> None:
         self.config = config
         self.factory = record_views(factory, config.record_view) if config.record_view else factory
         self.output_writer = output_writer
         self.peers = PeerClients(config)
+        self.keys = NodeKeys(
+            config.name, list(config.peers), config.keys, self.peers.status,
+            allow_insecure_key_bits=config.min_key_bits < 2048, encrypts=encrypts,
+        )  # fmt: skip
         self.sessions: dict[str, Session] = {}
         self.past: OrderedDict[str, cels_pb2.SessionState] = OrderedDict()
         self.lock = threading.Lock()
@@ -406,6 +419,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         if port == 0:
             raise OSError(f"{self.config.name}: cannot listen on {self.config.listen}")
         self.server.start()
+        self.keys.start()
         log.info("%s: serving on %s", self.config.name, self.config.listen)
         return port
 
@@ -416,6 +430,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             session.abort(self.config.name, "node shutting down")
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1)
+        self.keys.close()
         self.peers.close()
 
     def wait(self) -> None:
@@ -475,7 +490,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             if config.session_id in self.sessions or config.session_id in self.past:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} exists already")
         try:
-            role = self.factory(config, self.config.name)
+            role = self.factory(config, self.config.name, self.keys)
         except (ValueError, OSError) as exc:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{self.config.name}: {exc}") from None
         session = Session(self, config, role, initiator)
@@ -483,6 +498,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             if config.session_id in self.sessions:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} exists already")
             self.sessions[config.session_id] = session
+        self.keys.session_started()
         return session
 
     def session(self, session_id: str) -> Session:
@@ -500,6 +516,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         with self.lock:
             if self.sessions.get(session.id) is session:
                 del self.sessions[session.id]
+                self.keys.session_ended()
             self.past[session.id] = session.snapshot()
             while len(self.past) > KEPT_STATES:
                 self.past.popitem(last=False)
@@ -591,6 +608,16 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             context.abort(exc.code, str(exc))
         context.add_callback(lambda: session.abort("controller", "the cels run client went away"))
         yield from self._initiate(session, request.output_name or "sanitized.out")
+
+    def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
+        """The node key and the obfuscator stock, for peers and controllers."""
+        try:
+            self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+        with self.lock:
+            running = len(self.sessions)
+        return self.keys.status(running)
 
     def _initiate(self, session: Session, output_name: str) -> Iterator[cels_pb2.RunEvent]:
         me = self.config.name

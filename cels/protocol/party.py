@@ -78,7 +78,9 @@ def commutative_hash(config: cels_pb2.SessionConfig, allow_paper_bits: bool = Fa
 
 class PartyRole(SessionRole):
     """P_k for one session.  ``log`` is the private log or a callable that loads it (a load
-    failure aborts the session with the loader's message)."""
+    failure aborts the session with the loader's message).  ``obfuscators`` maps a public key
+    N to its obfuscator source (a node's stock, cels.node.keys); ``keypair`` is the node key
+    this party uses when it is P_1 (default: a fresh pair for the session)."""
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class PartyRole(SessionRole):
         *,
         allow_insecure_key_bits: bool = False,
         obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
+        keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
     ) -> None:
         super().__init__(name, config)
         if name not in self.parties:
@@ -114,7 +117,8 @@ class PartyRole(SessionRole):
         self._sampler: StagedSampler | None = None
         self.pi: np.ndarray | None = None  # pi_k, this party's column permutation (Algorithm 2 line 11)
         self._obfuscator_sources: dict[int, ObfuscatorSource] = {}
-        self._sum_keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None
+        # P_1's key for every secure sum of the session: the node key if given, else fresh
+        self._sum_keypair = paillier.checked_keypair(keypair, config.key_bits or paillier.DEFAULT_KEY_BITS)
 
     # -- phase 1: universe -------------------------------------------------------------------
     def _begin(self) -> list[Outgoing]:

@@ -11,7 +11,6 @@ constraints) and returns pi_r(..pi_1(x)..) to the last party.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,16 +34,15 @@ class SolverRole(SessionRole):
         config: cels_pb2.SessionConfig,
         *,
         allow_insecure_key_bits: bool = False,
-        keypair: Callable[[], tuple[paillier.PublicKey, paillier.PrivateKey]] | None = None,
+        keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
     ) -> None:
         super().__init__(name, config)
         if name != self.solver:
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
         bits = config.key_bits or paillier.DEFAULT_KEY_BITS
         paillier.check_key_bits(bits, allow_insecure_key_bits=allow_insecure_key_bits)
-        self._keypair = keypair or (
-            lambda: paillier.generate_keypair(bits, allow_insecure_key_bits=allow_insecure_key_bits)
-        )
+        self._keypair = paillier.checked_keypair(keypair, bits)
+        self._allow_insecure = allow_insecure_key_bits
         self.shapes: dict[str, int] = {}
         self.ell = 0
         self.public_key: paillier.PublicKey | None = None
@@ -76,7 +74,9 @@ class SolverRole(SessionRole):
         if sum(rows) == 0:
             raise RoleFailure("no party has a constraint row: no pair is held by two users")
         self.ell = agreed_ell(sum(rows), self.config.ell_ratio or 1.5)
-        self.public_key, self._private_key = self._keypair()
+        self.public_key, self._private_key = self._keypair or paillier.generate_keypair(
+            self.config.key_bits or paillier.DEFAULT_KEY_BITS, allow_insecure_key_bits=self._allow_insecure
+        )
         key = cels_pb2.NlpKey(session_id=self.session_id, key=self.public_key.to_proto(), ell=self.ell, shape_rows=rows)
         return self._send(list(reversed(self.parties)), nlp_key=key)
 

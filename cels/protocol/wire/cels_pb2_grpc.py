@@ -51,6 +51,11 @@ class CelsNodeStub:
                 request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.SerializeToString,
                 response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/cels.v1.CelsNode/Status',
+                request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.SerializeToString,
+                response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.FromString,
+                _registered_method=True)
 
 
 class CelsNodeServicer:
@@ -79,6 +84,13 @@ class CelsNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """This node's long-lived public key and obfuscator stock (peers and controllers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CelsNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +108,11 @@ def add_CelsNodeServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.FromString,
                     response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.FromString,
+                    response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +198,33 @@ class CelsNode:
             '/cels.v1.CelsNode/Run',
             cels_dot_protocol_dot_wire_dot_cels__pb2.RunRequest.SerializeToString,
             cels_dot_protocol_dot_wire_dot_cels__pb2.RunEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cels.v1.CelsNode/Status',
+            cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.SerializeToString,
+            cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.FromString,
             options,
             channel_credentials,
             insecure,

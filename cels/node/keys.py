@@ -1,0 +1,160 @@
+"""A node's offline phase: its long-lived Paillier key and the obfuscator stock for its peers.
+
+Paillier encryption and re-randomisation cost one r^N mod N^2 per ciphertext, which depends
+only on the public key (CELS section 4.2).  With fresh keys in every session nothing can be
+computed before the session; so by default every node makes one *node key* pair when it
+starts (2048 bits; never written anywhere) and uses it whenever a session asks for keys of
+that size: the solver for the NLP (Algorithm 2), a party when it is P_1 for the secure sums
+(Algorithm 1).  Parties read their peers' public keys through the ``Status`` RPC (mutual TLS
+binds each key to the node its certificate names) and keep an :class:`ObfuscatorStock` per
+key full while no session runs.  ``--session-keys`` restores a fresh key pair per session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+
+from cels.crypto import paillier
+from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource, ObfuscatorStock
+from cels.protocol.wire import cels_pb2
+
+log = logging.getLogger("cels.node")
+
+DEFAULT_STOCK = 4096
+"""Obfuscators a party node keeps ready per peer key (about 2.2 MB per 2048-bit key)."""
+KEY_REFRESH_SECONDS = 30.0
+"""How often a node re-reads its peers' keys (a restarted peer has a new node key)."""
+
+
+@dataclass
+class KeyPolicy:
+    """How a node handles Paillier keys (``[keys]`` table / flags)."""
+
+    session_keys: bool = False
+    """A fresh key pair in every session (nothing can be precomputed)."""
+    key_bits: int = paillier.DEFAULT_KEY_BITS
+    """Bits of the node key; sessions asking for another size get a fresh key pair."""
+    stock: int = 0
+    """Obfuscators kept ready per stocked key (0: none; they are computed during the session)."""
+    stock_for: dict[str, int] = field(default_factory=dict)
+    """Per key owner (a peer's name or this node's): its own stock size, 0 = not stocked."""
+    workers: int | None = None
+    """Worker processes for obfuscators (default: every core)."""
+
+    def __post_init__(self) -> None:
+        if self.stock < 0 or any(v < 0 for v in self.stock_for.values()):
+            raise ValueError("obfuscator stock sizes must be >= 0")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"obfuscator workers must be >= 1, got {self.workers}")
+
+    def target(self, owner: str) -> int:
+        return self.stock_for.get(owner, self.stock)
+
+
+class NodeKeys:
+    """This node's key pair, its peers' public keys, and the obfuscators for them.
+
+    ``status`` reads a peer's :class:`cels_pb2.NodeStatus` (a callable, so that the gRPC
+    adapter stays outside).  Call :meth:`start` once the node serves; :meth:`close` at exit.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        peers: list[str],
+        policy: KeyPolicy,
+        status,
+        *,
+        allow_insecure_key_bits: bool = False,
+        encrypts: bool = True,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self._status = status
+        self._allow_insecure = allow_insecure_key_bits
+        owners = [*peers, name] if encrypts else []
+        self._owners = [o for o in owners if policy.target(o) > 0]
+        self.stock = ObfuscatorStock({o: policy.target(o) for o in owners}, workers=policy.workers) if encrypts else None
+        self.keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-keys", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def keypair_for(self, bits: int) -> tuple[paillier.PublicKey, paillier.PrivateKey] | None:
+        """The node key pair if a session asks for keys of its size, else None (fresh keys)."""
+        if self.policy.session_keys or bits != self.policy.key_bits:
+            return None
+        self._ready.wait()
+        return self.keypair
+
+    def obfuscators(self, n: int) -> ObfuscatorSource:
+        """A session's obfuscators for key N: the stock (or the stock's workers) or inline."""
+        if self.stock is None:
+            return InlineObfuscators(n)
+        return self.stock.source(n)
+
+    def session_started(self) -> None:
+        if self.stock is not None:
+            self.stock.pause()
+
+    def session_ended(self) -> None:
+        if self.stock is not None:
+            self.stock.resume()
+
+    def status(self, running_sessions: int) -> cels_pb2.NodeStatus:
+        msg = cels_pb2.NodeStatus(node=self.name, running_sessions=running_sessions)
+        if self.keypair is not None:
+            msg.key.CopyFrom(self.keypair[0].to_proto())
+        if self.stock is not None:
+            levels = {level.owner: level for level in self.stock.levels()}
+            for owner in self._owners:  # an owner whose key is not known yet: no n, nothing ready
+                level = levels.get(owner)
+                entry = msg.stock.add(owner=owner, target=self.policy.target(owner))
+                if level is not None:
+                    entry.n = level.n.to_bytes((level.n.bit_length() + 7) // 8, "big")
+                    entry.ready, entry.handed_out = level.ready, level.handed_out
+        return msg
+
+    def _run(self) -> None:
+        """Make the node key, then learn the peers' keys (and re-read them now and then)."""
+        if not self.policy.session_keys:
+            self.keypair = paillier.generate_keypair(self.policy.key_bits, allow_insecure_key_bits=self._allow_insecure)
+            log.info("%s: node key ready (%d bits)", self.name, self.policy.key_bits)
+            if self.stock is not None and self.name in self._owners:
+                self.stock.add_key(int(self.keypair[0].n), self.name)
+        self._ready.set()
+        known: dict[str, int] = {}
+        while not self._stop.is_set():
+            for peer in [o for o in self._owners if o != self.name]:
+                try:
+                    reply = self._status(peer)
+                except grpc.RpcError:
+                    continue  # not up yet: try again on the next round
+                if not reply.key.n:
+                    continue
+                try:
+                    key = paillier.PublicKey.from_proto(reply.key, allow_insecure_key_bits=self._allow_insecure)
+                except ValueError as exc:
+                    log.warning("%s: ignoring %s's node key: %s", self.name, peer, exc)
+                    continue
+                if known.get(peer) != int(key.n):
+                    known[peer] = int(key.n)
+                    self.stock.add_key(int(key.n), peer)
+                    log.info("%s: stocking obfuscators for %s's key", self.name, peer)
+            pending = any(o not in known for o in self._owners if o != self.name)
+            self._stop.wait(1.0 if pending else KEY_REFRESH_SECONDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ready.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self.stock is not None:
+            self.stock.close()

@@ -105,7 +105,8 @@ def test_table5_and_fig6_sessions(data, tmp_path):
     assert rows[0]["bytes_total"] > 0 and rows[0]["party_bytes_min"] > 0
     assert "| r = 2 |" in (tmp_path / "table5.md").read_text()
     run_cli("fig6", "--out", str(tmp_path), "--msnbc-users", "150", "--fixed-r", "2", *common_args)
-    check_outputs(tmp_path, "fig6", {"parties", "seconds", "input_size"}, 1)
+    rows = check_outputs(tmp_path, "fig6", {"parties", "seconds", "cpu_seconds", "input_size"}, 1)
+    assert all(0 < r["cpu_seconds"] for r in rows)
 
 
 # ----------------------------------------------------------------------------- building blocks

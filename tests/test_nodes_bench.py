@@ -27,4 +27,13 @@ def test_bench_protocol_inmemory_json(tmp_path, capsys) -> None:
     assert online["wall_seconds"] == pytest.approx(result["wall_seconds"] - offline["seconds_total"])
     table5 = result["paper_table5"]
     assert table5["this_run_mb"] == pytest.approx(result["bytes_total"] / 1e6)
-    assert table5["paper_mb_at_same_r"]["AOL 1M"] == 3.7 and table5["paper_mb_at_same_r"]["MSNBC 200K"] == 2.2  # r = 2
+    assert table5["paper_r"] == [2] and table5["paper_mb"]["AOL 1M"] == {"2": 3.7} and table5["paper_mb"]["MSNBC 200K"] == {"2": 2.2}
+
+
+def test_paper_table5_columns_for_odd_r() -> None:
+    from cels.bench.protocol import paper_reference
+
+    ref = paper_reference(3, 42_858_380)  # the table has r = 2, 4, .., 10: r = 3 sits between 2 and 4
+    assert ref["paper_r"] == [2, 4] and ref["paper_mb"]["AOL 1M"] == {"2": 3.7, "4": 14.3}
+    assert ref["this_run_mb"] == 42.85838
+    assert paper_reference(11, 0)["paper_r"] == [10] and paper_reference(1, 0)["paper_r"] == [2]

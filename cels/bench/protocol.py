@@ -157,11 +157,15 @@ PAPER_TABLE5_MB = {
 
 
 def paper_reference(parties: int, bytes_total: int) -> dict:
-    """This run's total bytes next to the paper's Table 5 column for the same r (where it has one)."""
+    """This run's total bytes next to the paper's Table 5 column for the same r, or, for an r
+    the table skips (it has r = 2, 4, .., 10), the columns on either side."""
+    near = sorted({r for row in PAPER_TABLE5_MB.values() for r in row}, key=lambda r: (abs(r - parties), r))
+    columns = [parties] if parties in near else [r for r in near if abs(r - parties) == abs(near[0] - parties)]
     return {
         "source": "CELS Table 5 (512-bit Paillier, 1024-bit Pohlig-Hellman; inputs of 200K-4M pairs)",
         "this_run_mb": bytes_total / 1e6,
-        "paper_mb_at_same_r": {name: row[parties] for name, row in PAPER_TABLE5_MB.items() if parties in row},
+        "paper_r": columns,
+        "paper_mb": {name: {str(r): row[r] for r in columns} for name, row in PAPER_TABLE5_MB.items()},
     }
 
 

@@ -3,7 +3,7 @@
 No Docker engine runs on these machines, so the test reads the compose file and starts every
 service's command with the same arguments and environment, with the container ports remapped
 to free ports on 127.0.0.1 and the volumes mapped to temporary directories.  Test-only change:
-the session uses 512-bit keys (CELS_MIN_KEY_BITS=512 for the nodes, key_bits = 512 in the copied
+the session uses 512-bit keys (CELS_MIN_KEY_BITS=512 and CELS_KEY_BITS=512 for the nodes, key_bits = 512 in the copied
 session.toml) to keep the run short.
 """
 
@@ -19,11 +19,12 @@ from pathlib import Path
 import yaml
 
 from cels.logs import synthetic_log, write_log
+from cels.node.client import Controller, node_statuses, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-ENV = {"CELS_MIN_KEY_BITS": "512"}
+ENV = {"CELS_MIN_KEY_BITS": "512", "CELS_KEY_BITS": "512"}
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -100,9 +101,22 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         for service in ("solver", "party-1", "party-2", "party-3"):
             cluster.start(service, compose.address(service), compose.argv(service), env=ENV)
         cluster.wait_ready(timeout=60)
+        # the offline phase with the compose defaults: every party learns the node keys of its
+        # peers through Status and stocks obfuscators for them (4096 per key) before the session
+        certs = tmp_path / "certs"
+        ctrl = Controller("party-1", compose.address("party-1"), certs / "ca.pem", certs / "controller.pem", certs / "controller.key")
+        parties = {p: compose.address(p) for p in ("party-1", "party-2", "party-3")}
+        before = wait_for_stock(ctrl, parties, timeout=120)
         run = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
         logs = "\n".join(f"--- {n}\n{p.log_text()}" for n, p in cluster.nodes.items())
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
+        # the solver used its node key: every party took the NLP's obfuscators from its stock for it
+        solver_key = node_statuses(ctrl, {"solver": compose.address("solver")})["solver"].key.n
+        for name, status in node_statuses(ctrl, parties).items():
+            stock = {e.owner: e for e in status.stock}
+            assert set(stock) == {"solver", "party-1", "party-2", "party-3"} and stock["solver"].n == solver_key
+            assert stock["solver"].handed_out > {e.owner: e for e in before[name].stock}["solver"].handed_out
+            assert stock["party-1"].handed_out > 0  # P_1's node key encrypted the secure sums
         released = {name: (tmp_path / "out" / name).read_bytes() for name in ("sanitized.tsv", "report.json")}
         # a malformed log on party-2: the session aborts, the run reports party-2's error, nothing is written
         bad = tmp_path / "data" / "party-2.tsv"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 
 from cels.crypto.paillier import DEFAULT_KEY_BITS
@@ -40,9 +42,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if time_limit and not session.solver_time_limit:
             session.solver_time_limit = time_limit
         bits = session.key_bits or DEFAULT_KEY_BITS
-        return SolverRole(name, session, allow_insecure_key_bits=allow_small, keypair=keys.keypair_for(bits))
+        return SolverRole(
+            name, session, allow_insecure_key_bits=allow_small, keypair=keys.keypair_for(bits), decryption_pool=pool
+        )
 
-    return serve(Node(config, factory))
+    # CRT decryptions of the transformed problem run on every core (Algorithm 2, the solver's step)
+    with ProcessPoolExecutor(config.keys.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return serve(Node(config, factory))
 
 
 if __name__ == "__main__":

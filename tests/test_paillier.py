@@ -6,6 +6,9 @@ setting; one test uses a real 2048-bit key.
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
 import gmpy2
 import numpy as np
 import phe
@@ -16,6 +19,7 @@ from hypothesis.extra.numpy import arrays
 
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorPool
 from cels.crypto.paillier import (
+    DECRYPT_CHUNK,
     CiphertextError,
     EncryptedMatrix,
     KeySizeError,
@@ -23,6 +27,7 @@ from cels.crypto.paillier import (
     PackingOverflowError,
     PublicKey,
     decrypt,
+    decrypt_raw_many,
     encrypt,
     generate_keypair,
 )
@@ -171,6 +176,17 @@ def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys) -> None:
         got = pool.take(7)  # 4 prefetched + 3 computed on demand
     assert len(set(got)) == 7
     assert all(private_key.decrypt_raw(r) == 0 for r in got)
+
+
+def test_decryption_in_a_process_pool_equals_in_process(keys) -> None:
+    public_key, private_key, obf = keys
+    values = np.arange(-700, 700).reshape(-1, 2) * 7919  # 700 x 2 at one value per ciphertext
+    packing = Packing.for_values(public_key, float(np.abs(values).max()), 1)
+    enc = encrypt(public_key, values, Packing(packing.slot_bits, 1, 0, packing.offset, 1), obf)
+    assert len(enc.ciphertexts) == 1400 >= 2 * DECRYPT_CHUNK  # large enough to go to the pool
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        np.testing.assert_array_equal(decrypt(private_key, enc, pool), values)
+        assert decrypt_raw_many(private_key, enc.ciphertexts[:5], pool) == [private_key.decrypt_raw(c) for c in enc.ciphertexts[:5]]
 
 
 def test_real_2048_bit_key() -> None:

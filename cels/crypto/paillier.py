@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import gmpy2
@@ -404,16 +405,44 @@ def encrypt(public_key: PublicKey, values: np.ndarray, packing: Packing, obfusca
     return EncryptedMatrix(public_key, matrix.shape[0], matrix.shape[1], packing, 1, ciphertexts)
 
 
-def decrypt_fixed(private_key: PrivateKey, encrypted: EncryptedMatrix) -> np.ndarray:
+DECRYPT_CHUNK = 256
+"""Ciphertexts per task when a process pool decrypts (each task is a few hundred ms at 2048 bits)."""
+
+
+def _to_bytes(x) -> bytes:
+    return int(x).to_bytes((int(x).bit_length() + 7) // 8 or 1, "big")
+
+
+def _decrypt_chunk(n: bytes, p: bytes, q: bytes, ciphertexts: list[bytes]) -> list[bytes]:
+    """Worker-process entry: CRT decryption of big-endian ciphertexts under the key (N, p, q)."""
+    public = phe.PaillierPublicKey(int.from_bytes(n, "big"))
+    key = PrivateKey.from_phe(PublicKey(public.n), phe.PaillierPrivateKey(public, int.from_bytes(p, "big"), int.from_bytes(q, "big")))
+    return [_to_bytes(key.decrypt_raw(gmpy2.mpz(int.from_bytes(c, "big")))) for c in ciphertexts]
+
+
+def decrypt_raw_many(private_key: PrivateKey, ciphertexts: Sequence, executor: Executor | None = None) -> list:
+    """CRT decryption of many ciphertexts, in chunks on ``executor`` (a process pool) if given.
+    The key's factors and the ciphertexts reach the workers as big-endian bytes."""
+    if executor is None or len(ciphertexts) < 2 * DECRYPT_CHUNK:
+        return [private_key.decrypt_raw(c) for c in ciphertexts]
+    key = [_to_bytes(v) for v in (private_key.public_key.n, private_key.p, private_key.q)]
+    chunks = [
+        executor.submit(_decrypt_chunk, *key, [_to_bytes(c) for c in ciphertexts[i : i + DECRYPT_CHUNK]])
+        for i in range(0, len(ciphertexts), DECRYPT_CHUNK)
+    ]
+    return [gmpy2.mpz(int.from_bytes(m, "big")) for chunk in chunks for m in chunk.result()]
+
+
+def decrypt_fixed(private_key: PrivateKey, encrypted: EncryptedMatrix, executor: Executor | None = None) -> np.ndarray:
     """Decrypt (CRT) to the rows x cols int64 fixed-point sums, value * 2^scale_bits."""
     if encrypted.public_key != private_key.public_key:
         raise ValueError("encrypted matrix is under a different public key")
-    plain = [private_key.decrypt_raw(c) for c in encrypted.ciphertexts]
+    plain = decrypt_raw_many(private_key, encrypted.ciphertexts, executor)
     return encrypted.packing.decode(plain, encrypted.rows, encrypted.cols, encrypted.terms)
 
 
-def decrypt(private_key: PrivateKey, encrypted: EncryptedMatrix) -> np.ndarray:
+def decrypt(private_key: PrivateKey, encrypted: EncryptedMatrix, executor: Executor | None = None) -> np.ndarray:
     """Decrypt to a rows x cols numpy array: int64 when ``scale_bits`` = 0, else float64."""
-    fixed = decrypt_fixed(private_key, encrypted)
+    fixed = decrypt_fixed(private_key, encrypted, executor)
     scale = encrypted.packing.scale_bits
     return fixed if scale == 0 else fixed.astype(np.float64) / float(2**scale)

@@ -11,6 +11,7 @@ constraints) and returns pi_r(..pi_1(x)..) to the last party.
 from __future__ import annotations
 
 import json
+from concurrent.futures import Executor
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,7 +36,10 @@ class SolverRole(SessionRole):
         *,
         allow_insecure_key_bits: bool = False,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
+        decryption_pool: Executor | None = None,
     ) -> None:
+        """``keypair``: the node key (cels.node.keys), else a fresh pair for this session;
+        ``decryption_pool``: a process pool for the CRT decryptions (else in this process)."""
         super().__init__(name, config)
         if name != self.solver:
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
@@ -43,6 +47,7 @@ class SolverRole(SessionRole):
         paillier.check_key_bits(bits, allow_insecure_key_bits=allow_insecure_key_bits)
         self._keypair = paillier.checked_keypair(keypair, bits)
         self._allow_insecure = allow_insecure_key_bits
+        self._decryption_pool = decryption_pool
         self.shapes: dict[str, int] = {}
         self.ell = 0
         self.public_key: paillier.PublicKey | None = None
@@ -90,7 +95,7 @@ class SolverRole(SessionRole):
         if enc.terms != terms:
             raise malformed(f"{self.name}: {what} sums {enc.terms} shares, expected {terms}")
         try:
-            return paillier.decrypt(self._private_key, enc)
+            return paillier.decrypt(self._private_key, enc, self._decryption_pool)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
 
@@ -139,7 +144,7 @@ class SolverRole(SessionRole):
             cond = Conditions(sp.csr_matrix(recovered.G), recovered.h, counts.astype(np.float64))
         except ValueError as exc:
             raise RoleFailure(f"transformed problem unusable: {exc}") from None
-        self._private_key = None  # the key is single-use: nothing else is decrypted
+        self._private_key = None  # this session decrypts nothing else
         self.view = (recovered, counts)  # what P_0 learns (cels.protocol.leakage demonstrates it)
         params = self.params
         try:

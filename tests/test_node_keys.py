@@ -115,6 +115,8 @@ def test_node_learns_peer_keys_and_stocks_them(two_keys) -> None:
         assert int.from_bytes(entries["solver"].n, "big") == solver_pk.n and entries["solver"].ready == 4
         assert all(is_obfuscator(v, solver_sk) for v in keys.obfuscators(int(solver_pk.n)).take(4))
         assert keys.keypair_for(512) is keys.keypair and keys.keypair_for(2048) is None  # other sizes: fresh keys
+        peer_view = keys.status(running_sessions=2, with_stock=False)  # what a peer's Status gets
+        assert peer_view.key.n == status.key.n and list(peer_view.stock) == [] and peer_view.running_sessions == 0
     finally:
         keys.close()
 

@@ -17,7 +17,7 @@ import pytest
 from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
-from cels.node.client import Controller, SessionAborted, run_session
+from cels.node.client import Controller, SessionAborted, node_statuses, run_session
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
@@ -203,6 +203,18 @@ def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
         toy.run(toy.config("pin-2"), tmp_path, controller=impostor)
     assert "PERMISSION_DENIED" in aborted.value.reason
     assert not (tmp_path / "out.tsv").exists()
+
+
+def test_status_gives_the_node_key_to_peers_and_the_stock_to_controllers(toy) -> None:
+    request = cels_pb2.NodeStatusRequest()
+    peer = toy.stub("party-1", "party-2").Status(request, timeout=10)
+    assert peer.node == "party-1" and int.from_bytes(peer.key.n, "big").bit_length() == 2048  # the node key
+    ctrl = toy.controller()
+    control = node_statuses(ctrl, {"party-1": toy.addresses["party-1"]})["party-1"]
+    assert control.key.n == peer.key.n  # one long-lived key, whoever asks
+    with pytest.raises(grpc.RpcError) as err:  # same CA, but not a node party-1 expects
+        toy.stub("party-1", "intruder").Status(request, timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_deadline_aborts_and_the_nodes_serve_the_next_session(toy, tmp_path) -> None:

@@ -108,11 +108,14 @@ class NodeKeys:
         if self.stock is not None:
             self.stock.resume()
 
-    def status(self, running_sessions: int) -> cels_pb2.NodeStatus:
-        msg = cels_pb2.NodeStatus(node=self.name, running_sessions=running_sessions)
+    def status(self, running_sessions: int, *, with_stock: bool = True) -> cels_pb2.NodeStatus:
+        """The public key; the stock levels and session count only ``with_stock`` (controllers)."""
+        msg = cels_pb2.NodeStatus(node=self.name)
         if self.keypair is not None:
             msg.key.CopyFrom(self.keypair[0].to_proto())
-        if self.stock is not None:
+        if with_stock:
+            msg.running_sessions = running_sessions
+        if with_stock and self.stock is not None:
             levels = {level.owner: level for level in self.stock.levels()}
             for owner in self._owners:  # an owner whose key is not known yet: no n, nothing ready
                 level = levels.get(owner)

@@ -610,14 +610,15 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         yield from self._initiate(session, request.output_name or "sanitized.out")
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
-        """The node key and the obfuscator stock, for peers and controllers."""
+        """The node key for peers; with the obfuscator stock for controllers only (how many
+        obfuscators a session used tells its message sizes, e.g. the universe size)."""
         try:
-            self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
+            caller = self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
         except Refused as exc:
             context.abort(exc.code, str(exc))
         with self.lock:
             running = len(self.sessions)
-        return self.keys.status(running)
+        return self.keys.status(running, with_stock=caller in self.config.controllers)
 
     def _initiate(self, session: Session, output_name: str) -> Iterator[cels_pb2.RunEvent]:
         me = self.config.name

@@ -85,7 +85,7 @@ class CelsNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """This node's long-lived public key and obfuscator stock (peers and controllers).
+        """This node's long-lived public key (peers and controllers) and obfuscator stock (controllers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

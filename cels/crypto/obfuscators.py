@@ -85,9 +85,16 @@ class ObfuscatorPool:
     """
 
     def __init__(
-        self, n: int, *, workers: int | None = None, batch: int = 16, executor: ProcessPoolExecutor | None = None
+        self,
+        n: int,
+        *,
+        workers: int | None = None,
+        batch: int = 16,
+        executor: ProcessPoolExecutor | None = None,
+        on_arrival: Callable[[], None] | None = None,
     ) -> None:
         self.n = int(n)
+        self._on_arrival = on_arrival  # called after every finished batch (the stock's filler)
         self.batch = max(1, batch)
         self.workers = workers or os.cpu_count() or 1
         self._width = ((self.n * self.n).bit_length() + 7) // 8
@@ -133,6 +140,8 @@ class ObfuscatorPool:
                     else:
                         self._ready.extend(gmpy2.mpz(int.from_bytes(b, "big")) for b in future.result())
             self._changed.notify_all()
+        if self._on_arrival is not None:
+            self._on_arrival()
 
     def wait(self, on_batch: Callable[[int], None] | None = None) -> None:
         """Block until every queued obfuscator is computed; ``on_batch(size)`` reports progress."""
@@ -227,7 +236,9 @@ class ObfuscatorStock:
                     del self._owners[old]
                     self._pools.pop(old).close()
             if n not in self._pools:
-                self._pools[n] = ObfuscatorPool(n, workers=self.workers, batch=self.batch, executor=self._executor)
+                self._pools[n] = ObfuscatorPool(
+                    n, workers=self.workers, batch=self.batch, executor=self._executor, on_arrival=self._wake.set
+                )
             self._owners[n] = owner
         self._wake.set()
 
@@ -260,9 +271,11 @@ class ObfuscatorStock:
         return all(level.ready >= level.target for level in self.levels())
 
     def _fill(self) -> None:
-        """Top every key up to ``target``, a few batches per worker in flight at a time."""
+        """Top every key up to ``target``, a few batches per worker in flight at a time; woken
+        by every finished batch, a new key and the end of a session."""
         in_flight = 2 * self.workers * self.batch
         while not self._stop.is_set():
+            self._wake.clear()  # a wake-up from here on is seen by the wait below
             with self._lock:
                 idle = self._running_sessions == 0
                 pools = [(self._pools[n], self.targets[owner]) for n, owner in self._owners.items()]
@@ -274,7 +287,6 @@ class ObfuscatorStock:
                         pool.prefetch(room)
                         queued += room
             self._wake.wait(self._poll)
-            self._wake.clear()
 
     def close(self) -> None:
         self._stop.set()

@@ -131,6 +131,15 @@ def test_session_keys_policy_makes_no_node_key(two_keys) -> None:
         assert not status.key.n and list(status.stock) == [] and status.running_sessions == 1
     finally:
         keys.close()
+    # a party with fresh session keys stocks its peers' node keys, never a node key of its own
+    party = NodeKeys("party-1", ["solver"], KeyPolicy(session_keys=True, key_bits=512, stock=2, workers=1), peers.status,
+                     allow_insecure_key_bits=True, encrypts=True)  # fmt: skip
+    party.start()
+    try:
+        wait_until(lambda: [e.owner for e in party.status(0).stock if e.ready >= 2] == ["solver"])
+        assert [e.owner for e in party.status(0).stock] == ["solver"] and not party.status(0).key.n
+    finally:
+        party.close()
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

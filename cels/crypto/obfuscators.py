@@ -201,8 +201,9 @@ class ObfuscatorStock:
 
     The keys are the node keys of its peers (and its own), learned before any session.  A
     background thread keeps ``targets[owner]`` obfuscators ready for each owner's key, in
-    worker processes shared by all keys, but only while no session runs (:meth:`pause` / :meth:`resume` count running
-    sessions), so the refill never competes with a session's online work.  A session takes
+    worker processes shared by all keys, but only while no session runs (:meth:`pause` and
+    :meth:`resume` count running sessions), so the refill never competes with a session's
+    online work.  A session takes
     from :meth:`source`: a stocked key's pool, else a pool on the same workers for that key.
     """
 

@@ -409,7 +409,8 @@ DECRYPT_CHUNK = 256
 """Ciphertexts per task when a process pool decrypts (each task is a few hundred ms at 2048 bits)."""
 
 
-def _to_bytes(x) -> bytes:
+def int_bytes(x) -> bytes:
+    """A non-negative integer as minimal big-endian bytes (the wire's encoding of N and ciphertexts)."""
     return int(x).to_bytes((int(x).bit_length() + 7) // 8 or 1, "big")
 
 
@@ -417,7 +418,7 @@ def _decrypt_chunk(n: bytes, p: bytes, q: bytes, ciphertexts: list[bytes]) -> li
     """Worker-process entry: CRT decryption of big-endian ciphertexts under the key (N, p, q)."""
     public = phe.PaillierPublicKey(int.from_bytes(n, "big"))
     key = PrivateKey.from_phe(PublicKey(public.n), phe.PaillierPrivateKey(public, int.from_bytes(p, "big"), int.from_bytes(q, "big")))
-    return [_to_bytes(key.decrypt_raw(gmpy2.mpz(int.from_bytes(c, "big")))) for c in ciphertexts]
+    return [int_bytes(key.decrypt_raw(gmpy2.mpz(int.from_bytes(c, "big")))) for c in ciphertexts]
 
 
 def decrypt_raw_many(private_key: PrivateKey, ciphertexts: Sequence, executor: Executor | None = None) -> list:
@@ -425,9 +426,9 @@ def decrypt_raw_many(private_key: PrivateKey, ciphertexts: Sequence, executor: E
     The key's factors and the ciphertexts reach the workers as big-endian bytes."""
     if executor is None or len(ciphertexts) < 2 * DECRYPT_CHUNK:
         return [private_key.decrypt_raw(c) for c in ciphertexts]
-    key = [_to_bytes(v) for v in (private_key.public_key.n, private_key.p, private_key.q)]
+    key = [int_bytes(v) for v in (private_key.public_key.n, private_key.p, private_key.q)]
     chunks = [
-        executor.submit(_decrypt_chunk, *key, [_to_bytes(c) for c in ciphertexts[i : i + DECRYPT_CHUNK]])
+        executor.submit(_decrypt_chunk, *key, [int_bytes(c) for c in ciphertexts[i : i + DECRYPT_CHUNK]])
         for i in range(0, len(ciphertexts), DECRYPT_CHUNK)
     ]
     return [gmpy2.mpz(int.from_bytes(m, "big")) for chunk in chunks for m in chunk.result()]

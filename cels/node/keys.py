@@ -77,7 +77,8 @@ class NodeKeys:
         self._status = status
         self._allow_insecure = allow_insecure_key_bits
         owners = [*peers, name] if encrypts else []
-        self._owners = [o for o in owners if policy.target(o) > 0]
+        # keys to stock: every owner with a target, this node's own only if it has a node key
+        self._owners = [o for o in owners if policy.target(o) > 0 and not (o == name and policy.session_keys)]
         self.stock = ObfuscatorStock({o: policy.target(o) for o in owners}, workers=policy.workers) if encrypts else None
         self.keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None
         self._ready = threading.Event()
@@ -121,7 +122,7 @@ class NodeKeys:
                 level = levels.get(owner)
                 entry = msg.stock.add(owner=owner, target=self.policy.target(owner))
                 if level is not None:
-                    entry.n = level.n.to_bytes((level.n.bit_length() + 7) // 8, "big")
+                    entry.n = paillier.int_bytes(level.n)
                     entry.ready, entry.handed_out = level.ready, level.handed_out
         return msg
 

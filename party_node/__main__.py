@@ -6,13 +6,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.logs import load_log, write_log
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
 from cels.node.keys import NodeKeys
 from cels.node.process import serve
 from cels.node.service import Node
 from cels.node.tls import warn_insecure_keys
+from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
 
 
@@ -35,15 +35,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     allow_small = warn_insecure_keys(config)
 
-    def factory(session, name: str, keys: NodeKeys) -> PartyRole:
+    def factory(session: SessionOptions, keys: NodeKeys) -> PartyRole:
         # the log is read when the session begins (a bad log aborts that session, not the node)
         return PartyRole(
-            name,
+            config.name,
             session,
             lambda: load_log(path, options),
             allow_insecure_key_bits=allow_small,
             obfuscators=keys.obfuscators,
-            keypair=keys.keypair_for(session.key_bits or DEFAULT_KEY_BITS),
+            keypair=keys.keypair_for(session.key_bits),
         )
 
     return serve(Node(config, factory, lambda log, out: write_log(log, out), encrypts=True))

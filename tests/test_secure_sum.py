@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cels.crypto.paillier import EncryptedMatrix, PackingOverflowError, PublicKey, decrypt, generate_keypair
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2

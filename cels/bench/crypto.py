@@ -37,7 +37,7 @@ from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.obfuscators import ObfuscatorPool, obfuscators
 from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
 from cels.fileio import atomic_write_json
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2
 

@@ -20,19 +20,14 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.sanitize import _optimal_arguments, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
 from cels.node.client import Controller, SessionAborted, node_statuses, run_session, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import DEFAULT_DEADLINE, load_toml
-from cels.protocol.session import make_config
+from cels.node.config import load_toml
+from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
 from cels.protocol.wire import cels_pb2
 
-SESSION_KEYS = (
-    "epsilon", "delta", "bound", "objective", "output_size", "min_count", "cap", "noise_epsilon", "sensitivity",
-    "sampling", "key_bits", "group_bits", "universe_cipher", "ell_ratio", "keep_user_ids", "support", "breakpoints",
-    "solver_time_limit", "sampling_theta",
-)  # fmt: skip
-"""Keys of session.toml's [session] table that go into the SessionConfig as they are."""
 DEFAULT_TIMEOUT = 4 * 3600.0
 
 
@@ -58,10 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
     sim.add_argument("--epsilon", type=float, default=1.0)
     sim.add_argument("--delta", type=float, default=0.4, help="default 0.4 (as cels demo)")
-    sim.add_argument("--sampling", choices=("exact", "paper"), default="exact", help="exact distributed multinomial (default) or the paper's local sampling")
-    sim.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
-    sim.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
-    sim.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
+    sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
+    sim.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
+    sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
+    sim.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
@@ -87,11 +82,11 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def session_stock(args: argparse.Namespace, config: cels_pb2.SessionConfig) -> dict[str, int] | None:
+def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
     """Key owner -> stock size for the keys a session encrypts under (None: no offline phase)."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {config.solver.name: args.stock_nlp, config.parties[0].name: args.stock_sum}
+    stock = {options.solver: args.stock_nlp, options.parties[0]: args.stock_sum}
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 
@@ -108,24 +103,16 @@ def run_certs(args: argparse.Namespace) -> int:
 # -- cels run --------------------------------------------------------------------------------
 
 
-def session_config(table: dict[str, Any], addresses: dict[str, str] | None = None) -> cels_pb2.SessionConfig:
-    """A SessionConfig from session.toml's [session] table."""
-    unknown = sorted(set(table) - set(SESSION_KEYS) - {"parties", "solver", "initiator", "session_id", "deadline"})
-    if unknown:
-        raise ValueError(f"[session]: unknown key(s) {', '.join(unknown)}; known: parties, solver, deadline, {', '.join(SESSION_KEYS)}")
+def session_options(table: dict[str, Any]) -> SessionOptions:
+    """The session of session.toml's [session] table (its keys are SessionOptions' fields)."""
     for key in ("parties", "epsilon", "delta"):
         if key not in table:
             raise ValueError(f"[session] needs {key!r}")
-    options = {k: table[k] for k in SESSION_KEYS if k in table}
-    return make_config(
-        list(table["parties"]),
-        solver=table.get("solver", SOLVER),
-        initiator=table.get("initiator"),
-        session_id=table.get("session_id"),
-        deadline_ms=int(float(table.get("deadline", DEFAULT_DEADLINE)) * 1000),
-        addresses=addresses,
-        **options,
-    )
+    options = dict(table)
+    try:
+        return SessionOptions.create(list(options.pop("parties")), **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[session]: {exc}") from None
 
 
 def print_progress(report: cels_pb2.StepReport) -> None:
@@ -139,7 +126,7 @@ def run_run(args: argparse.Namespace) -> int:
     for key in ("initiator", "address", "output", "report"):
         if key not in run:
             raise ValueError(f"{args.config}: [run] needs {key!r}")
-    config = session_config({**table, "initiator": run["initiator"]})
+    options = session_options({**table, "initiator": run["initiator"]})
     insecure = bool(run.get("insecure", False))
     paths = {k: base / run[k] for k in ("ca", "cert", "key") if k in run}
     if not insecure and len(paths) < 3:
@@ -149,9 +136,9 @@ def run_run(args: argparse.Namespace) -> int:
     for path in (output, report_path):
         if not path.parent.is_dir():
             raise ValueError(f"output directory of {path} does not exist")
-    print(f"session {config.session_id}: {len(config.parties)} parties and {config.solver.name}, initiator {run['initiator']}", flush=True)
+    print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
     try:
-        report = run_session(controller, config, output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
+        report = run_session(controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
         return 1
@@ -182,37 +169,38 @@ def input_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def simulate_config(args: argparse.Namespace, parties: int) -> cels_pb2.SessionConfig:
-    """The session of ``cels simulate``: the privacy / objective flags as ``cels sanitize``."""
+def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
+    """The session of ``cels simulate`` / ``cels bench protocol``: the privacy / objective flags
+    as ``cels sanitize`` (flags left unset take SessionOptions' defaults)."""
     if args.preprocess:
         raise ValueError("--preprocess is not part of the distributed protocol (no party sees every user's log)")
     if args.integer != "mip":
         raise ValueError("the solver node rounds with the MIP (--integer mip)")
-    return make_config(
+    return SessionOptions.create(
         parties,
         epsilon=args.epsilon,
         delta=args.delta,
         bound=args.bound,
         objective=args.objective,
-        output_size=args.output_size or 0.0,
+        output_size=args.output_size,
         min_count=args.min_count,
-        cap=args.cap or 0,
-        noise_epsilon=args.noise_epsilon or 0.0,
-        sensitivity=args.sensitivity or 0.0,
+        cap=args.cap,
+        noise_epsilon=args.noise_epsilon,
+        sensitivity=args.sensitivity,
         sampling=args.sampling,
         key_bits=args.key_bits,
-        universe_cipher=args.universe_cipher,
+        universe_cipher=getattr(args, "universe_cipher", None),
         keep_user_ids=args.keep_user_ids,
         support=args.support,
         breakpoints=args.breakpoints,
         solver_time_limit=args.time_limit,
-        deadline_ms=int(args.deadline * 1000),
+        deadline=getattr(args, "deadline", None),
     )
 
 
 def run_nodes(
     shares: list[SearchLog],
-    config: cels_pb2.SessionConfig,
+    options: SessionOptions,
     out: Path,
     suffix: str,
     fmt_args: list[str],
@@ -229,18 +217,16 @@ def run_nodes(
     that many obfuscators for each owner's node key, and the session starts once all stocks
     are complete; the report's ``offline`` key has its seconds and what the session used.
     Without it the nodes stock nothing (obfuscators are computed during the session)."""
-    parties = [p.name for p in config.parties]
-    deadline = config.deadline_ms / 1000 if config.deadline_ms else DEFAULT_DEADLINE
+    parties = list(options.parties)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
         certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
-        for node in [*config.parties, config.solver]:
-            node.address = addresses[node.name]
-        common = ["--deadline", str(deadline), "--node-key-bits", str(config.key_bits or 2048)]
+        options = options.with_addresses(addresses)
+        common = ["--deadline", str(options.deadline), "--node-key-bits", str(options.key_bits)]
         stocking = ["--obfuscators", "0", *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]
-        if config.key_bits and config.key_bits < 2048:
-            common += ["--min-key-bits", str(config.key_bits)]
+        if options.key_bits < DEFAULT_KEY_BITS:
+            common += ["--min-key-bits", str(options.key_bits)]
         if record_view is not None:
             common += ["--record-view", str(record_view.resolve())]
         with LocalCluster(out / "node-logs") as cluster:
@@ -259,9 +245,9 @@ def run_nodes(
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses) if stock else None
-            print(f"session {config.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
+            print(f"session {options.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
             report = run_session(
-                controller, config, out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
+                controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
             )
             if offline is not None:
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
@@ -306,9 +292,9 @@ def offline_report(offline: dict[str, Any], after: dict[str, cels_pb2.NodeStatus
 def run_simulate(args: argparse.Namespace) -> int:
     if args.input is not None and args.format is None:
         raise ValueError("--input needs --format")
-    if args.key_bits < 2048:
-        print(f"cels simulate: WARNING: {args.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
-    config = simulate_config(args, args.parties)
+    options = simulate_options(args, args.parties)
+    if options.key_bits < DEFAULT_KEY_BITS:
+        print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if args.input is None:
@@ -321,7 +307,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra, args.record_view, session_stock(args, config))
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, extra, args.record_view, session_stock(args, options))
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

@@ -151,6 +151,17 @@ def test_unknown_session_is_failed_precondition(toy) -> None:
     assert "unknown session 'no-such-session'" in err.value.details()
 
 
+def test_an_unknown_signal_kind_is_invalid_argument_and_ends_nothing(toy, tmp_path) -> None:
+    """Issue 13 item 2: Signal(kind=77) used to be taken as FINISH."""
+    toy.run(toy.config("sig-1"), tmp_path)
+    stub = toy.stub("party-2", "party-1")
+    for session_id in ("sig-1", "no-such-session"):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Signal(cels_pb2.SessionSignal(session_id=session_id, kind=77), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown signal kind 77" in err.value.details()
+    assert toy.state("party-2", "sig-1") == "done"
+
+
 def test_out_of_order_and_malformed_messages_are_refused(toy, tmp_path) -> None:
     config = toy.config("order-1", delay=0.8, deadline=4.0)  # ~6 s session; stray messages held back 1 s
     result = {}

@@ -18,15 +18,12 @@ recipient names, not the recipient.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import queue
-import secrets
 import tempfile
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -34,7 +31,9 @@ from typing import Any
 
 import grpc
 
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
+from cels.node.wire import Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
@@ -53,85 +52,7 @@ OutputWriter = Callable[[Any, Path], None]
 STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
 SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
 REORDER_WINDOW = 5.0
-
-
-class Wire:
-    """One session's I/O on this node: outbox thread, watchdog thread, byte counters, events."""
-
-    def __init__(self, node: Node, options: SessionOptions) -> None:
-        self.node, self.options, self.id = node, options, options.session_id
-        self.others = [n for n in options.nodes if n != node.config.name]
-        self.outbox: queue.Queue[tuple[str, Envelope] | None] = queue.Queue()
-        self.events: queue.Queue[Event] = queue.Queue()  # read by the initiator's Run
-        self.bytes_sent: Counter[str] = Counter()
-        self.messages_sent: Counter[str] = Counter()
-        self.stopped = threading.Event()
-        self.busy = False
-        self.deadline = options.deadline
-        self.probe_timeout = min(self.deadline / 4, 5.0)
-        for target in (self._send_loop, self._watchdog):
-            threading.Thread(target=target, name=f"{target.__name__}-{self.id}", daemon=True).start()
-
-    def snapshot(self) -> cels_pb2.SessionState:
-        state, origin, reason = self.node.host.state(self.id)
-        return cels_pb2.SessionState(
-            session_id=self.id, state=state, reason=f"{origin}: {reason}" if state == ABORTED else "",
-            bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
-            busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
-        )  # fmt: skip
-
-    def _send_loop(self) -> None:
-        """Send queued messages one at a time, in order (causal delivery, see module doc)."""
-        ids = itertools.count()
-        while (item := self.outbox.get()) is not None:
-            recipient, envelope = item
-            try:
-                if recipient == self.node.config.name:
-                    self.node.take(self.node.config.name, envelope)
-                    continue
-                frames = to_frames(envelope, next(ids))
-                self.node.peers.deliver(recipient, frames, self.deadline)
-                self.bytes_sent[step_name(envelope)] += sum(f.ByteSize() for f in frames)
-                self.messages_sent[step_name(envelope)] += 1
-            except grpc.RpcError as exc:
-                origin = refusal_origin(exc.details() or "") or recipient
-                self.node.abort(self.id, origin, f"delivering {step_name(envelope)} to {recipient} failed: {exc.code().name}: {exc.details()}")
-            except (ProtocolError, Refused) as exc:
-                self.node.abort(self.id, self.node.config.name, str(exc))
-            finally:
-                self.outbox.task_done()
-
-    def _watchdog(self) -> None:
-        """Probe every peer while running; the host's timers end stalled or never-begun sessions.
-
-        With interval i = min(1 s, deadline/4) and probe timeout p = min(5 s, deadline/4), a
-        killed peer is detected within 2i + p and a hung one within 2(i + p)."""
-        interval = min(1.0, self.deadline / 4)
-        unreachable_since: dict[str, float] = {}
-        last_total = -1
-        while not self.stopped.wait(interval):
-            self.node.expire()
-            if self.node.host.state(self.id)[0] != "running":
-                continue
-            total, anyone_busy = 0, False
-            for peer in self.others:
-                try:
-                    state = self.node.peers.signal(peer, self.id, cels_pb2.SessionSignal.PROBE, self.probe_timeout)
-                except grpc.RpcError as exc:
-                    since = unreachable_since.setdefault(peer, time.monotonic())
-                    if time.monotonic() - since >= self.probe_timeout:
-                        self.node.abort(self.id, peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
-                    continue
-                unreachable_since.pop(peer, None)
-                if state.state in (ABORTED, "unknown"):
-                    origin, _, reason = state.reason.partition(": ")
-                    if state.state == "unknown":
-                        origin, reason = peer, f"{peer} no longer knows session {self.id} (restarted?)"
-                    self.node.abort(self.id, origin or peer, reason)
-                total, anyone_busy = total + state.progress, anyone_busy or state.busy
-            if total != last_total or anyone_busy:
-                last_total = total
-                self.node.host.touch(self.id, time.monotonic())
+"""Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
 
 class Node(cels_pb2_grpc.CelsNodeServicer):
@@ -142,7 +63,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
         self.config, self.output_writer = config, output_writer
         self.peers = PeerClients(config)
-        self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < 2048, encrypts=encrypts)
+        self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
         def make_role(options: SessionOptions) -> Role:
             self._admit(options)
             return factory(options, self.keys)
@@ -324,8 +245,6 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             self.authenticate(context, None, set(self.config.controllers))
             config = cels_pb2.SessionConfig()
             config.CopyFrom(request.config)
-            config.session_id = config.session_id or secrets.token_hex(8)
-            config.initiator = config.initiator or self.config.name
             options = SessionOptions.from_config(config)
             if options.initiator != self.config.name:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {options.session_id} names initiator {options.initiator!r}, not {self.config.name!r}")

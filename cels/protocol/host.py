@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, fail, malformed, step_name
-from cels.protocol.wire import cels_pb2
+from cels.protocol.roles import Envelope, Outgoing, Role, fail, malformed, step_name
 
 RoleFactory = Callable[[SessionOptions], Role]
 """Builds this node's role for a session; ValueError / OSError refuses the session."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, ProtocolError, fail, step_name
+from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, fail, step_name
 from cels.protocol.wire import cels_pb2
 
 STEP_PHASE = {

@@ -9,7 +9,7 @@ import pytest
 from cels.inprocess import session_hosts
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
-from cels.protocol.host import ABORTED, PREPARED, RUNNING, SessionHost, refusal_origin
+from cels.protocol.host import ABORTED, PREPARED, RUNNING, refusal_origin
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import ProtocolError, step_name

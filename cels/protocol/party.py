@@ -42,7 +42,7 @@ from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 COUNT_BOUND = 2**31 - 1
 """Public packing bound of every party's count and stage-total vectors (secure sums)."""
@@ -269,7 +269,7 @@ class PartyRole(SessionRole):
         if self.nlp_key is not None:
             raise fail(f"{self.name}: second nlp_key")
         try:
-            key = paillier.PublicKey.from_proto(msg.key, allow_insecure_key_bits=self._allow_insecure)
+            key = codec.public_key_of(msg.key, allow_insecure_key_bits=self._allow_insecure)
         except ValueError as exc:
             raise malformed(f"{self.name}: nlp_key: {exc}") from None
         rows = list(msg.shape_rows)
@@ -288,7 +288,7 @@ class PartyRole(SessionRole):
         out = []
         if rows[self.k]:
             af = paillier.encrypt(key, share.af, fixed_point_packing(key, af_bound, 1), self._obf)
-            block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=af.to_proto())
+            block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=codec.matrix_message(af))
             out = self._send(self.solver, nlp_slack_block=block)
         if self.k != 0:
             return out
@@ -302,7 +302,7 @@ class PartyRole(SessionRole):
         for w in which:
             shape = shapes[w]
             try:
-                enc = paillier.EncryptedMatrix.from_proto(getattr(msg, w), self.nlp_key)
+                enc = codec.matrix_of(getattr(msg, w), self.nlp_key)
             except ValueError as exc:
                 raise malformed(f"{self.name}: {step}.{w}: {exc}") from None
             if (enc.rows, enc.cols) != shape or enc.packing != self._packings[w] or enc.terms != terms:
@@ -315,7 +315,7 @@ class PartyRole(SessionRole):
 
     def _forward_sum(self, enc: dict, hops: int) -> list[Outgoing]:
         """Next sum hop; after the last share AB goes to P_0 and AT into the permutation ring."""
-        protos = {w: e.to_proto() for w, e in enc.items()}
+        protos = {w: codec.matrix_message(e) for w, e in enc.items()}
         if hops < self.r:
             hop = cels_pb2.NlpSumHop(session_id=self.session_id, hops=hops, **protos)
             return self._send(self.successor, nlp_sum_hop=hop)
@@ -343,7 +343,7 @@ class PartyRole(SessionRole):
         secrets.SystemRandom().shuffle(perm)
         self.pi = np.asarray(perm, dtype=np.int64)
         at = at.permute_columns(self.pi).rerandomize(self._obf)
-        hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=at.to_proto())
+        hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=codec.matrix_message(at))
         return self._send(self.successor if self.k < self.r - 1 else self.solver, nlp_permute_hop=hop)
 
     def _on_nlp_solution(self, sender: str, msg: cels_pb2.NlpSolution) -> list[Outgoing]:

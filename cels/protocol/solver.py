@@ -24,7 +24,7 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.protocol.transform import agreed_ell, eliminate_slacks
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 
 class SolverRole(SessionRole):
@@ -85,12 +85,12 @@ class SolverRole(SessionRole):
         self.public_key, self._private_key = self._keypair or paillier.generate_keypair(
             self.options.key_bits, allow_insecure_key_bits=self._allow_insecure
         )
-        key = cels_pb2.NlpKey(session_id=self.session_id, key=self.public_key.to_proto(), ell=self.ell, shape_rows=rows)
+        key = cels_pb2.NlpKey(session_id=self.session_id, key=codec.public_key_message(self.public_key), ell=self.ell, shape_rows=rows)
         return self._send(list(reversed(self.parties)), nlp_key=key)
 
     def _decrypt(self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int) -> np.ndarray:
         try:
-            enc = paillier.EncryptedMatrix.from_proto(msg, self.public_key)
+            enc = codec.matrix_of(msg, self.public_key)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
         if (enc.rows, enc.cols) != shape:

@@ -42,7 +42,7 @@ from cels.crypto import paillier
 from cels.fileio import atomic_write, atomic_write_json
 from cels.protocol.rolebase import phase_of
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, step_name
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 VIEW_FILE = "view.jsonl"
 SESSION_FILE = "session.json"
@@ -77,7 +77,7 @@ def _decrypt(keys: list[paillier.PrivateKey], msg: cels_pb2.EncryptedMatrix) -> 
     """The matrix in ``msg`` if one of ``keys`` opens it (a wrong key fails the slot checks)."""
     for key in keys:
         try:
-            return paillier.decrypt(key, paillier.EncryptedMatrix.from_proto(msg, key.public_key))
+            return paillier.decrypt(key, codec.matrix_of(msg, key.public_key))
         except ValueError:
             continue
     return None

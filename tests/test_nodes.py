@@ -17,7 +17,7 @@ import pytest
 from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
-from cels.node.client import Controller, SessionAborted, node_statuses, run_session
+from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
@@ -80,7 +80,7 @@ class ToyCluster:
     def run(self, config: cels_pb2.SessionConfig, out: Path, **kw) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         controller, timeout = kw.pop("controller", self.controller()), kw.pop("timeout", 60)
-        return run_session(controller, config, out / "out.tsv", out / "report.json", timeout=timeout, **kw)
+        return run_on_nodes(controller, config, out / "out.tsv", out / "report.json", timeout=timeout, **kw)
 
     def stub(self, target: str, as_name: str) -> cels_pb2_grpc.CelsNodeStub:
         cert = self.certs[as_name]

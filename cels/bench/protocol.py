@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def load_input(args: argparse.Namespace) -> SearchLog:
+def bench_log(args: argparse.Namespace) -> SearchLog:
     if args.input is None:
         return synthetic_log() if args.max_users is None else synthetic_log(users=args.max_users)
     options = LoadOptions(
@@ -171,7 +171,7 @@ def paper_reference(parties: int, bytes_total: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    log = load_input(args)
+    log = bench_log(args)
     shares = log.split_by_user(args.parties)
     options = SessionOptions.create(
         args.parties,

@@ -22,7 +22,7 @@ from cels.cli.sanitize import _optimal_arguments, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
-from cels.node.client import Controller, SessionAborted, node_statuses, run_session, wait_for_stock
+from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import load_toml
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
@@ -138,7 +138,7 @@ def run_run(args: argparse.Namespace) -> int:
             raise ValueError(f"output directory of {path} does not exist")
     print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
     try:
-        report = run_session(controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
+        report = run_on_nodes(controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
         return 1
@@ -246,7 +246,7 @@ def run_nodes(
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses) if stock else None
             print(f"session {options.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
-            report = run_session(
+            report = run_on_nodes(
                 controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
             )
             if offline is not None:

@@ -53,7 +53,7 @@ def encode_item(*fields) -> bytes:
     return json.dumps(list(fields), ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def decode_record(data: bytes) -> LogRecord:
+def union_record(data: bytes) -> LogRecord:
     """Inverse of encode_item for a record (user, query, url, count)."""
     try:
         user, query, url, count = json.loads(data.decode())
@@ -448,7 +448,7 @@ class PartyRole(SessionRole):
     # -- the initiator: output and report -------------------------------------------------------
     def _output(self, records: list[bytes]) -> None:
         """The union in the input's schema (records decode to (user, query, url, count))."""
-        self.output = SearchLog.from_records((decode_record(r) for r in records), source=self.log.source)
+        self.output = SearchLog.from_records((union_record(r) for r in records), source=self.log.source)
 
     def _report(self) -> list[Outgoing]:
         if self.name != self.initiator:

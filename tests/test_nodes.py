@@ -6,6 +6,7 @@ the toy session's output is the sum of the parties' log sizes.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -282,3 +283,41 @@ def test_killed_node_aborts_the_session_everywhere(tmp_path, victim) -> None:
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     finally:
         toy.cluster.stop()
+
+
+def test_sigterm_stops_a_busy_node_within_its_stop_bound(tmp_path) -> None:
+    """Issue 13 item 8: a node inside a long step, with Status calls in flight, exits on SIGTERM."""
+    from cels.node.process import STOP_SECONDS
+
+    toy = ToyCluster(tmp_path / "cluster")
+    try:
+        runner = threading.Thread(target=lambda: _quietly(lambda: toy.run(toy.config("busy-1", delay=30.0, deadline=120.0), tmp_path / "out")))
+        runner.start()
+        wait_for(lambda: toy.state("party-2", "busy-1") == "running", 10)
+        stub = toy.stub("party-1", "party-2")  # party-1 sleeps 30 s in its first step, holding its host
+        hammer = threading.Event()
+
+        def status_calls() -> None:
+            while not hammer.is_set():
+                _quietly(lambda: stub.Status(cels_pb2.NodeStatusRequest(), timeout=1))
+
+        callers = [threading.Thread(target=status_calls, daemon=True) for _ in range(4)]
+        for t in callers:
+            t.start()
+        process = toy.cluster.nodes["party-1"].process
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.wait(timeout=STOP_SECONDS + 5)
+        hammer.set()
+        assert time.monotonic() - sent < STOP_SECONDS + 3
+        runner.join(60)
+    finally:
+        toy.cluster.stop()
+
+
+def _quietly(call) -> None:
+    try:
+        call()
+    except (grpc.RpcError, SessionAborted):
+        pass

@@ -102,3 +102,16 @@ def test_attack_commands_write_their_json(tmp_path, capsys) -> None:
     assert json.loads(out.read_text())["cells_recovered_exactly_fraction"] == 1.0
     assert "NOT secure" in capsys.readouterr().err
     assert main(["attack", "union-origin", "--parties", "2", "--json", str(out)]) == 2
+
+
+def test_against_the_private_solve_the_solver_recovers_nothing(tmp_path) -> None:
+    """Issue 12: the same attack on a private-mode session: the aggregator's view holds no row."""
+    out = tmp_path / "private.json"
+    argv = ["attack", "solver-reconstruction", "--solve", "private", "--users", "40", "--key-bits", "512",
+            "--group-bits", "1024", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["solve"] == "private" and result["cells_recovered"] == 0
+    assert result["rows_recovered_fraction"] == 0.0 and result["cells_recovered_exactly_fraction"] == 0.0
+    assert set(result["solver_received"]) <= {"masked_verdicts", "step_report", "abort"}
+    assert result["solver_received"]["masked_verdicts"] >= 3

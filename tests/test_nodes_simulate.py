@@ -1,5 +1,6 @@
-"""End to end with the product's defaults: `cels simulate` with 2048-bit keys, 3 party node
-processes and a solver node over mutual TLS, on a small synthetic log (the ONE slow test)."""
+"""End to end with the product's defaults: `cels simulate` with 2048-bit keys and the private
+solve, 3 party node processes and a solver node over mutual TLS, on a small synthetic log (the
+ONE slow test)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from cels.protocol.views import load_views
 def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     out, views = tmp_path / "out", tmp_path / "views"
     argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
-            "--record-view", str(views), "--stock-nlp", "600", "--stock-sum", "100"]  # fmt: skip
+            "--record-view", str(views), "--stock-sum", "100"]  # fmt: skip
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "started 4 node processes on 127.0.0.1" in console.err
@@ -28,7 +29,9 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert report["key_bits"] == 2048
     assert report["privacy"]["b"] == pytest.approx(min(1.0 / 2, math.log(1 / (1 - 0.4))))
     assert report["simulation"]["users_per_party"] == [20, 20, 20]  # 60 users split by user
-    for phase in ("universe", "counts", "nlp", "sampling", "union"):
+    assert report["solve"]["mode"] == "private" and report["solve"]["rounds"] >= 1
+    assert "nlp" not in report["phases"]
+    for phase in ("universe", "counts", "solve", "sampling", "union"):
         entry = report["phases"][phase]
         assert set(entry["bytes"]) <= {"party-1", "party-2", "party-3", "solver"}
         assert entry["bytes_total"] == sum(entry["bytes"].values())
@@ -36,14 +39,13 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert report["wire"]["bytes_total"] >= report["bytes_total"]  # frames and session control on top
     assert {"kl", "recall"} <= set(report["utility"])
 
-    # the offline phase: every party stocked obfuscators for the solver's and P_1's 2048-bit node
-    # keys; the session encrypted under exactly those keys, so it took them all from the stocks
+    # the offline phase: every party stocked obfuscators for P_1's 2048-bit node key (the secure
+    # sums); the private solve encrypts nothing, so the sums took them all from the stocks
     offline = report["offline"]
     assert offline["seconds"] > 0 and offline["computed_online"] == 0
     for node in ("party-1", "party-2", "party-3"):
         used = offline["by_node"][node]
-        assert used["solver"]["stocked"] == 600 and used["party-1"]["stocked"] == 100
-        assert 0 < used["solver"]["used"] <= 600 and 0 < used["party-1"]["used"] <= 100
+        assert used["party-1"]["stocked"] == 100 and 0 < used["party-1"]["used"] <= 100
 
     released = load_log(out / "sanitized.tsv", LoadOptions(format="aol"))  # the input's format
     assert released.size == report["solver"]["integer_total"]
@@ -54,7 +56,9 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     # every node process recorded its view of the one session (--record-view), and `cels views` reads them
     (session,) = load_views(views).values()
     assert set(session) == {"party-1", "party-2", "party-3", "solver"}
-    assert {e["step"] for e in session["solver"].entries} >= {"nlp_permute_hop", "nlp_slack_block"}
+    solver_steps = {e["step"] for e in session["solver"].entries}
+    assert "masked_verdicts" in solver_steps and "round_verdict" in solver_steps
+    assert not {s for s in solver_steps if s.startswith("nlp_")}  # no constraint row reached the solver
     assert main(["views", str(views)]) == 0
     assert list(views.rglob("sequence.mmd")) and list(views.rglob("sequence.png"))
 

@@ -12,7 +12,7 @@ from cels.inprocess import run_session, session_hosts, start_session
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 
-TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
+TEST_KEYS = {"key_bits": 256, "group_bits": 1024, "solve": "transformed"}  # NLP messages to break
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from cels.inprocess import run_session, session_hosts, start_session
 from cels.protocol.options import SessionOptions
 
 EPS, DELTA = 8.0, 0.9  # b = ln 10: outputs of tens of units on 60 users
-TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
+TEST_KEYS = {"key_bits": 256, "group_bits": 1024, "solve": "transformed"}  # the paper's Algorithm 2: its optimum
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ CIPHER_STEPS = {
 def session(tmp_path_factory):
     log = synthetic_log(seed=3, users=36)
     logs = log.split_by_user(3)
-    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
+    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, solve="transformed")
     root = tmp_path_factory.mktemp("views")
     hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=True), root)
     roles = start_session(InMemoryNetwork(hosts), config)

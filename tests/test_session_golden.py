@@ -2,9 +2,11 @@
 fixed sampling seeds gives the recorded x, output records and bytes per (sender, step message).
 
 The golden file was recorded before the session host / SessionOptions redesign (issue 11), with
-one change made by it: StartSession now carries every resolved option explicitly (205 bytes,
-was 167 with zeros for "the receiver's default") and goes to the r other nodes only (the
-initiator creates its own session without a message): 3 x 205 = 615 bytes, was 4 x 167 = 668.
+one change made by it: StartSession now carries every resolved option explicitly (222 bytes
+with the solve mode and round batch, was 167 with zeros for "the receiver's default") and goes
+to the r other nodes only (the initiator creates its own session without a message):
+3 x 222 = 666 bytes, was 4 x 167 = 668; and a node's last StepReport says so (2 bytes), so
+that the initiator waits for all of them.
 Each party's generator (A_k, sampling draws) is seeded by its ring position and the
 permutations and universe hash keys by fixed seeds; everything
 else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.
@@ -51,7 +53,8 @@ def run_golden(monkeypatch) -> dict:
     log = synthetic_log(seed=7, users=60)
     shares = log.split_by_user(3)
     config = SessionOptions.create(
-        3, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024, keep_user_ids=True, session_id="golden0000000000"
+        3, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024, keep_user_ids=True, solve="transformed",
+        session_id="golden0000000000",  # recorded with the paper's Algorithm 2 (the default before the private solve)
     )
     hosts = inprocess.session_hosts(shares, config, allow_insecure_key_bits=True)
     network = inprocess.InMemoryNetwork(hosts)

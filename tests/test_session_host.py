@@ -22,7 +22,7 @@ TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 def test_options_round_trip_through_the_wire() -> None:
     options = SessionOptions.create(
         ["a", "b", "c"], epsilon=2.0, delta=0.3, objective="max-output", cap=4, min_count=3, noise_epsilon=0.5,
-        sensitivity=2.0, deadline=12.5, addresses={"a": "h:1", "solver": "h:9"}, initiator="b",
+        sensitivity=2.0, deadline=12.5, solve="transformed", addresses={"a": "h:1", "solver": "h:9"}, initiator="b",
     )  # fmt: skip
     assert SessionOptions.from_config(options.to_config()) == options
     assert options.b == pytest.approx(privacy_bound(2.0, 0.3, "cels"))
@@ -48,7 +48,9 @@ def test_a_sparse_config_takes_every_default_once() -> None:
         ({"key_bits": 255}, "key_bits must be even"),
         ({"sampling_theta": 1.5}, "sampling_theta"),
         ({"initiator": "solver"}, "initiator 'solver' is not a party"),
-        ({"noise_epsilon": 1.0}, "--noise-epsilon and --sensitivity go together"),
+        ({"noise_epsilon": 1.0, "solve": "transformed"}, "--noise-epsilon and --sensitivity go together"),
+        ({"output_size": 0.5}, "share of the LP bound"),
+        ({"solve": "central"}, "solve must be one of"),
         ({"colour": "red"}, "unknown session option"),
     ],
 )
@@ -64,7 +66,7 @@ def test_options_are_immutable() -> None:
 
 
 def _hosts():
-    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, deadline=30.0, **TEST_KEYS)
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, deadline=30.0, solve="transformed", **TEST_KEYS)
     logs = synthetic_log(seed=3, users=24).split_by_user(3)
     return options, {n: node.host for n, node in session_hosts(logs, options, allow_insecure_key_bits=True).items()}
 

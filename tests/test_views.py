@@ -24,7 +24,7 @@ from cels.protocol.wire import cels_pb2
 def recorded(tmp_path_factory):
     log = synthetic_log(seed=11, users=36)
     logs = log.split_by_user(3)
-    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
+    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, solve="transformed")
     root = tmp_path_factory.mktemp("recorded")
     output, _report = run_session(logs, config, record_view=str(root), allow_insecure_key_bits=True)
     return root, config, logs, output, load_views(root)[config.session_id]

@@ -228,12 +228,15 @@ def demonstrate(
     group_bits: int = 2048,
     allow_insecure_key_bits: bool = False,
     view_dir: str | Path | None = None,
+    solve: str = "transformed",
 ) -> dict:
     """Run a recorded in-memory session (users dealt round-robin to the parties), publish its
-    output, run :func:`attack` on P_0's files and grade it with the parties' real rows."""
+    output, run :func:`attack` on P_0's files and grade it with the parties' real rows.  With
+    ``solve="private"`` P_0 is the aggregator of the private solve: :func:`private_view_report`
+    says what its view holds (no row, so 0 cells)."""
     logs = log.split_by_user(parties)
     config = SessionOptions.create(
-        parties, epsilon=epsilon, delta=delta, objective=objective, key_bits=key_bits, group_bits=group_bits
+        parties, epsilon=epsilon, delta=delta, objective=objective, key_bits=key_bits, group_bits=group_bits, solve=solve
     )
     with tempfile.TemporaryDirectory(prefix="cels-views-") as tmp:
         root = Path(view_dir or tmp)
@@ -245,7 +248,36 @@ def demonstrate(
         published = root / config.session_id / "output.tsv"  # the release, as anyone reads it
         write_log(roles[config.initiator].output, published, {"format": "histogram"})
         output = load_log(published, LoadOptions("histogram"))
-        rec, mapping, x = attack(root / config.session_id / config.solver, output)
-        result = score(rec, mapping, x, ground_truth([roles[p] for p in config.parties]))
+        if solve == "private":
+            result = private_view_report(root / config.session_id / config.solver)
+        else:
+            rec, mapping, x = attack(root / config.session_id / config.solver, output)
+            result = score(rec, mapping, x, ground_truth([roles[p] for p in config.parties]))
+            result.update(solve="transformed", cells_recovered=round(result["cells_recovered_exactly_fraction"] * result["cells"]))
     result.update(parties=parties, key_bits=key_bits, session=config.session_id, view_dir=str(view_dir) if view_dir else None)
     return result
+
+
+def private_view_report(solver_root: str | Path) -> dict:
+    """What the aggregator of the private solve can reconstruct from its recorded view: it
+    received no encrypted matrix and no row, only masked verdict vectors (each uniform mod 2^64)
+    and it sent the accepted bits (a function of the published x, docs/security.md)."""
+    view = load_node_view(solver_root)
+    received: dict[str, int] = defaultdict(int)
+    for entry in view.entries:
+        if entry.get("direction") == "received":
+            received[entry["step"]] += 1
+    rows_steps = {"nlp_key", "nlp_sum_hop", "nlp_permute_hop", "nlp_slack_block", "constraint_shape"}
+    if rows_steps & set(received) or not received.get("masked_verdicts"):
+        raise ValueError(f"{solver_root}: not the view of a private-solve aggregator: {dict(received)}")
+    return {
+        "solve": "private",
+        "rows_recovered_fraction": 0.0,
+        "cells_recovered_exactly_fraction": 0.0,
+        "permutation_recovered_fraction": 0.0,
+        "cells_recovered": 0,
+        "solver_received": dict(sorted(received.items())),
+        "why": "the private solve sends the solver no constraint row, load, slack or coefficient: only "
+        "masked verdict vectors, each uniform without the parties' pairwise seeds, whose sums are the "
+        "accepted bits, which the published x determines",
+    }

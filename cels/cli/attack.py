@@ -10,6 +10,7 @@ import sys
 from cels.fileio import atomic_write_json
 from cels.logs import FORMATS, LoadOptions, load_log, parse_columns, synthetic_log
 from cels.mechanism.solvers import OBJECTIVES
+from cels.protocol.options import SOLVE_MODES
 
 PAPER_BITS = (512, 1024)
 
@@ -44,7 +45,7 @@ def run_solver_reconstruction(args: argparse.Namespace) -> int:
     result = demonstrate(
         log, args.parties, epsilon=args.epsilon, delta=args.delta, objective=args.objective, key_bits=args.key_bits,
         group_bits=args.group_bits, allow_insecure_key_bits=args.key_bits in PAPER_BITS or args.group_bits in PAPER_BITS,
-        view_dir=args.record_view,
+        view_dir=args.record_view, solve=args.solve,
     )  # fmt: skip
     return _finish(result, args.json)
 
@@ -88,6 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--key-bits", type=int, choices=(2048, 3072, *PAPER_BITS), default=2048, help="Paillier bits (512/1024: the paper's, insecure)")
     p.add_argument("--group-bits", type=int, choices=(2048, 3072, 1024), default=2048, help="union group bits (1024: the paper's, insecure)")
     p.add_argument("--record-view", default=None, metavar="DIR", help="keep every node's recorded view in DIR (default: a temporary directory)")
+    p.add_argument(
+        "--solve", choices=SOLVE_MODES, default="transformed",
+        help="the session's solve: transformed (the paper's Algorithm 2, default: the solver rebuilds every row) "
+        "or private (the solver only aggregates masked verdicts: 0 cells)",
+    )  # fmt: skip
     p.add_argument("--json", required=True, metavar="FILE", help="write the result here")
     p.set_defaults(func=run_solver_reconstruction)
 

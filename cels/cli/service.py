@@ -25,7 +25,7 @@ from cels.fileio import atomic_write_json
 from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import load_toml
-from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
+from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions
 from cels.protocol.wire import cels_pb2
 
 DEFAULT_TIMEOUT = 4 * 3600.0
@@ -56,12 +56,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
     sim.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
     sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
+    add_solve_arguments(sim)
     sim.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
     _optimal_arguments(sim)
     sim.set_defaults(func=run_simulate)
+
+
+def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Phase 3's mode (docs/protocol.md): the private solve (default) or the paper's Algorithm 2."""
+    parser.add_argument(
+        "--solve", choices=SOLVE_MODES,
+        help="private (default): a masked greedy, no constraint row leaves its party; transformed: the paper's "
+        "Algorithm 2, in which the solver node can rebuild every row (SECURITY.md)",
+    )  # fmt: skip
+    parser.add_argument("--round-batch", type=int, metavar="B", help="private solve: proposals per round (default 64)")
 
 
 def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
@@ -195,6 +206,8 @@ def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
         breakpoints=args.breakpoints,
         solver_time_limit=args.time_limit,
         deadline=getattr(args, "deadline", None),
+        solve=args.solve,
+        round_batch=args.round_batch,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from cels.crypto.groups import DEFAULT_GROUP_BITS
 from cels.crypto.paillier import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.conditions import BOUNDS
+from cels.mechanism.greedy import DEFAULT_BATCH
 from cels.mechanism.sanitize import SanitizeParams
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.wire import cels_pb2
@@ -31,6 +32,9 @@ SOLVER_NAME = "solver"
 SAMPLING_MODES = ("exact", "paper")
 """Phase 4: the exact distributed multinomial (docs/protocol.md) or the paper's local sampling."""
 UNIVERSE_CIPHERS = ("x25519", "pohlig-hellman")
+SOLVE_MODES = ("private", "transformed")
+"""Phase 3: the masked greedy in which no constraint row leaves its party (default), or the
+paper's Algorithm 2, in which the solver decrypts the transformed problem (docs/protocol.md)."""
 """Phase 1: the commutative hash of the pair ids (docs/protocol.md)."""
 DEFAULT_THETA = 0.7
 """Exact sampling: a stage draws mu_i = theta * R_i trials of the R_i still missing."""
@@ -74,6 +78,8 @@ class SessionOptions:
     breakpoints: int = DEFAULT_BREAKPOINTS
     solver_time_limit: float = DEFAULT_TIME_LIMIT
     deadline: float = DEFAULT_DEADLINE
+    solve: str = "private"
+    round_batch: int = DEFAULT_BATCH
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +100,16 @@ class SessionOptions:
         _one_of("objective", self.objective, OBJECTIVES)
         _one_of("sampling", self.sampling, SAMPLING_MODES)
         _one_of("universe_cipher", self.universe_cipher, UNIVERSE_CIPHERS)
+        _one_of("solve", self.solve, SOLVE_MODES)
+        if self.round_batch < 1:
+            raise ValueError(f"round_batch must be >= 1, got {self.round_batch}")
+        if self.solve == "private" and self.output_size is not None and self.output_size <= 1:
+            raise ValueError(
+                f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
+                "private solve: give an absolute size (> 1), or --solve transformed"
+            )
+        if self.solve == "private" and self.noise_epsilon is not None:
+            raise ValueError("end-to-end noise (--noise-epsilon) runs with --solve transformed; the private solve does not add it yet")
         if self.key_bits < MIN_TEST_KEY_BITS or self.key_bits % 2:
             raise ValueError(f"key_bits must be even and >= {MIN_TEST_KEY_BITS}, got {self.key_bits}")
         if not 0 < self.sampling_theta < 1:
@@ -191,6 +207,8 @@ class SessionOptions:
             "breakpoints": config.breakpoints,
             "solver_time_limit": config.solver_time_limit,
             "deadline": config.deadline_ms / 1000,
+            "solve": config.solve,
+            "round_batch": config.round_batch,
         }
         return cls(
             session_id=config.session_id,
@@ -228,6 +246,8 @@ class SessionOptions:
             deadline_ms=round(self.deadline * 1000),
             initiator=self.initiator,
             sampling_theta=self.sampling_theta,
+            solve=self.solve,
+            round_batch=self.round_batch,
         )
 
     def with_addresses(self, addresses: Mapping[str, str]) -> SessionOptions:

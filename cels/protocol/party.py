@@ -40,6 +40,8 @@ from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
 from cels.mechanism.sanitize import privacy_accounting
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
+from cels.mechanism.greedy import ProposalRule
+from cels.protocol.private_solve import PrivateSolveParty
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
@@ -112,6 +114,7 @@ class PartyRole(SessionRole):
         self._obfuscator_sources: dict[int, ObfuscatorSource] = {}
         # P_1's key for every secure sum of the session: the node key if given, else fresh
         self._sum_keypair = paillier.checked_keypair(keypair, options.key_bits)
+        self._private = PrivateSolveParty(name, self.parties, self.solver, self.session_id) if options.solve == "private" else None
 
     # -- phase 1: universe -------------------------------------------------------------------
     def _begin(self) -> list[Outgoing]:
@@ -260,10 +263,40 @@ class PartyRole(SessionRole):
         self.active = np.flatnonzero((c > 0) & ~unique & (c >= self.options.min_count))
         self.unique_pairs = int(np.count_nonzero(unique))
         self.rows = prune_dominated(log_t_rows(self.local[:, self.active], c[self.active]))
+        if self._private is not None:
+            self._enter("solve")
+            size = round(self.options.output_size) if self.options.output_size is not None else None
+            frequent = c[self.active] / c.sum() >= self.options.support if self.options.objective == "frequent" else None
+            rule = ProposalRule(self.options.objective, c[self.active], self.options.round_batch, size, frequent)
+            return self._private_progress(self._private.mask_keys() + self._private.start(rule, self.rows, self.b))
         self._enter("nlp")
         shape = cels_pb2.ConstraintShape(session_id=self.session_id, party=self.name, rows=self.rows.shape[0])
         return self._send(self.solver, constraint_shape=shape)
 
+    # -- phase 3, private solve (docs/protocol.md) ------------------------------------------------
+    def _on_mask_key(self, sender: str, msg: cels_pb2.MaskKey) -> list[Outgoing]:
+        if self._private is None:
+            raise fail(f"{self.name}: mask_key in a session that solves with {self.options.solve!r}")
+        return self._private_progress(self._private.on_mask_key(sender, msg))
+
+    def _on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:
+        return self._private_progress(self._private.on_round_verdict(sender, msg))
+
+    def _private_progress(self, out: list[Outgoing]) -> list[Outgoing]:
+        """Once the rounds ended (no proposal left), x is public: check it and sample."""
+        if not self._private.done or self.phase != "solve":
+            return out
+        report = {
+            "solve": "private",
+            "objective": self.options.objective,
+            "round_batch": self.options.round_batch,
+            "rounds": self._private.round,
+            "integer_total": int(self._private.x.sum()),
+            "output_size": self.options.output_size,
+        }
+        return out + self._solution(self._private.x.copy(), report)
+
+    # -- phase 3, transformed solve (Algorithm 2) ------------------------------------------------
     def _on_nlp_key(self, sender: str, msg: cels_pb2.NlpKey) -> list[Outgoing]:
         self._expect_sender(sender, self.solver, "nlp_key")
         if self.nlp_key is not None:
@@ -374,14 +407,15 @@ class PartyRole(SessionRole):
             out = self._send(self.parties[1:], nlp_solution=step)
         else:
             out = []
-        return out + self._solution(x, msg.solver_report_json)
-
-    def _solution(self, x: np.ndarray, report_json: str) -> list[Outgoing]:
-        """Check this party's exact conditions on x, then sample."""
         try:
-            self.solver_report = json.loads(report_json or "{}")
+            report = {"solve": "transformed", **json.loads(msg.solver_report_json or "{}")}
         except ValueError as exc:
             raise malformed(f"{self.name}: solver report is not JSON: {exc}") from None
+        return out + self._solution(x, report)
+
+    def _solution(self, x: np.ndarray, solver_report: dict) -> list[Outgoing]:
+        """Check this party's exact conditions on x, then sample."""
+        self.solver_report = solver_report
         load = self.rows @ x.astype(np.float64)
         if np.any(load > self.b):
             worst = float(load.max())
@@ -466,7 +500,7 @@ class PartyRole(SessionRole):
 
     def _complete_report(self) -> None:
         """Once the output is in and every node has reported: the session report."""
-        reported = {r.node for r in self.reports}
+        reported = {r.node for r in self.reports if r.last}  # every StepReport of every node is in
         if self.output is None or reported != set(self.nodes):
             return
         self.report = self._session_report()
@@ -504,8 +538,11 @@ class PartyRole(SessionRole):
                 "pairs": int(self.n),
                 "unique_pairs": self.unique_pairs,
                 "nonunique_pairs": int(len(self.active)),
-                "constraint_rows": dict(zip(self.parties, self.shape_rows)),
-                "ell": int(self.ell),
+                **(
+                    {"constraint_rows": dict(zip(self.parties, self.shape_rows)), "ell": int(self.ell)}
+                    if opts.solve == "transformed"
+                    else {}  # the private solve tells no party another party's number of rows
+                ),
                 "output_records": int(self.output.counts.nnz),
                 "output_size": int(self.output.size),
             },
@@ -513,6 +550,12 @@ class PartyRole(SessionRole):
                 "mode": opts.sampling,
                 "stages": self._sampler.stage if self._sampler is not None else 0,
                 "theta": opts.sampling_theta,
+            },
+            "solve": {
+                "mode": opts.solve,
+                **({"rounds": self.solver_report["rounds"], "round_batch": opts.round_batch} if opts.solve == "private" else {}),
+                "bytes": phases.get("solve" if opts.solve == "private" else "nlp", {}).get("bytes_total", 0),
+                "seconds": phases.get("solve" if opts.solve == "private" else "nlp", {}).get("seconds_total", 0.0),
             },
             "universe_cipher": opts.universe_cipher,
             "key_bits": opts.key_bits,
@@ -531,9 +574,11 @@ class PartyRole(SessionRole):
         "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
         "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
         "nlp_solution": accepts("nlp", _on_nlp_solution),
+        "mask_key": accepts(("counts", "solve"), _on_mask_key),
+        "round_verdict": accepts("solve", _on_round_verdict),
         "union_encrypt_hop": accepts("union", _on_union, whole=True),
         "union_decrypt_hop": accepts("union", _on_union, whole=True),
         "union_result": accepts("union", _on_union, whole=True),
-        "step_report": accepts(("universe", "counts", "nlp", "sampling", "union", "done"), _on_step_report),
+        "step_report": accepts(("universe", "counts", "nlp", "solve", "sampling", "union", "done"), _on_step_report),
     }
     """Which step message P_k takes in which phase (the initiator also takes StepReports)."""

@@ -30,6 +30,9 @@ STEP_PHASE = {
     "nlp_permute_hop": "nlp",
     "nlp_solution": "nlp",
     "nlp_slack_block": "nlp",
+    "mask_key": "solve",
+    "masked_verdicts": "solve",
+    "round_verdict": "solve",
     "union_encrypt_hop": "union",
     "union_decrypt_hop": "union",
     "union_result": "union",
@@ -176,6 +179,7 @@ class SessionRole:
                 phase=p,
                 seconds=self.seconds.get(p, 0.0),
                 bytes_sent=self.bytes_sent.get(p, 0),
+                last=k == len(phases) - 1,
             )
-            for p in phases
+            for k, p in enumerate(phases)
         ]

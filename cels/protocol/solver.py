@@ -21,6 +21,7 @@ from cels.mechanism.conditions import Conditions
 from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
 from cels.protocol.options import SessionOptions
+from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.protocol.transform import agreed_ell, eliminate_slacks
@@ -63,10 +64,19 @@ class SolverRole(SessionRole):
         self._at: np.ndarray | None = None
         self.report: dict = {}
         self.view: tuple | None = None
+        self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
 
     def _begin(self) -> list[Outgoing]:
-        self._enter("nlp")
+        self._enter("solve" if self._aggregator is not None else "nlp")
         return []
+
+    def _on_masked_verdicts(self, sender: str, msg: cels_pb2.MaskedVerdicts) -> list[Outgoing]:
+        """The private solve: sum a round's masked verdicts, send the accepted bits."""
+        out = self._aggregator.on_masked_verdicts(sender, msg)
+        if self._aggregator.done:
+            self.report = {"solve": "private", "rounds": self._aggregator.round, "proposals": self._aggregator.proposals_total}
+            self._finish()
+        return out
 
     def _on_constraint_shape(self, sender: str, msg: cels_pb2.ConstraintShape) -> list[Outgoing]:
         """Collect m_k; with all r: key pair, l, NlpKey to P_r .. P_1 (P_1 last, so that every
@@ -171,5 +181,6 @@ class SolverRole(SessionRole):
         "nlp_slack_block": accepts("nlp", _on_nlp_slack_block),
         "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
         "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
+        "masked_verdicts": accepts("solve", _on_masked_verdicts),
     }
     """Which step message P_0 takes in which phase."""

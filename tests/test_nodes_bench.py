@@ -11,10 +11,18 @@ from cels.cli import main
 
 def test_bench_protocol_inmemory_json(tmp_path, capsys) -> None:
     out = tmp_path / "bench.json"
-    assert main(["bench", "protocol", "--max-users", "60", "--parties", "2", "--key-bits", "512", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert json.loads(capsys.readouterr().out) == result
-    assert (result["runner"], result["parties"], result["users"], result["key_bits"]) == ("inmemory", 2, 60, 512)
+    argv = ["bench", "protocol", "--max-users", "60", "--parties", "2", "--key-bits", "512", "--json", str(out),
+            "--solve", "private", "--solve", "transformed"]  # fmt: skip
+    assert main(argv) == 0
+    both = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == both
+    assert (both["runner"], both["parties"], both["users"], both["key_bits"]) == ("inmemory", 2, 60, 512)
+    assert list(both["solves"]) == ["private", "transformed"]
+    compared = both["comparison"]
+    assert compared["solve_phase_bytes"]["private"] == both["solves"]["private"]["phases"]["solve"]["bytes_total"]
+    assert compared["solve_phase_bytes"]["transformed"] == both["solves"]["transformed"]["phases"]["nlp"]["bytes_total"]
+    assert compared["solve_phase_bytes_ratio"] > 10  # the masked verdicts are far smaller than A(T|F|B)
+    result = both["solves"]["transformed"]
     nodes = {"party-1", "party-2", "solver"}
     assert set(result["bytes_by_node"]) <= nodes
     assert result["bytes_total"] == sum(p["bytes_total"] for p in result["phases"].values()) == sum(result["bytes_by_node"].values())

@@ -27,7 +27,7 @@ from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
-from cels.protocol.options import SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
+from cels.protocol.options import SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions
 
 RUNNERS = ("inmemory", "processes")
 
@@ -66,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-count", type=int, default=0, help="drop pairs with total count < N (the paper cleans with 20)")
     parser.add_argument("--time-limit", type=float, help="solver MIP time limit (seconds, default 20)")
     parser.add_argument("--json", type=Path, help="also write the JSON here (atomically)")
+    parser.add_argument(
+        "--solve", action="append", choices=SOLVE_MODES,
+        help="phase 3's mode; repeat to compare both in the same run (default private)",
+    )  # fmt: skip
+    parser.add_argument("--round-batch", type=int, metavar="B", help="private solve: proposals per round (default 64)")
     add_stock_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -173,27 +178,32 @@ def paper_reference(parties: int, bytes_total: int) -> dict:
 def run(args: argparse.Namespace) -> int:
     log = bench_log(args)
     shares = log.split_by_user(args.parties)
-    options = SessionOptions.create(
-        args.parties,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        objective=args.objective,
-        min_count=args.min_count,
-        sampling=args.sampling,
-        key_bits=args.key_bits,
-        universe_cipher=args.universe_cipher,
-        solver_time_limit=args.time_limit,
-    )
-    if options.key_bits < DEFAULT_KEY_BITS:
-        print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
-    if args.runner == "inmemory":
-        result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS)
-    else:
-        # the shares are written as histogram TSV (lossless, any input format)
+    if args.runner == "processes":  # the shares are written as histogram TSV (lossless, any input format)
         for share in shares:
             share.source = {"format": "histogram"}
-        result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options))
-    report = result.pop("report")
+    solves = {}
+    for solve in dict.fromkeys(args.solve or ["private"]):  # in the order given, each once
+        options = SessionOptions.create(
+            args.parties,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            objective=args.objective,
+            min_count=args.min_count,
+            sampling=args.sampling,
+            key_bits=args.key_bits,
+            universe_cipher=args.universe_cipher,
+            solver_time_limit=args.time_limit,
+            solve=solve,
+            round_batch=args.round_batch,
+        )
+        if options.key_bits < DEFAULT_KEY_BITS:
+            print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
+        print(f"cels bench protocol: solve = {solve} ...", file=sys.stderr, flush=True)
+        if args.runner == "inmemory":
+            result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS)
+        else:
+            result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options))
+        solves[solve] = solve_result(result, args.parties)
     out = {
         "benchmark": "protocol",
         "runner": args.runner,
@@ -207,20 +217,45 @@ def run(args: argparse.Namespace) -> int:
         "universe_cipher": options.universe_cipher,
         "sampling": options.sampling,
         "min_count": args.min_count,
-        **result,
-        "phases": report["phases"],
-        "bytes_total": report["bytes_total"],
-        "paper_table5": paper_reference(args.parties, report["bytes_total"]),
-        "bytes_by_node": {
-            node: sum(p["bytes"].get(node, 0) for p in report["phases"].values())
-            for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})
-        },
-        "wire": report.get("wire"),
-        "sizes": report.get("sizes"),
-        "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds") if k in report["solver"]},
+        "solves": solves,
+        **({"comparison": comparison(solves)} if len(solves) == 2 else {}),
     }
     text = json.dumps(out, indent=2, default=float)
     print(text)
     if args.json is not None:
         atomic_write_json(args.json, json.loads(text))
     return 0
+
+
+def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
+    """One session's figures: per phase and node, offline and online, the solve's summary."""
+    report = result.pop("report")
+    return {
+        **result,
+        "solve": report["solve"],
+        "phases": report["phases"],
+        "bytes_total": report["bytes_total"],
+        "paper_table5": paper_reference(parties, report["bytes_total"]),
+        "bytes_by_node": {
+            node: sum(p["bytes"].get(node, 0) for p in report["phases"].values())
+            for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})
+        },
+        "wire": report.get("wire"),
+        "sizes": report.get("sizes"),
+        "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report["solver"]},
+    }
+
+
+def comparison(solves: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Private against transformed in the same run: the solve phase's bytes and the whole session."""
+    private, transformed = solves["private"], solves["transformed"]
+    online = {mode: s["online"]["wall_seconds"] for mode, s in solves.items()}
+    offline = {mode: s.get("offline", {}).get("seconds", s.get("offline", {}).get("seconds_total")) for mode, s in solves.items()}
+    return {
+        "solve_phase_bytes": {"private": private["solve"]["bytes"], "transformed": transformed["solve"]["bytes"]},
+        "solve_phase_bytes_ratio": transformed["solve"]["bytes"] / max(private["solve"]["bytes"], 1),
+        "bytes_total": {"private": private["bytes_total"], "transformed": transformed["bytes_total"]},
+        "online_wall_seconds": online,
+        "offline_seconds": offline,
+        "integer_total": {"private": private["solver"].get("integer_total"), "transformed": transformed["solver"].get("integer_total")},
+    }

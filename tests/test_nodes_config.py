@@ -108,3 +108,67 @@ def test_session_toml_table_becomes_the_session_config() -> None:
         session_config({**table, "epsilonn": 1.0})
     with pytest.raises(ValueError, match="needs 'delta'"):
         session_config({"parties": ["party-1", "party-2"], "epsilon": 1.0})
+
+
+@pytest.mark.parametrize(
+    "toml,message",
+    [
+        ('[node]\nname = "party-1"\ndeadlin = 5\n', "[node] unknown key 'deadlin'"),
+        ('[data]\npath = "x.tsv"\nfromat = "msnbc"\n', "[data] unknown key 'fromat'"),
+        ('[keys]\nworkers = "two"\n', "[keys] workers = 'two' is not a int"),
+        ('[solver]\ntime_limit = 5\n', "unknown table [solver]"),  # a party node has no [solver] table
+        ('[ledger]\nbudget_eps = 1\n', "[ledger] unknown key 'budget_eps'"),
+        ("deadline = 5\n", "key 'deadline' outside any table"),
+    ],
+)
+def test_node_toml_typos_name_the_file_table_and_key(tmp_path, capsys, toml, message) -> None:
+    config = tmp_path / "party.toml"
+    config.write_text(toml)
+    assert party_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cels-party: error: {config}: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_solver_node_rejects_a_party_table(tmp_path, capsys) -> None:
+    from solver_node.__main__ import main as solver_main
+
+    config = tmp_path / "solver.toml"
+    config.write_text('[data]\npath = "x.tsv"\n')
+    assert solver_main(["--config", str(config)]) == 2
+    assert "unknown table [data]" in capsys.readouterr().err
+
+
+def test_missing_config_file_is_one_line_with_exit_2(tmp_path, capsys) -> None:
+    assert party_main(["--config", str(tmp_path / "nosuch.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cels-party: error: config file {tmp_path / 'nosuch.toml'} does not exist\n"
+
+
+def test_ctrl_c_during_start_up_is_one_line_with_exit_130(tmp_path, capsys, monkeypatch) -> None:
+    import cels.node.config
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cels.node.config, "node_config", interrupted)
+    assert party_main(["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure"]) == 130
+    assert capsys.readouterr().err == "cels-party: interrupted during start-up\n"
+
+
+def test_ctrl_c_while_a_node_process_loads_is_one_line(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "party_node", "--config", str(tmp_path / "nosuch.toml")],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.3)  # inside the imports of the node's modules (about 1 s)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    if process.returncode == 2:  # the machine was fast enough to reach the config error first
+        assert err.strip().endswith("does not exist")
+    else:
+        assert (process.returncode, err) == (130, "cels-party: interrupted during start-up\n")

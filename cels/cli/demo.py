@@ -16,7 +16,7 @@ DEMO_DIR = Path("demo-out")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="sanitize the embedded synthetic log and print a summary")
+    parser = subparsers.add_parser("demo")
     parser.add_argument("--dir", default=str(DEMO_DIR), help="output directory (default ./demo-out)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4, help="default 0.4: b = min(eps/2, ln 1/(1-delta)) = 0.5, enough for a visible output")

@@ -117,13 +117,9 @@ METHODS: dict[str, Method] = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sanitize", help="publish a differentially private version of a search log")
+    parser = subparsers.add_parser("sanitize")
     parser.add_argument("input", metavar="INPUT", help="the search log to sanitize")
-    parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
-    parser.add_argument("--no-header", action="store_true", help="the input has no header line")
-    parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
-    parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
+    add_input_arguments(parser)
     parser.add_argument("--epsilon", type=float, required=True, help="epsilon of the sampling's probabilistic DP (docs/mechanism.md)")
     parser.add_argument("--delta", type=float, required=True, help="per-user probability that the output holds one of the user's records (not approximate DP's delta << 1/n)")
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
@@ -135,6 +131,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if method.add_arguments is not None:
             method.add_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to read INPUT (docs/formats.md): the flags ``input_options`` reads."""
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--no-header", action="store_true", help="the input has no header line")
+    parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
+    parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
 
 
 def input_options(args: argparse.Namespace) -> LoadOptions:

@@ -147,7 +147,7 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     report = {
         "method": "optimal",
         "privacy": privacy_accounting(params, b, noise_info),
-        "solver": {**sol.summary(), "integer_requested": params.integer, "integer_used": integer},
+        "solver": {**sol.summary(), "integer_requested": params.integer, "integer_method": sol.integer_method},
         "sizes": {
             "users": input_log.n_users,
             "users_after_preprocess": log.n_users,

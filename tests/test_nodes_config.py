@@ -154,3 +154,23 @@ def test_ctrl_c_during_start_up_is_one_line_with_exit_130(tmp_path, capsys, monk
     assert party_main(["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure"]) == 130
     assert capsys.readouterr().err == "cels-party: interrupted during start-up\n"
 
+
+
+def test_the_local_deployment_example_is_a_valid_configuration() -> None:
+    from pathlib import Path
+
+    from cels.cli.service import session_tables
+    from cels.node.config import check_tables, load_toml, node_tables
+
+    local = Path(__file__).resolve().parent.parent / "deploy" / "local"
+    for name, role in [("party-1", "data"), ("party-2", "data"), ("party-3", "data"), ("solver", "solver")]:
+        path = local / f"{name}.toml"
+        doc = load_toml(path)
+        check_tables(doc, path, node_tables(role))
+        assert doc["node"]["name"] == name and name not in doc["peers"]
+        assert len(doc["peers"]) == 3 and doc["node"]["listen"] not in doc["peers"].values()
+    session = load_toml(local / "session.toml")
+    check_tables(session, local / "session.toml", session_tables())
+    config = session_config({**session["session"], "initiator": session["run"]["initiator"]})
+    assert [p.name for p in config.parties] == ["party-1", "party-2", "party-3"]
+    assert session["run"]["address"] == load_toml(local / "party-1.toml")["node"]["listen"]

@@ -18,12 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.node.config import NODE_TABLES, ROLE_TABLES, check_tables, ledger_policy, load_toml
+    from cels.node.config import check_tables, ledger_policy, load_toml, node_tables
     from cels.node.ledger import show
 
     doc = load_toml(args.config) if args.config else {}
     if args.config:
-        check_tables(doc, args.config, {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", *ROLE_TABLES["data"])})
+        check_tables(doc, args.config, node_tables("data"))
     name = doc.get("node", {}).get("name", "")
     policy = ledger_policy(args, name, doc.get("ledger", {}))
     if policy is None:

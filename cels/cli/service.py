@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 
@@ -144,10 +145,18 @@ def session_tables() -> dict[str, dict[str, Any]]:
     return {"run": RUN_TABLE, "session": {key: object for key in session_keys}}
 
 
-def print_unreachable(missing: dict[str, str], waited: float) -> None:
-    """``cels run`` while it waits for nodes: which are unreachable at which address."""
-    nodes = ", ".join(f"{name} at {where}" for name, where in missing.items())
-    print(f"  waiting {waited:4.0f} s for {nodes}", file=sys.stderr, flush=True)
+def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float], None]:
+    """``cels run`` while it waits for nodes: which are unreachable at which address, when
+    that changes and every ``every`` seconds."""
+    last: dict[str, Any] = {"nodes": None, "at": -every}
+
+    def show(missing: dict[str, str], waited: float) -> None:
+        if missing != last["nodes"] or waited - last["at"] >= every:
+            last.update(nodes=dict(missing), at=waited)
+            nodes = ", ".join(f"{name} at {where}" for name, where in missing.items())
+            print(f"  waiting {waited:4.0f} s for {nodes}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -173,7 +182,7 @@ def run_run(args: argparse.Namespace) -> int:
     print(f"session {config.session_id}: {len(config.parties)} parties and {config.solver.name}, initiator {run['initiator']}", flush=True)
     progress = SessionProgress(config)
     try:
-        wait_reachable(controller, nodes, CONNECT_TIMEOUT, print_unreachable)
+        wait_reachable(controller, nodes, CONNECT_TIMEOUT, unreachable_printer())
         report = run_session(
             controller, config, output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
             on_phase_start=progress.start,

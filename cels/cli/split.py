@@ -9,6 +9,7 @@ ItemRank), e.g. the ``deploy/data/party-{1,2,3}.tsv`` that docker-compose.yml mo
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cels.cli.sanitize import add_input_arguments, load_input
 from cels.fileio import check_output_paths
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(parser)
     parser.add_argument("--parties", type=int, required=True, metavar="R", help="number of parties (files)")
     parser.add_argument("--seed", type=int, default=None, help="a seeded random partition (default: user j to party j mod R)")
-    parser.add_argument("--out", required=True, metavar="PATTERN", help="output path with {k} for the party number 1..R")
+    parser.add_argument("--out", required=True, metavar="PATTERN", help="output path with {k} for the party number 1..R (directories are made)")
     parser.set_defaults(func=run)
 
 
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
     if "{k}" not in args.out:
         raise ValueError(f"--out {args.out!r} needs {{k}} for the party number, e.g. data/party-{{k}}.tsv")
     outputs = {f"--out (party {k})": args.out.replace("{k}", str(k)) for k in range(1, args.parties + 1)}
+    for path in outputs.values():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
     check_output_paths(outputs, inputs=(args.input,))
     log = load_input(args)
     shares = log.split_by_user(args.parties, seed=args.seed)

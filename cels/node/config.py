@@ -81,6 +81,11 @@ ROLE_TABLES = {"data": ("data", "ledger"), "solver": ("solver",)}
 """The role tables a party node (``data``) and a solver node (``solver``) accept."""
 
 
+def node_tables(role_table: str) -> dict[str, dict[str, Any] | None]:
+    """The tables of a party (``"data"``) or solver (``"solver"``) node's TOML file."""
+    return {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", *ROLE_TABLES[role_table])}
+
+
 @dataclass
 class NodeConfig:
     """Everything a node adapter needs besides its role."""
@@ -243,8 +248,7 @@ def check_tables(doc: dict[str, Any], path: Path, tables: dict[str, dict[str, An
 def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
     """Merge the TOML file (if any) and the flags; relative paths in the file are relative to it."""
     doc = load_toml(args.config) if args.config else {}
-    allowed = ("node", "tls", "peers", "keys", *ROLE_TABLES[role_table])
-    check_tables(doc, args.config, {t: NODE_TABLES[t] for t in allowed})
+    check_tables(doc, args.config, node_tables(role_table))
     base = args.config.resolve().parent if args.config else Path.cwd()
     node, tls = doc.get("node", {}), doc.get("tls", {})
 

@@ -100,7 +100,7 @@ def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-size", type=float, default=None, metavar="F", help="|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5)")
     g.add_argument("--min-count", type=int, default=0, metavar="N", help="drop pairs with total count < N (CELS cleans with 20)")
     g.add_argument("--cap", type=int, default=None, metavar="K", help="per-user cap c_ij <- min(c_ij, K), applied first")
-    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts")
+    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts: with --sensitivity, end-to-end (eps + E', delta)-DP (CELS 3.3)")
     g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="sensitivity d of the counts")
     g.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
     g.add_argument("--keep-user-ids", action="store_true", help="keep the input user ids (default: fresh pseudonyms)")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -67,8 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--no-header", action="store_true", help="the input has no header line")
     sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
-    sim.add_argument("--epsilon", type=float, default=1.0)
-    sim.add_argument("--delta", type=float, default=0.4, help="default 0.4 (as cels demo)")
+    sim.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sampling's probabilistic DP (default 1)")
+    sim.add_argument("--delta", type=float, default=0.4, help="per-user probability that the output holds one of the user's records (default 0.4; not approximate DP's delta << 1/n)")
     sim.add_argument("--sampling", choices=("exact", "paper"), default="exact", help="exact distributed multinomial (default) or the paper's local sampling")
     sim.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
     sim.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
@@ -288,7 +289,10 @@ def run_nodes(
         for node in [*config.parties, config.solver]:
             node.address = addresses[node.name]
         common = ["--deadline", str(deadline), "--node-key-bits", str(config.key_bits or 2048)]
-        stocking = ["--obfuscators", "0", *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]
+        # every core for each party's obfuscator workers (as before the idle-host default of half the cores):
+        # the simulated nodes share one host and are idle only for the offline phase
+        stocking = ["--obfuscators", "0", "--obfuscator-workers", str(os.cpu_count() or 1),
+                    *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]  # fmt: skip
         if config.key_bits and config.key_bits < 2048:
             common += ["--min-key-bits", str(config.key_bits)]
         if record_view is not None:

@@ -29,13 +29,13 @@ def start(argv: Sequence[str] | None):
     """Read the configuration and build the party node (not serving yet)."""
     args = build_parser().parse_args(argv)
 
-    from cels.crypto.paillier import DEFAULT_KEY_BITS
     from cels.logs import load_log, write_log
     from cels.node.config import data_source, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
     from cels.node.service import Node
     from cels.node.tls import warn_insecure_keys
+    from cels.protocol.options import SessionOptions
     from cels.protocol.party import PartyRole
 
     config = node_config(args, "data")
@@ -45,18 +45,18 @@ def start(argv: Sequence[str] | None):
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     allow_small = warn_insecure_keys(config)
 
-    def factory(session, name: str, keys: NodeKeys):
+    def factory(session: SessionOptions, keys: NodeKeys):
         # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
         # the log is read when the session begins (a bad log aborts that session, not the node)
         return ledger.admit(
             session,
             lambda: PartyRole(
-                name,
+                config.name,
                 session,
                 lambda: load_log(path, options),
                 allow_insecure_key_bits=allow_small,
                 obfuscators=keys.obfuscators,
-                keypair=keys.keypair_for(session.key_bits or DEFAULT_KEY_BITS),
+                keypair=keys.keypair_for(session.key_bits),
             ),
         )
 

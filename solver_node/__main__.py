@@ -23,7 +23,7 @@ def build_parser():
     parser.add_argument(
         "--solver-time-limit",
         type=float,
-        help="seconds for the integer step when a session does not set its own ([solver] time_limit)",
+        help="the most seconds this solver gives the integer step; a session asking more gets this many ([solver] time_limit)",
     )
     return parser
 
@@ -33,26 +33,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from cels.crypto.paillier import DEFAULT_KEY_BITS
         from cels.node.config import node_config
         from cels.node.keys import NodeKeys
         from cels.node.service import Node
         from cels.node.tls import warn_insecure_keys
+        from cels.protocol.options import SessionOptions
         from cels.protocol.solver import SolverRole
 
         args = build_parser().parse_args(argv)
         config = node_config(args, "solver")
-        time_limit = args.solver_time_limit if args.solver_time_limit is not None else float(config.extra.get("time_limit", 0.0))
+        max_time_limit = args.solver_time_limit if args.solver_time_limit is not None else config.extra.get("time_limit")
         allow_small = warn_insecure_keys(config)
         # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
         pool = ProcessPoolExecutor(config.keys.workers, mp_context=multiprocessing.get_context("spawn"))
 
-        def factory(session, name: str, keys: NodeKeys) -> SolverRole:
-            if time_limit and not session.solver_time_limit:
-                session.solver_time_limit = time_limit
-            bits = session.key_bits or DEFAULT_KEY_BITS
+        def factory(session: SessionOptions, keys: NodeKeys) -> SolverRole:
             return SolverRole(
-                name, session, allow_insecure_key_bits=allow_small, keypair=keys.keypair_for(bits), decryption_pool=pool
+                config.name,
+                session,
+                allow_insecure_key_bits=allow_small,
+                keypair=keys.keypair_for(session.key_bits),
+                decryption_pool=pool,
+                max_time_limit=None if max_time_limit is None else float(max_time_limit),
             )
 
         return Node(config, factory)

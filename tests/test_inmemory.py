@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import Envelope, ProtocolError, step_name
 from cels.protocol.wire import cels_pb2
 

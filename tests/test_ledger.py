@@ -9,7 +9,7 @@ import pytest
 from cels.cli import main
 from cels.node.cluster import LOOPBACK, free_port
 from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, read_entries
-from cels.protocol.session import make_config
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from party_node.__main__ import main as party_main, start as party_start
 from tests.test_sanitize_cli import aol_file, figure1_rows
@@ -26,27 +26,29 @@ class Clock:
 
 
 class FinishingRole:
-    """A role whose part is done after its first message (what the ledger waits for)."""
+    """A role whose part is finished after its first message (what the ledger waits for)."""
 
     def __init__(self) -> None:
-        self.done, self.aborted = False, None
+        self.finished, self.aborted, self.phase_hook = False, None, None
 
-    def start(self) -> list:
+    def begin(self) -> list:
         return []
 
     def receive(self, sender, envelope) -> list:
-        self.done = True
+        self.finished = True
         return []
 
 
-def session(session_id: str, epsilon: float = 1.0, delta: float = 0.1, **kw) -> cels_pb2.SessionConfig:
-    return make_config(["party-1", "party-2"], epsilon=epsilon, delta=delta, session_id=session_id, **kw)
+def session(session_id: str, epsilon: float = 1.0, delta: float = 0.1, **kw) -> SessionOptions:
+    return SessionOptions.create(["party-1", "party-2"], epsilon=epsilon, delta=delta, session_id=session_id, **kw)
 
 
-def finish(ledger: Ledger, config: cels_pb2.SessionConfig) -> None:
-    role = ledger.admit(config, FinishingRole)
-    role.start()
-    assert not role.done
+def finish(ledger: Ledger, options: SessionOptions) -> None:
+    role = ledger.admit(options, FinishingRole)
+    role.phase_hook = print  # the host's hook reaches the role
+    assert role._role.phase_hook is print
+    role.begin()
+    assert not role.finished
     role.receive("party-2", None)
 
 
@@ -78,7 +80,7 @@ def test_running_sessions_are_reserved_and_released_when_dropped(tmp_path):
 def test_an_aborted_role_is_not_recorded(tmp_path):
     ledger = Ledger(LedgerPolicy(tmp_path / "l.json"), Clock())
     role = ledger.admit(session("x"), FinishingRole)
-    role._role.aborted = cels_pb2.Abort(reason="peer gone")
+    role.aborted = cels_pb2.Abort(reason="peer gone")
     role.receive("party-2", None)
     assert read_entries(tmp_path / "l.json") == []
 
@@ -131,11 +133,12 @@ def test_the_node_refuses_at_start_session_with_failed_precondition(tmp_path):
     node.start()
     try:
         with grpc.insecure_channel(address) as channel:
-            run = cels_pb2_grpc.CelsNodeStub(channel).Run(cels_pb2.RunRequest(config=session("new", 1.0, 0.1)), timeout=10)
+            request = cels_pb2.RunRequest(config=session("new", 1.0, 0.1).to_config())
+            run = cels_pb2_grpc.CelsNodeStub(channel).Run(request, timeout=10)
             with pytest.raises(grpc.RpcError) as err:
                 next(iter(run))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "party-1: privacy budget exceeded: session new needs epsilon 1, but 1 session(s) in the window spent 1" in err.value.details()
-        assert not node.sessions and [e["session_id"] for e in read_entries(path)] == ["old"]
+        assert "party-1: cannot take session 'new': privacy budget exceeded: session new needs epsilon 1, but 1 session(s) in the window spent 1" in err.value.details()
+        assert [e["session_id"] for e in read_entries(path)] == ["old"]
     finally:
         node.stop()

@@ -18,7 +18,7 @@ from cels.crypto.obfuscators import ObfuscatorPool, ObfuscatorStock
 from cels.crypto.paillier import checked_keypair, generate_keypair
 from cels.node.config import DEFAULT_NICE, add_node_arguments, node_config
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy, NodeKeys
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 SMALL = dict(allow_insecure_key_bits=True)
 
@@ -94,7 +94,7 @@ class FakePeers:
     def status(self, peer: str) -> cels_pb2.NodeStatus:
         if peer == "party-2" and not self.up:
             raise FakeUnavailable()
-        return cels_pb2.NodeStatus(node=peer, key=self.keys[peer].to_proto())
+        return cels_pb2.NodeStatus(node=peer, key=codec.public_key_message(self.keys[peer]))
 
 
 class FakeUnavailable(grpc.RpcError):
@@ -110,7 +110,7 @@ def test_node_learns_peer_keys_and_stocks_them(two_keys) -> None:
     try:
         wait_until(lambda: keys.stock.full() and len(keys.stock.levels()) == 2)
         status = keys.status(running_sessions=0)
-        assert status.node == "party-1" and status.key.n == keys.keypair[0].to_proto().n
+        assert status.node == "party-1" and status.key.n == codec.public_key_message(keys.keypair[0]).n
         entries = {e.owner: e for e in status.stock}
         assert set(entries) == {"solver", "party-1"}  # party-2's key is not stocked (0)
         assert int.from_bytes(entries["solver"].n, "big") == solver_pk.n and entries["solver"].ready == 4

@@ -6,6 +6,7 @@ the toy session's output is the sum of the parties' log sizes.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ import pytest
 from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
-from cels.node.client import Controller, SessionAborted, node_statuses, run_session
+from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
@@ -66,8 +67,10 @@ class ToyCluster:
             session_id=session_id,
             parties=parties,
             solver=cels_pb2.NodeAddress(name="solver", address=self.addresses["solver"]),
-            solver_time_limit=delay,
-            breakpoints=payload,
+            epsilon=1.0,
+            delta=0.4,
+            cap=int(delay * 1000),  # the toy's hop delay (tests/nodes_toy.py)
+            min_count=payload,  # the toy's padding values per hop
             deadline_ms=int(deadline * 1000),
         )
 
@@ -78,7 +81,7 @@ class ToyCluster:
     def run(self, config: cels_pb2.SessionConfig, out: Path, **kw) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         controller, timeout = kw.pop("controller", self.controller()), kw.pop("timeout", 60)
-        return run_session(controller, config, out / "out.tsv", out / "report.json", timeout=timeout, **kw)
+        return run_on_nodes(controller, config, out / "out.tsv", out / "report.json", timeout=timeout, **kw)
 
     def stub(self, target: str, as_name: str) -> cels_pb2_grpc.CelsNodeStub:
         cert = self.certs[as_name]
@@ -122,11 +125,12 @@ def test_session_runs_over_mutual_tls(toy, tmp_path) -> None:
     report = toy.run(toy.config("ok-1"), tmp_path, on_progress=progress.append)
     assert (tmp_path / "out.tsv").read_text() == f"total\t{sum(SIZES.values())}\n"
     assert report["total"] == sum(SIZES.values())
-    assert sorted(r.node for r in progress) == ["party-2", "party-3"]
+    # every node's phases stream while they happen, the initiator's own included
+    assert {r.node for r in progress} == {"party-1", "party-2", "party-3", "solver"}
     wire = report["wire"]["nodes"]
     assert set(wire) == set(toy.addresses)
     assert wire["party-1"]["messages_sent"] == {"start_session": 3, "sum_result": 1}
-    assert wire["solver"]["messages_sent"] == {"sum_result": 3}
+    assert wire["solver"]["messages_sent"]["sum_result"] == 3 and wire["solver"]["messages_sent"]["step_report"] >= 1
     assert report["wire"]["bytes_total"] == sum(n["bytes_total"] for n in wire.values())
     for node in toy.addresses:
         assert toy.state(node, "ok-1") == "done"
@@ -146,6 +150,17 @@ def test_unknown_session_is_failed_precondition(toy) -> None:
         deliver(toy.stub("party-1", "party-2"), toy_hop("no-such-session", "party-2"))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "unknown session 'no-such-session'" in err.value.details()
+
+
+def test_an_unknown_signal_kind_is_invalid_argument_and_ends_nothing(toy, tmp_path) -> None:
+    """Issue 13 item 2: Signal(kind=77) used to be taken as FINISH."""
+    toy.run(toy.config("sig-1"), tmp_path)
+    stub = toy.stub("party-2", "party-1")
+    for session_id in ("sig-1", "no-such-session"):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Signal(cels_pb2.SessionSignal(session_id=session_id, kind=77), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "unknown signal kind 77" in err.value.details()
+    assert toy.state("party-2", "sig-1") == "done"
 
 
 def test_out_of_order_and_malformed_messages_are_refused(toy, tmp_path) -> None:
@@ -268,3 +283,41 @@ def test_killed_node_aborts_the_session_everywhere(tmp_path, victim) -> None:
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     finally:
         toy.cluster.stop()
+
+
+def test_sigterm_stops_a_busy_node_within_its_stop_bound(tmp_path) -> None:
+    """Issue 13 item 8: a node inside a long step, with Status calls in flight, exits on SIGTERM."""
+    from cels.node.process import STOP_SECONDS
+
+    toy = ToyCluster(tmp_path / "cluster")
+    try:
+        runner = threading.Thread(target=lambda: _quietly(lambda: toy.run(toy.config("busy-1", delay=30.0, deadline=120.0), tmp_path / "out")))
+        runner.start()
+        wait_for(lambda: toy.state("party-2", "busy-1") == "running", 10)
+        stub = toy.stub("party-1", "party-2")  # party-1 sleeps 30 s in its first step, holding its host
+        hammer = threading.Event()
+
+        def status_calls() -> None:
+            while not hammer.is_set():
+                _quietly(lambda: stub.Status(cels_pb2.NodeStatusRequest(), timeout=1))
+
+        callers = [threading.Thread(target=status_calls, daemon=True) for _ in range(4)]
+        for t in callers:
+            t.start()
+        process = toy.cluster.nodes["party-1"].process
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.wait(timeout=STOP_SECONDS + 5)
+        hammer.set()
+        assert time.monotonic() - sent < STOP_SECONDS + 3
+        runner.join(60)
+    finally:
+        toy.cluster.stop()
+
+
+def _quietly(call) -> None:
+    try:
+        call()
+    except (grpc.RpcError, SessionAborted):
+        pass

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from cels.certs import make_dev_certs, node_names
-from cels.cli.service import session_config
+from cels.cli.service import session_options
 from cels.node.cluster import LOOPBACK, free_port
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
 from cels.node.service import Node
@@ -100,14 +100,16 @@ def test_party_node_refuses_to_start_without_its_data(tmp_path, capsys) -> None:
 
 def test_session_toml_table_becomes_the_session_config() -> None:
     table = {"parties": ["party-1", "party-2"], "epsilon": 1.0, "delta": 0.1, "min_count": 20, "key_bits": 3072, "deadline": 42}
-    config = session_config({**table, "initiator": "party-2"})
-    assert [p.name for p in config.parties] == ["party-1", "party-2"] and config.solver.name == "solver"
-    assert (config.initiator, config.min_count, config.key_bits, config.deadline_ms) == ("party-2", 20, 3072, 42_000)
-    assert config.session_id  # fresh
-    with pytest.raises(ValueError, match="unknown key"):
-        session_config({**table, "epsilonn": 1.0})
+    options = session_options({**table, "initiator": "party-2"})
+    assert options.parties == ("party-1", "party-2") and options.solver == "solver"
+    assert (options.initiator, options.min_count, options.key_bits, options.deadline) == ("party-2", 20, 3072, 42)
+    assert options.session_id  # fresh
+    config = options.to_config()
+    assert [p.name for p in config.parties] == ["party-1", "party-2"] and config.deadline_ms == 42_000
+    with pytest.raises(ValueError, match="unknown session option"):
+        session_options({**table, "epsilonn": 1.0})
     with pytest.raises(ValueError, match="needs 'delta'"):
-        session_config({"parties": ["party-1", "party-2"], "epsilon": 1.0})
+        session_options({"parties": ["party-1", "party-2"], "epsilon": 1.0})
 
 
 @pytest.mark.parametrize(
@@ -155,7 +157,6 @@ def test_ctrl_c_during_start_up_is_one_line_with_exit_130(tmp_path, capsys, monk
     assert capsys.readouterr().err == "cels-party: interrupted during start-up\n"
 
 
-
 def test_the_local_deployment_example_is_a_valid_configuration() -> None:
     from pathlib import Path
 
@@ -171,6 +172,6 @@ def test_the_local_deployment_example_is_a_valid_configuration() -> None:
         assert len(doc["peers"]) == 3 and doc["node"]["listen"] not in doc["peers"].values()
     session = load_toml(local / "session.toml")
     check_tables(session, local / "session.toml", session_tables())
-    config = session_config({**session["session"], "initiator": session["run"]["initiator"]})
-    assert [p.name for p in config.parties] == ["party-1", "party-2", "party-3"]
+    options = session_options({**session["session"], "initiator": session["run"]["initiator"]})
+    assert options.parties == ("party-1", "party-2", "party-3")
     assert session["run"]["address"] == load_toml(local / "party-1.toml")["node"]["listen"]

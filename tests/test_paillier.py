@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorPool
+from cels.protocol.wire import codec
 from cels.crypto.paillier import (
     DECRYPT_CHUNK,
     CiphertextError,
-    EncryptedMatrix,
     KeySizeError,
     Packing,
     PackingOverflowError,
-    PublicKey,
     decrypt,
     decrypt_raw_many,
     encrypt,
@@ -48,8 +47,8 @@ def test_key_size_policy() -> None:
         generate_keypair(100, **SMALL)
     public_key, _ = generate_keypair(512, **SMALL)
     with pytest.raises(KeySizeError):
-        PublicKey.from_proto(public_key.to_proto())
-    assert PublicKey.from_proto(public_key.to_proto(), **SMALL) == public_key
+        codec.public_key_of(codec.public_key_message(public_key))
+    assert codec.public_key_of(codec.public_key_message(public_key), **SMALL) == public_key
 
 
 def test_crt_decryption_matches_phe(keys) -> None:
@@ -144,8 +143,8 @@ def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
     public_key, private_key, obf = keys
     matrix = np.arange(12).reshape(4, 3) - 6
     enc = encrypt(public_key, matrix, Packing.for_values(public_key, 10, 2), obf)
-    msg = enc.to_proto()
-    np.testing.assert_array_equal(decrypt(private_key, EncryptedMatrix.from_proto(msg, public_key)), matrix)
+    msg = codec.matrix_message(enc)
+    np.testing.assert_array_equal(decrypt(private_key, codec.matrix_of(msg, public_key)), matrix)
     width = public_key.ciphertext_bytes
 
     def corrupt(raw: bytes, match: str) -> None:
@@ -153,7 +152,7 @@ def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
         bad.CopyFrom(msg)
         bad.ciphertexts[1] = raw
         with pytest.raises(CiphertextError, match=match):
-            EncryptedMatrix.from_proto(bad, public_key)
+            codec.matrix_of(bad, public_key)
 
     corrupt(msg.ciphertexts[1][1:], f"ciphertext 1: {width - 1} bytes, expected {width}")
     corrupt(b"\xff" * width, "not below N")
@@ -163,10 +162,10 @@ def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
     short.CopyFrom(msg)
     del short.ciphertexts[-1]
     with pytest.raises(CiphertextError, match="needs 3 ciphertexts, got 2"):
-        EncryptedMatrix.from_proto(short, public_key)
+        codec.matrix_of(short, public_key)
     other, _ = generate_keypair(256, **SMALL)
     with pytest.raises(CiphertextError, match="exceed"):
-        EncryptedMatrix.from_proto(msg, other)  # the packing does not fit a smaller key
+        codec.matrix_of(msg, other)  # the packing does not fit a smaller key
 
 
 def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys) -> None:
@@ -198,4 +197,4 @@ def test_real_2048_bit_key() -> None:
     values = np.arange(-60, 60) * 1_000_003
     enc = encrypt(public_key, values, packing, obf).add_plain(values).rerandomize(obf)
     assert len(enc.ciphertexts) == 3
-    np.testing.assert_array_equal(decrypt(private_key, EncryptedMatrix.from_proto(enc.to_proto(), public_key)).ravel(), 2 * values)
+    np.testing.assert_array_equal(decrypt(private_key, codec.matrix_of(codec.matrix_message(enc), public_key)).ravel(), 2 * values)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from cels.logs import LogError, synthetic_log
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
-from cels.protocol.session import in_memory_network, make_config, run_session, session_hosts, start_session
+from cels.inprocess import run_session, session_hosts, start_session
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
@@ -21,13 +22,13 @@ def logs():
 
 
 def config(**options):
-    return make_config(3, epsilon=8.0, delta=0.9, objective="max-output", **TEST_KEYS, **options)
+    return SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", **TEST_KEYS, **options)
 
 
 def prepared(logs, cfg):
     """Hosts with the session created on every node, nothing sent yet."""
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
-    start = cels_pb2.Envelope(session_id=cfg.session_id, start_session=cels_pb2.StartSession(config=cfg))
+    start = cels_pb2.Envelope(session_id=cfg.session_id, start_session=cels_pb2.StartSession(config=cfg.to_config()))
     for host in hosts.values():
         assert host.receive("party-1", start) == []
     return hosts
@@ -78,7 +79,7 @@ def test_out_of_order_and_unexpected_sender_are_failed_precondition(logs) -> Non
         ProtocolError.FAILED_PRECONDITION
     )
     # the same StartSession twice
-    start = envelope(sid, start_session=cels_pb2.StartSession(config=cfg))
+    start = envelope(sid, start_session=cels_pb2.StartSession(config=cfg.to_config()))
     assert code_of(lambda: hosts["solver"].receive("party-1", start)) == ProtocolError.FAILED_PRECONDITION
 
 
@@ -86,8 +87,7 @@ def test_malformed_messages_are_invalid_argument(logs) -> None:
     cfg = config()
     hosts = prepared(logs, cfg)
     sid = cfg.session_id
-    bad = cfg.__class__()
-    bad.CopyFrom(cfg)
+    bad = cfg.to_config()
     bad.session_id, bad.sampling = "other", "bogus"
     start = envelope("other", start_session=cels_pb2.StartSession(config=bad))
     assert code_of(lambda: hosts["party-1"].receive("party-1", start)) == ProtocolError.INVALID_ARGUMENT
@@ -118,9 +118,9 @@ def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
     inner = hosts["party-3"]
     hosts["party-3"] = Intercept(
-        inner, "nlp_key", lambda host, _s, env: host.sessions[env.session_id].abort("simulated crash")
+        inner, "nlp_key", lambda node, _s, env: node.host.abort(env.session_id, "party-3", "simulated crash", 0.0).messages
     )
-    roles = start_session(in_memory_network(hosts), cfg)
+    roles = start_session(InMemoryNetwork(hosts), cfg)
     for name, role in roles.items():
         assert role.aborted is not None, name
         assert role.aborted.origin == "party-3" and role.aborted.reason == "simulated crash"

@@ -13,9 +13,10 @@ import pytest
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions, privacy_bound
 from cels.mechanism.solvers import feasible, solve
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.sampling import paper_trials
-from cels.protocol.session import make_config, run_session, session_hosts, start_session
+from cels.inprocess import run_session, session_hosts, start_session
+from cels.protocol.options import SessionOptions
 
 EPS, DELTA = 8.0, 0.9  # b = ln 10: outputs of tens of units on 60 users
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
@@ -63,7 +64,7 @@ def check_output(log, out, b, min_count=0, cap=None) -> None:
 )
 def test_distributed_optimum_equals_single_holder(log, r, objective) -> None:
     b = privacy_bound(EPS, DELTA)
-    config = make_config(r, epsilon=EPS, delta=DELTA, objective=objective, keep_user_ids=True, **TEST_KEYS)
+    config = SessionOptions.create(r, epsilon=EPS, delta=DELTA, objective=objective, keep_user_ids=True, **TEST_KEYS)
     out, report = run_session(split(log, r), config, allow_insecure_key_bits=True)
     single = solve(build_conditions(log, b)[0], objective)
     dist = report["solver"]
@@ -81,7 +82,7 @@ def test_distributed_optimum_equals_single_holder(log, r, objective) -> None:
 
 def test_cap_and_min_count_match_single_holder(log) -> None:
     b = privacy_bound(EPS, DELTA)
-    config = make_config(3, epsilon=EPS, delta=DELTA, objective="max-output", cap=2, min_count=3, keep_user_ids=True, **TEST_KEYS)
+    config = SessionOptions.create(3, epsilon=EPS, delta=DELTA, objective="max-output", cap=2, min_count=3, keep_user_ids=True, **TEST_KEYS)
     out, report = run_session(split(log, 3), config, allow_insecure_key_bits=True)
     single = solve(build_conditions(log, b, min_count=3, cap=2)[0], "max-output")
     assert report["solver"]["lp_objective"] == pytest.approx(single.lp_objective, rel=1e-6)
@@ -93,7 +94,7 @@ def test_cap_and_min_count_match_single_holder(log) -> None:
 @pytest.mark.parametrize("objective", ["frequent", "diversity"])
 def test_other_objectives_match_single_holder(log, objective) -> None:
     b = privacy_bound(EPS, DELTA)
-    config = make_config(2, epsilon=EPS, delta=DELTA, objective=objective, support=0.01, keep_user_ids=True, **TEST_KEYS)
+    config = SessionOptions.create(2, epsilon=EPS, delta=DELTA, objective=objective, support=0.01, keep_user_ids=True, **TEST_KEYS)
     out, report = run_session(split(log, 2), config, allow_insecure_key_bits=True)
     single = solve(build_conditions(log, b)[0], objective, support=0.01)
     # the LP optimum is the same; the integer step (MIP with a time limit, greedy repair) may
@@ -105,7 +106,7 @@ def test_other_objectives_match_single_holder(log, objective) -> None:
 
 def test_noise_at_the_solver_keeps_every_condition(log) -> None:
     b = privacy_bound(EPS, DELTA)
-    config = make_config(
+    config = SessionOptions.create(
         3, epsilon=EPS, delta=DELTA, objective="max-output", noise_epsilon=1.0, sensitivity=2, **TEST_KEYS
     )
     out, report = run_session(split(log, 3), config, allow_insecure_key_bits=True)
@@ -119,7 +120,7 @@ def test_noise_at_the_solver_keeps_every_condition(log) -> None:
 
 def test_paper_sampling_runs_the_local_trials(log) -> None:
     """Paper mode: party k samples exactly floor(x_i c_i^k / c_i) units of pair i."""
-    config = make_config(3, epsilon=EPS, delta=DELTA, objective="max-output", sampling="paper", **TEST_KEYS)
+    config = SessionOptions.create(3, epsilon=EPS, delta=DELTA, objective="max-output", sampling="paper", **TEST_KEYS)
     hosts = session_hosts(split(log, 3), config, allow_insecure_key_bits=True)
     roles = start_session(InMemoryNetwork(hosts), config)
     lead = roles["party-1"]
@@ -136,7 +137,7 @@ def test_paper_sampling_runs_the_local_trials(log) -> None:
 
 
 def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
-    config = make_config(
+    config = SessionOptions.create(
         2, epsilon=EPS, delta=DELTA, objective="max-output", universe_cipher="pohlig-hellman", **TEST_KEYS
     )
     _out, report = run_session(split(log, 2), config, allow_insecure_key_bits=True)

@@ -10,7 +10,8 @@ import pytest
 from cels.crypto.ec_hash import hash_to_u
 from cels.logs import synthetic_log
 from cels.protocol.party import encode_item
-from cels.protocol.session import in_memory_network, make_config, session_hosts, start_session
+from cels.inprocess import InMemoryNetwork, session_hosts, start_session
+from cels.protocol.options import SessionOptions
 from cels.protocol.views import load_views, record_hosts
 
 PUBLIC_STEPS = {"sum_result", "nlp_solution", "union_result", "step_report", "start_session", "constraint_shape"}
@@ -24,10 +25,10 @@ CIPHER_STEPS = {
 def session(tmp_path_factory):
     log = synthetic_log(seed=3, users=36)
     logs = log.split_by_user(3)
-    config = make_config(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
+    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
     root = tmp_path_factory.mktemp("views")
     hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=True), root)
-    roles = start_session(in_memory_network(hosts), config)
+    roles = start_session(InMemoryNetwork(hosts), config)
     assert roles["party-1"].finished
     views = load_views(root)[config.session_id]
     sent = [(node, e) for node, view in views.items() for e in view.entries if e["direction"] == "sent"]
@@ -36,7 +37,7 @@ def session(tmp_path_factory):
 
 def test_parties_send_only_ciphertexts_or_public_values(session) -> None:
     _log, config, sent = session
-    parties = [p.name for p in config.parties]
+    parties = list(config.parties)
     for sender, entry in sent:
         step = entry["step"]
         if sender in parties:

@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from cels.crypto.paillier import EncryptedMatrix, PackingOverflowError, PublicKey, decrypt, generate_keypair
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.crypto.paillier import PackingOverflowError, decrypt, generate_keypair
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.protocol.secure_sum import SecureSum
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 KEYPAIR = generate_keypair(512, allow_insecure_key_bits=True)
 
@@ -82,8 +82,8 @@ def test_only_the_first_hop_encrypts_and_every_hop_rerandomises() -> None:
     net.run(roles["a"].role.start(), sender="a")
     hops = [e.sum_hop.partial for p in ("b", "c") for _, e in roles[p].received if e.WhichOneof("step") == "sum_hop"]
     public_key, private_key = KEYPAIR
-    first = EncryptedMatrix.from_proto(hops[0], public_key)
-    second = EncryptedMatrix.from_proto(hops[1], public_key)
+    first = codec.matrix_of(hops[0], public_key)
+    second = codec.matrix_of(hops[1], public_key)
     assert (first.terms, second.terms) == (1, 2)
     deterministic = first.add_plain(values["b"])  # what b would send without re-randomising
     assert all(x != y for x, y in zip(deterministic.ciphertexts, second.ciphertexts))
@@ -135,11 +135,11 @@ def test_protocol_errors() -> None:
 def test_weak_key_is_refused_by_default() -> None:
     ring = ["a", "b"]
     secure_b = SecureSum(name="b", session_id="s1", sum_id="counts", ring=ring, values=np.arange(3), bound=10)
-    weak = cels_pb2.SumKey(session_id="s1", sum_id="counts", key=KEYPAIR[0].to_proto())
+    weak = cels_pb2.SumKey(session_id="s1", sum_id="counts", key=codec.public_key_message(KEYPAIR[0]))
     with pytest.raises(ProtocolError, match="refused") as err:
         secure_b.receive("a", cels_pb2.Envelope(session_id="s1", sender="a", sum_key=weak))
     assert err.value.code == "invalid_argument"
-    assert PublicKey.from_proto(weak.key, allow_insecure_key_bits=True) == KEYPAIR[0]
+    assert codec.public_key_of(weak.key, allow_insecure_key_bits=True) == KEYPAIR[0]
 
 
 def test_bench_crypto_writes_the_issue_json(tmp_path, capsys) -> None:

@@ -11,7 +11,7 @@ from scipy.stats import chi2_contingency
 import cels.protocol.secure_union as secure_union
 from cels.crypto.commutative_cipher import CommutativeCipherError
 from cels.crypto.groups import group_for_bits
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.protocol.secure_union import SecureUnion
 from cels.protocol.wire import cels_pb2

@@ -11,7 +11,7 @@ import cels.cli.service as service
 from cels.cli import main
 from cels.cli.progress import SessionProgress
 from cels.node.cluster import LOOPBACK, free_port
-from cels.protocol.session import make_config
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 
 RUN = """
@@ -78,7 +78,7 @@ def report(node: str, phase: str, seconds: float = 1.0) -> cels_pb2.StepReport:
 
 
 def test_progress_lines_follow_protocol_order_and_list_the_initiator():
-    config = make_config(["party-1", "party-2"], epsilon=1.0, delta=0.4)
+    config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4)
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
     progress.start(report("party-1", "load", 0))

@@ -1,7 +1,10 @@
 """The session redesign keeps the wire format and the outputs: a session over a fixed log with
 fixed sampling seeds gives the recorded x, output records and bytes per (sender, step message).
 
-The golden file was recorded before the session host / SessionOptions redesign (issue 11).
+The golden file was recorded before the session host / SessionOptions redesign (issue 11), with
+one change made by it: StartSession now carries every resolved option explicitly (205 bytes,
+was 167 with zeros for "the receiver's default") and goes to the r other nodes only (the
+initiator creates its own session without a message): 3 x 205 = 615 bytes, was 4 x 167 = 668.
 Each party's generator (A_k, sampling draws) is seeded by its ring position and the
 permutations and universe hash keys by fixed seeds; everything
 else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.
@@ -24,7 +27,8 @@ GOLDEN = Path(__file__).parent / "data" / "golden_session.json"
 
 def run_golden(monkeypatch) -> dict:
     import cels.protocol.party as party
-    from cels.protocol import session as session_mod
+    from cels import inprocess
+    from cels.protocol.options import SessionOptions
 
     init = party.PartyRole.__init__
 
@@ -46,12 +50,12 @@ def run_golden(monkeypatch) -> dict:
     monkeypatch.setattr(ec_hash.X25519PrivateKey, "generate", lambda: X25519PrivateKey.from_private_bytes(bytes([next(keys)]) * 32))
     log = synthetic_log(seed=7, users=60)
     shares = log.split_by_user(3)
-    config = session_mod.make_config(
+    config = SessionOptions.create(
         3, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024, keep_user_ids=True, session_id="golden0000000000"
     )
-    hosts = session_mod.session_hosts(shares, config, allow_insecure_key_bits=True)
-    network = session_mod.in_memory_network(hosts)
-    roles = session_mod.start_session(network, config)
+    hosts = inprocess.session_hosts(shares, config, allow_insecure_key_bits=True)
+    network = inprocess.InMemoryNetwork(hosts)
+    roles = inprocess.start_session(network, config)
     lead = roles["party-1"]
     assert lead.report is not None
     bytes_by = defaultdict(int)

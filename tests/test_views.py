@@ -13,7 +13,9 @@ import scipy.sparse as sp
 from cels.cli import main
 from cels.logs import synthetic_log
 from cels.protocol.roles import ProtocolError
-from cels.protocol.session import make_config, party_factory, run_session
+from cels.inprocess import run_session
+from cels.protocol.party import PartyRole
+from cels.protocol.options import SessionOptions
 from cels.protocol.views import PHASE_ORDER, load_views, mermaid, record_views, summarise
 from cels.protocol.wire import cels_pb2
 
@@ -22,7 +24,7 @@ from cels.protocol.wire import cels_pb2
 def recorded(tmp_path_factory):
     log = synthetic_log(seed=11, users=36)
     logs = log.split_by_user(3)
-    config = make_config(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
+    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024)
     root = tmp_path_factory.mktemp("recorded")
     output, _report = run_session(logs, config, record_view=str(root), allow_insecure_key_bits=True)
     return root, config, logs, output, load_views(root)[config.session_id]
@@ -61,7 +63,7 @@ def test_no_party_view_holds_another_partys_plaintext(recorded) -> None:
     """A party decodes only public values: no other party's count vector, pair or record
     before the published union, and none of P_0's matrices."""
     _root, config, logs, output, views = recorded
-    parties = [p.name for p in config.parties]
+    parties = list(config.parties)
     for k, party in enumerate(parties):
         view = views[party]
         others = [logs[j] for j in range(len(parties)) if j != k]
@@ -80,10 +82,10 @@ def test_no_party_view_holds_another_partys_plaintext(recorded) -> None:
 
 
 def test_refused_messages_are_noted_and_node_factories_wrap(tmp_path) -> None:
-    config = make_config(2, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024)
+    config = SessionOptions.create(2, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024)
     log = synthetic_log(seed=1, users=10)
-    factory = record_views(lambda cfg, name: party_factory(name, log, allow_insecure_key_bits=True)(cfg), tmp_path)
-    role = factory(config, "party-2")  # the gRPC nodes' factory(config, name) signature
+    factory = record_views(lambda options: PartyRole("party-2", options, log, allow_insecure_key_bits=True), tmp_path)
+    role = factory(config)
     assert role.phase == "prepared" and role.name == "party-2"  # attributes reach the role
     stray = cels_pb2.Envelope(session_id=config.session_id, sender="party-1", universe_index=cels_pb2.UniverseIndex())
     with pytest.raises(ProtocolError):

@@ -30,9 +30,10 @@ import scipy.sparse as sp
 
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import Pair, SearchLog
-from cels.mechanism.conditions import dominant_rows, log_t_rows, privacy_bound
+from cels.mechanism.conditions import dominant_rows, log_t_rows
 from cels.protocol.leakage import reconstruct_rows
-from cels.protocol.session import in_memory_network, make_config, session_hosts, start_session
+from cels.inprocess import InMemoryNetwork, session_hosts, start_session
+from cels.protocol.options import SessionOptions
 from cels.protocol.transform import Recovered
 from cels.protocol.views import load_node_view, record_hosts
 
@@ -54,8 +55,8 @@ class SolverView:
 def load_solver_view(root: str | Path) -> SolverView:
     """P_0's decrypted matrices from ``root`` (DIR/<session>/<solver>), nothing else."""
     view = load_node_view(root)
-    config = view.config()
-    parties = [p.name for p in config.parties]
+    options = SessionOptions.from_config(view.config())
+    parties = list(options.parties)
 
     def first(direction: str, step: str, decoded: str | None = None):
         found = [e for e in view.find(direction, step) if decoded is None or decoded in e["decoded"]]
@@ -72,7 +73,7 @@ def load_solver_view(root: str | Path) -> SolverView:
     solution = view.find("sent", "nlp_solution")
     return SolverView(
         parties=parties,
-        b=privacy_bound(config.epsilon, config.delta, config.bound or "cels"),
+        b=options.b,
         shape_rows=shape_rows,
         af=np.hstack([blocks[p] for p, m in zip(parties, shape_rows) if m]),
         ab=first("received", "nlp_sum_hop", "ab").array("ab")[:, 0],
@@ -231,20 +232,20 @@ def demonstrate(
     """Run a recorded in-memory session (users dealt round-robin to the parties), publish its
     output, run :func:`attack` on P_0's files and grade it with the parties' real rows."""
     logs = log.split_by_user(parties)
-    config = make_config(
+    config = SessionOptions.create(
         parties, epsilon=epsilon, delta=delta, objective=objective, key_bits=key_bits, group_bits=group_bits
     )
     with tempfile.TemporaryDirectory(prefix="cels-views-") as tmp:
         root = Path(view_dir or tmp)
         hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=allow_insecure_key_bits), root)
-        roles = start_session(in_memory_network(hosts), config)
+        roles = start_session(InMemoryNetwork(hosts), config)
         failed = [r.aborted for r in roles.values() if r.aborted is not None]
         if failed:
             raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
         published = root / config.session_id / "output.tsv"  # the release, as anyone reads it
         write_log(roles[config.initiator].output, published, {"format": "histogram"})
         output = load_log(published, LoadOptions("histogram"))
-        rec, mapping, x = attack(root / config.session_id / config.solver.name, output)
-        result = score(rec, mapping, x, ground_truth([roles[p.name] for p in config.parties]))
+        rec, mapping, x = attack(root / config.session_id / config.solver, output)
+        result = score(rec, mapping, x, ground_truth([roles[p] for p in config.parties]))
     result.update(parties=parties, key_bits=key_bits, session=config.session_id, view_dir=str(view_dir) if view_dir else None)
     return result

@@ -32,7 +32,7 @@ from cels.crypto.groups import SafePrimeGroup, group_for_bits
 from cels.logs import synthetic_log
 from cels.logs.model import SearchLog
 from cels.mechanism.sampling import pseudonyms
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.party import encode_item
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_union import SecureUnion

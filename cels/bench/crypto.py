@@ -37,9 +37,9 @@ from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.obfuscators import ObfuscatorPool, obfuscators
 from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
 from cels.fileio import atomic_write_json
-from cels.protocol.inmemory import InMemoryNetwork
+from cels.inprocess import InMemoryNetwork
 from cels.protocol.secure_sum import SecureSum
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 COUNT_BOUND = 2**32  # counts are bounded by 2^32 (the protocol's counts-sum bound)
 VALUE_RANGE = 2**20  # benchmark counts are uniform in [0, 2^20)
@@ -85,7 +85,7 @@ def naive_sum(public_key, private_key, phe_pair, data: list[np.ndarray], sample:
     # wire size: one SumHop per party with one full-width ciphertext per value
     unpacked = Packing(slot_bits=8 * ((public_key.bits - 1) // 8), slots=1, scale_bits=0, offset=COUNT_BOUND, summands=parties)
     hop = EncryptedMatrix(public_key, sample, 1, unpacked, parties, [gmpy2.mpz(c.ciphertext(be_secure=False)) for c in running])
-    envelope = cels_pb2.Envelope(session_id="bench", sender="party-1", sum_hop=cels_pb2.SumHop(session_id="bench", sum_id="counts", hops=1, partial=hop.to_proto()))
+    envelope = cels_pb2.Envelope(session_id="bench", sender="party-1", sum_hop=cels_pb2.SumHop(session_id="bench", sum_id="counts", hops=1, partial=codec.matrix_message(hop)))
     hop_bytes = len(envelope.SerializeToString()) / sample
     values = len(data[0])
     return {

@@ -1,7 +1,7 @@
 """``cels bench protocol``: seconds and bytes of a whole CELS session, per phase and per node.
 
 ``--runner inmemory`` (default) runs the roles in one process over the in-memory network
-(cels.protocol.session); every party's obfuscators r^N mod N^2 are computed inline and timed,
+(cels.inprocess); every party's obfuscators r^N mod N^2 are computed inline and timed,
 which splits each node's time into *offline* (obfuscators: what an ObfuscatorPool computes
 ahead of time) and *online* (everything else).  ``--runner processes`` runs the same session
 as ``cels simulate`` does (R party node processes and a solver node over gRPC with mutual TLS
@@ -24,9 +24,10 @@ from typing import Any
 
 from cels.cli.service import add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
-from cels.node.config import DEFAULT_DEADLINE
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
+from cels.protocol.options import SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
 
 RUNNERS = ("inmemory", "processes")
 
@@ -56,20 +57,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-users", type=int, help="keep the first N users of the input (MSNBC subsets)")
     parser.add_argument("--parties", type=int, default=3)
     parser.add_argument("--runner", choices=RUNNERS, default="inmemory", help="roles in one process (default) or node processes over gRPC")
-    parser.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; < 2048 only to reproduce the paper)")
-    parser.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
-    parser.add_argument("--sampling", choices=("exact", "paper"), default="exact")
+    parser.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; < 2048 only to reproduce the paper)")
+    parser.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="default x25519")
+    parser.add_argument("--sampling", choices=SAMPLING_MODES, help="default exact")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4)
     parser.add_argument("--objective", default="kl")
     parser.add_argument("--min-count", type=int, default=0, help="drop pairs with total count < N (the paper cleans with 20)")
-    parser.add_argument("--time-limit", type=float, default=20.0, help="solver MIP time limit (seconds)")
+    parser.add_argument("--time-limit", type=float, help="solver MIP time limit (seconds, default 20)")
     parser.add_argument("--json", type=Path, help="also write the JSON here (atomically)")
     add_stock_arguments(parser)
     parser.set_defaults(func=run)
 
 
-def load_input(args: argparse.Namespace) -> SearchLog:
+def bench_log(args: argparse.Namespace) -> SearchLog:
     if args.input is None:
         return synthetic_log() if args.max_users is None else synthetic_log(users=args.max_users)
     options = LoadOptions(
@@ -81,29 +82,29 @@ def load_input(args: argparse.Namespace) -> SearchLog:
     return load_log(args.input, options)
 
 
-def bench_inmemory(shares: list[SearchLog], config, allow_small: bool) -> dict[str, Any]:
+def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small: bool) -> dict[str, Any]:
     """One session in memory; node time split into offline (obfuscators) and online."""
-    from cels.protocol.session import NodeHost, in_memory_network, party_factory, solver_factory, start_session
+    from cels.inprocess import InMemoryNetwork, MemoryNode, start_session
+    from cels.protocol.host import SessionHost
+    from cels.protocol.party import PartyRole
+    from cels.protocol.solver import SolverRole
 
     ledgers: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "obfuscators": 0})
     hosts = {}
-    for party, log in zip(config.parties, shares):
-        factory = party_factory(
-            party.name,
-            log,
-            allow_insecure_key_bits=allow_small,
-            obfuscators=lambda n, ledger=ledgers[party.name]: TimedObfuscators(n, ledger),
-        )
-        hosts[party.name] = NodeHost(party.name, factory)
-    hosts[config.solver.name] = NodeHost(config.solver.name, solver_factory(config.solver.name, allow_insecure_key_bits=allow_small))
-    network = in_memory_network(hosts)
+    for name, log in zip(options.parties, shares):
+        timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
+        factory = lambda opts, name=name, log=log, timed=timed: PartyRole(name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed)  # noqa: E731
+        hosts[name] = MemoryNode(SessionHost(name, factory, time.perf_counter))
+    solver = lambda opts: SolverRole(options.solver, opts, allow_insecure_key_bits=allow_small)  # noqa: E731
+    hosts[options.solver] = MemoryNode(SessionHost(options.solver, solver, time.perf_counter))
+    network = InMemoryNetwork(hosts)
     start = time.perf_counter()
-    roles = start_session(network, config)
+    roles = start_session(network, options)
     wall = time.perf_counter() - start
     failed = [r.aborted for r in roles.values() if r.aborted is not None]
     if failed:
         raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
-    lead = roles[config.initiator]
+    lead = roles[options.initiator]
     busy = dict(network.stats.seconds)
     offline = {name: ledgers[name]["seconds"] for name in hosts}
     return {
@@ -122,14 +123,14 @@ def bench_inmemory(shares: list[SearchLog], config, allow_small: bool) -> dict[s
     }
 
 
-def bench_processes(shares: list[SearchLog], config, fmt_args: list[str], stock: dict[str, int] | None) -> dict[str, Any]:
+def bench_processes(shares: list[SearchLog], options: SessionOptions, fmt_args: list[str], stock: dict[str, int] | None) -> dict[str, Any]:
     """One session over gRPC between node processes (the ``cels simulate`` machinery); with
     ``stock`` the nodes run the offline phase first and the session's wall time is online."""
     from cels.cli.service import run_nodes
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
-        report = run_nodes(shares, config, Path(tmp), ".tsv", fmt_args, stock=stock)
+        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, stock=stock)
         wall = time.perf_counter() - start
     offline = report.get("offline")
     note = (
@@ -170,13 +171,9 @@ def paper_reference(parties: int, bytes_total: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.protocol.session import make_config
-
-    log = load_input(args)
+    log = bench_log(args)
     shares = log.split_by_user(args.parties)
-    if args.key_bits < 2048:
-        print(f"cels bench protocol: WARNING: {args.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
-    config = make_config(
+    options = SessionOptions.create(
         args.parties,
         epsilon=args.epsilon,
         delta=args.delta,
@@ -186,15 +183,16 @@ def run(args: argparse.Namespace) -> int:
         key_bits=args.key_bits,
         universe_cipher=args.universe_cipher,
         solver_time_limit=args.time_limit,
-        deadline_ms=int(DEFAULT_DEADLINE * 1000),
     )
+    if options.key_bits < DEFAULT_KEY_BITS:
+        print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
     if args.runner == "inmemory":
-        result = bench_inmemory(shares, config, allow_small=args.key_bits < 2048)
+        result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS)
     else:
         # the shares are written as histogram TSV (lossless, any input format)
         for share in shares:
             share.source = {"format": "histogram"}
-        result = bench_processes(shares, config, ["--format", "histogram"], session_stock(args, config))
+        result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options))
     report = result.pop("report")
     out = {
         "benchmark": "protocol",
@@ -205,9 +203,9 @@ def run(args: argparse.Namespace) -> int:
         "pairs": log.n_pairs,
         "size": log.size,
         "parties": args.parties,
-        "key_bits": args.key_bits,
-        "universe_cipher": args.universe_cipher,
-        "sampling": args.sampling,
+        "key_bits": options.key_bits,
+        "universe_cipher": options.universe_cipher,
+        "sampling": options.sampling,
         "min_count": args.min_count,
         **result,
         "phases": report["phases"],

@@ -5,7 +5,7 @@ The initiator streams RunEvents: ``phase_start`` when a node enters a phase and 
 node's phases in protocol order (docs/protocol.md: load, universe, counts, nlp, sampling,
 union; the solver takes part in nlp only) whatever order the reports arrive in, keeps one
 tqdm bar per running phase (nodes done / nodes in it; on a terminal only), and at the end
-lists what no event carried -- the initiator's own phases -- from the session report.
+lists what no event carried from the session report.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 
 PARTY_PHASES = ("load", "universe", "counts", "nlp", "sampling", "union")
@@ -27,11 +28,11 @@ SOLVER_PHASES = ("nlp",)
 class SessionProgress:
     """Renders a session's phase events; ``step`` and ``start`` take the StepReports."""
 
-    def __init__(self, config: cels_pb2.SessionConfig, stream: IO[str] | None = None, bars: bool | None = None) -> None:
+    def __init__(self, options: SessionOptions, stream: IO[str] | None = None, bars: bool | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.expected = {p.name: PARTY_PHASES for p in config.parties}
-        self.expected[config.solver.name] = SOLVER_PHASES
-        self.initiator = config.initiator or config.parties[0].name
+        self.expected = {party: PARTY_PHASES for party in options.parties}
+        self.expected[options.solver] = SOLVER_PHASES
+        self.initiator = options.initiator
         self.t0 = time.monotonic()
         self.ended: dict[str, dict[str, cels_pb2.StepReport]] = {node: {} for node in self.expected}
         self.printed: dict[str, int] = {node: 0 for node in self.expected}  # phases printed, in protocol order
@@ -98,8 +99,8 @@ class SessionProgress:
         self._write(self._line(report.node, report.phase, what))
 
     def finish(self, report: dict[str, Any]) -> None:
-        """The session ended with output: print the phases no event carried (the initiator's
-        own) from the report's per-phase costs, then close the bars."""
+        """The session ended with output: print the phases no event carried from the report's
+        per-phase costs, then close the bars."""
         for phase, entry in report.get("phases", {}).items():
             for node, seconds in entry.get("seconds", {}).items():
                 if phase not in self.ended.setdefault(node, {}):

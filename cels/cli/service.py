@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 
@@ -24,21 +25,16 @@ from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_n
 from cels.cli.progress import SessionProgress
 from cels.cli.sanitize import _optimal_arguments, delimiter, guarantee_word, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json, check_output_paths
 from cels.node.client import (
-    CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_session, wait_for_stock, wait_reachable,
+    CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import DEFAULT_DEADLINE, Number, check_tables, load_toml
-from cels.protocol.session import make_config
+from cels.node.config import Number, check_tables, load_toml
+from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, UNIVERSE_CIPHERS, SessionOptions
 from cels.protocol.wire import cels_pb2
 
-SESSION_KEYS = (
-    "epsilon", "delta", "bound", "objective", "output_size", "min_count", "cap", "noise_epsilon", "sensitivity",
-    "sampling", "key_bits", "group_bits", "universe_cipher", "ell_ratio", "keep_user_ids", "support", "breakpoints",
-    "solver_time_limit", "sampling_theta",
-)  # fmt: skip
-"""Keys of session.toml's [session] table that go into the SessionConfig as they are."""
 DEFAULT_TIMEOUT = 4 * 3600.0
 RUN_TABLE = {
     "initiator": str, "address": str, "ca": str, "cert": str, "key": str, "insecure": bool,
@@ -70,10 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
     sim.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sampling's probabilistic DP (default 1)")
     sim.add_argument("--delta", type=float, default=0.4, help="per-user probability that the output holds one of the user's records (default 0.4; not approximate DP's delta << 1/n)")
-    sim.add_argument("--sampling", choices=("exact", "paper"), default="exact", help="exact distributed multinomial (default) or the paper's local sampling")
-    sim.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
-    sim.add_argument("--universe-cipher", choices=("x25519", "pohlig-hellman"), default="x25519")
-    sim.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
+    sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
+    sim.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
+    sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
+    sim.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
@@ -99,11 +95,11 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def session_stock(args: argparse.Namespace, config: cels_pb2.SessionConfig) -> dict[str, int] | None:
+def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
     """Key owner -> stock size for the keys a session encrypts under (None: no offline phase)."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {config.solver.name: args.stock_nlp, config.parties[0].name: args.stock_sum}
+    stock = {options.solver: args.stock_nlp, options.parties[0]: args.stock_sum}
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 
@@ -120,29 +116,21 @@ def run_certs(args: argparse.Namespace) -> int:
 # -- cels run --------------------------------------------------------------------------------
 
 
-def session_config(table: dict[str, Any], addresses: dict[str, str] | None = None) -> cels_pb2.SessionConfig:
-    """A SessionConfig from session.toml's [session] table."""
-    unknown = sorted(set(table) - set(SESSION_KEYS) - {"parties", "solver", "initiator", "session_id", "deadline"})
-    if unknown:
-        raise ValueError(f"[session]: unknown key(s) {', '.join(unknown)}; known: parties, solver, deadline, {', '.join(SESSION_KEYS)}")
+def session_options(table: dict[str, Any]) -> SessionOptions:
+    """The session of session.toml's [session] table (its keys are SessionOptions' fields)."""
     for key in ("parties", "epsilon", "delta"):
         if key not in table:
             raise ValueError(f"[session] needs {key!r}")
-    options = {k: table[k] for k in SESSION_KEYS if k in table}
-    return make_config(
-        list(table["parties"]),
-        solver=table.get("solver", SOLVER),
-        initiator=table.get("initiator"),
-        session_id=table.get("session_id"),
-        deadline_ms=int(float(table.get("deadline", DEFAULT_DEADLINE)) * 1000),
-        addresses=addresses,
-        **options,
-    )
+    options = dict(table)
+    try:
+        return SessionOptions.create(list(options.pop("parties")), **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[session]: {exc}") from None
 
 
 def session_tables() -> dict[str, dict[str, Any]]:
-    """session.toml's tables: [run] and [session] (its keys typed by make_config)."""
-    session_keys = ("parties", "solver", "initiator", "session_id", "deadline", *SESSION_KEYS)
+    """session.toml's tables: [run] and [session] (SessionOptions' fields; it checks their values)."""
+    session_keys = ["parties", *(f.name for f in fields(SessionOptions) if f.name not in ("b", "addresses", "parties"))]
     return {"run": RUN_TABLE, "session": {key: object for key in session_keys}}
 
 
@@ -169,7 +157,7 @@ def run_run(args: argparse.Namespace) -> int:
         if key not in run:
             raise ValueError(f"{args.config}: [run] needs {key!r}")
     try:
-        config = session_config({**table, "initiator": run["initiator"]})
+        options = session_options({**table, "initiator": run["initiator"]})
     except ValueError as exc:
         raise ValueError(f"{args.config}: {exc}") from None
     insecure = bool(run.get("insecure", False))
@@ -180,12 +168,12 @@ def run_run(args: argparse.Namespace) -> int:
     output, report_path = base / run["output"], base / run["report"]
     check_output_paths({"[run] output": output, "[run] report": report_path})
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
-    print(f"session {config.session_id}: {len(config.parties)} parties and {config.solver.name}, initiator {run['initiator']}", flush=True)
-    progress = SessionProgress(config)
+    print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+    progress = SessionProgress(options)
     try:
         wait_reachable(controller, nodes, CONNECT_TIMEOUT, unreachable_printer())
-        report = run_session(
-            controller, config, output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
+        report = run_on_nodes(
+            controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
             on_phase_start=progress.start,
         )  # fmt: skip
     except SessionAborted as exc:
@@ -233,37 +221,38 @@ def input_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def simulate_config(args: argparse.Namespace, parties: int) -> cels_pb2.SessionConfig:
-    """The session of ``cels simulate``: the privacy / objective flags as ``cels sanitize``."""
+def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
+    """The session of ``cels simulate`` / ``cels bench protocol``: the privacy / objective flags
+    as ``cels sanitize`` (flags left unset take SessionOptions' defaults)."""
     if args.preprocess:
         raise ValueError("--preprocess is not part of the distributed protocol (no party sees every user's log)")
     if args.integer != "mip":
         raise ValueError("the solver node rounds with the MIP (--integer mip)")
-    return make_config(
+    return SessionOptions.create(
         parties,
         epsilon=args.epsilon,
         delta=args.delta,
         bound=args.bound,
         objective=args.objective,
-        output_size=args.output_size or 0.0,
+        output_size=args.output_size,
         min_count=args.min_count,
-        cap=args.cap or 0,
-        noise_epsilon=args.noise_epsilon or 0.0,
-        sensitivity=args.sensitivity or 0.0,
+        cap=args.cap,
+        noise_epsilon=args.noise_epsilon,
+        sensitivity=args.sensitivity,
         sampling=args.sampling,
         key_bits=args.key_bits,
-        universe_cipher=args.universe_cipher,
+        universe_cipher=getattr(args, "universe_cipher", None),
         keep_user_ids=args.keep_user_ids,
         support=args.support,
         breakpoints=args.breakpoints,
         solver_time_limit=args.time_limit,
-        deadline_ms=int(args.deadline * 1000),
+        deadline=getattr(args, "deadline", None),
     )
 
 
 def run_nodes(
     shares: list[SearchLog],
-    config: cels_pb2.SessionConfig,
+    options: SessionOptions,
     out: Path,
     suffix: str,
     fmt_args: list[str],
@@ -280,21 +269,19 @@ def run_nodes(
     that many obfuscators for each owner's node key, and the session starts once all stocks
     are complete; the report's ``offline`` key has its seconds and what the session used.
     Without it the nodes stock nothing (obfuscators are computed during the session)."""
-    parties = [p.name for p in config.parties]
-    deadline = config.deadline_ms / 1000 if config.deadline_ms else DEFAULT_DEADLINE
+    parties = list(options.parties)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
         certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
-        for node in [*config.parties, config.solver]:
-            node.address = addresses[node.name]
-        common = ["--deadline", str(deadline), "--node-key-bits", str(config.key_bits or 2048)]
+        options = options.with_addresses(addresses)
+        common = ["--deadline", str(options.deadline), "--node-key-bits", str(options.key_bits)]
         # every core for each party's obfuscator workers (as before the idle-host default of half the cores):
         # the simulated nodes share one host and are idle only for the offline phase
         stocking = ["--obfuscators", "0", "--obfuscator-workers", str(os.cpu_count() or 1),
                     *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]  # fmt: skip
-        if config.key_bits and config.key_bits < 2048:
-            common += ["--min-key-bits", str(config.key_bits)]
+        if options.key_bits < DEFAULT_KEY_BITS:
+            common += ["--min-key-bits", str(options.key_bits)]
         if record_view is not None:
             common += ["--record-view", str(record_view.resolve())]
         with LocalCluster(out / "node-logs") as cluster:
@@ -313,12 +300,12 @@ def run_nodes(
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses) if stock else None
-            print(f"session {config.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)
-            progress = SessionProgress(config)
+            print(f"session {options.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)
+            progress = SessionProgress(options)
             try:
-                report = run_session(
-                    controller, config, out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, progress.step,
-                    extra=extra, on_phase_start=progress.start,
+                report = run_on_nodes(
+                    controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT,
+                    progress.step, extra=extra, on_phase_start=progress.start,
                 )  # fmt: skip
             finally:
                 progress.close()
@@ -368,10 +355,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise ValueError("--input needs --format")
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory")
-    if args.key_bits < 2048:
-        print(f"cels simulate: WARNING: {args.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
-    config = simulate_config(args, args.parties)
-    stock = session_stock(args, config)
+    options = simulate_options(args, args.parties)
+    if options.key_bits < DEFAULT_KEY_BITS:
+        print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
+    stock = session_stock(args, options)
     t0 = time.perf_counter()
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
@@ -386,7 +373,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, config, args.out, suffix, fmt_args, extra, args.record_view, stock)
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, extra, args.record_view, stock)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

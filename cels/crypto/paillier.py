@@ -39,7 +39,6 @@ import numpy as np
 import phe
 
 from cels.crypto.obfuscators import ObfuscatorSource
-from cels.protocol.wire import cels_pb2
 
 DEFAULT_KEY_BITS = 2048
 SECURE_KEY_BITS = (2048, 3072)
@@ -93,13 +92,14 @@ class PublicKey:
         """Wire length of one ciphertext (big-endian, fixed width)."""
         return (self.nsquare.bit_length() + 7) // 8
 
-    def to_proto(self) -> cels_pb2.PaillierPublicKey:
-        return cels_pb2.PaillierPublicKey(n=int(self.n).to_bytes((self.bits + 7) // 8, "big"))
+    def modulus_bytes(self) -> bytes:
+        """N, big-endian (its wire form)."""
+        return int(self.n).to_bytes((self.bits + 7) // 8, "big")
 
     @classmethod
-    def from_proto(cls, msg: cels_pb2.PaillierPublicKey, *, allow_insecure_key_bits: bool = False) -> PublicKey:
+    def from_modulus(cls, n_bytes: bytes, *, allow_insecure_key_bits: bool = False) -> PublicKey:
         """Parse and check a received key (size policy, odd modulus)."""
-        n = int.from_bytes(msg.n, "big")
+        n = int.from_bytes(n_bytes, "big")
         check_key_bits(n.bit_length(), allow_insecure_key_bits=allow_insecure_key_bits)
         if n % 2 == 0:
             raise CiphertextError("Paillier public key: modulus N is even")
@@ -262,18 +262,9 @@ class Packing:
             out = np.array(sums, dtype=np.int64).reshape(cols, rows)
         return np.ascontiguousarray(out.T)
 
-    def to_proto(self) -> cels_pb2.Packing:
-        return cels_pb2.Packing(
-            slot_bits=self.slot_bits,
-            slots=self.slots,
-            scale_bits=self.scale_bits,
-            offset=self.offset.to_bytes((self.offset.bit_length() + 7) // 8 or 1, "big"),
-            summands=self.summands,
-        )
-
-    @classmethod
-    def from_proto(cls, msg: cels_pb2.Packing) -> Packing:
-        return cls(msg.slot_bits, msg.slots, msg.scale_bits, int.from_bytes(msg.offset, "big"), msg.summands)
+    def offset_bytes(self) -> bytes:
+        """The slot offset, big-endian (its wire form)."""
+        return self.offset.to_bytes((self.offset.bit_length() + 7) // 8 or 1, "big")
 
 
 @dataclass
@@ -341,32 +332,26 @@ class EncryptedMatrix:
         fresh = obfuscators.take(len(self.ciphertexts))
         return self._with([c * r % nsq for c, r in zip(self.ciphertexts, fresh)])
 
-    def to_proto(self) -> cels_pb2.EncryptedMatrix:
+    def ciphertext_bytes(self) -> list[bytes]:
+        """Every ciphertext, big-endian at the key's fixed width (the wire form)."""
         width = self.public_key.ciphertext_bytes
-        return cels_pb2.EncryptedMatrix(
-            rows=self.rows,
-            cols=self.cols,
-            packing=self.packing.to_proto(),
-            ciphertexts=[int(c).to_bytes(width, "big") for c in self.ciphertexts],
-            terms=self.terms,
-        )
+        return [int(c).to_bytes(width, "big") for c in self.ciphertexts]
 
     @classmethod
-    def from_proto(cls, msg: cels_pb2.EncryptedMatrix, public_key: PublicKey) -> EncryptedMatrix:
-        """Parse and validate: packing fits the key, ciphertext count, and every ciphertext
-        is exactly ``ciphertext_bytes`` long, below N^2 and invertible mod N^2."""
-        packing = Packing.from_proto(msg.packing)
+    def from_bytes(
+        cls, public_key: PublicKey, rows: int, cols: int, packing: Packing, terms: int, raws: Sequence[bytes]
+    ) -> EncryptedMatrix:
+        """Parse and validate received ciphertexts: packing fits the key, ciphertext count, and
+        every ciphertext is exactly ``ciphertext_bytes`` long, below N^2 and invertible mod N^2."""
         packing.check_key(public_key)
-        if msg.terms < 1 or msg.terms > packing.summands:
-            raise CiphertextError(f"encrypted matrix: terms {msg.terms} outside 1..{packing.summands}")
-        expected = msg.cols * packing.blocks(msg.rows)
-        if msg.rows < 1 or len(msg.ciphertexts) != expected:
-            raise CiphertextError(
-                f"encrypted {msg.rows}x{msg.cols} matrix needs {expected} ciphertexts, got {len(msg.ciphertexts)}"
-            )
+        if terms < 1 or terms > packing.summands:
+            raise CiphertextError(f"encrypted matrix: terms {terms} outside 1..{packing.summands}")
+        expected = cols * packing.blocks(rows)
+        if rows < 1 or len(raws) != expected:
+            raise CiphertextError(f"encrypted {rows}x{cols} matrix needs {expected} ciphertexts, got {len(raws)}")
         width, n, nsq = public_key.ciphertext_bytes, public_key.n, public_key.nsquare
         ciphertexts = []
-        for i, raw in enumerate(msg.ciphertexts):
+        for i, raw in enumerate(raws):
             if len(raw) != width:
                 raise CiphertextError(f"ciphertext {i}: {len(raw)} bytes, expected {width}")
             c = gmpy2.mpz(int.from_bytes(raw, "big"))
@@ -375,7 +360,7 @@ class EncryptedMatrix:
             if gmpy2.gcd(c, n) != 1:
                 raise CiphertextError(f"ciphertext {i}: not invertible mod N^2")
             ciphertexts.append(c)
-        return cls(public_key, msg.rows, msg.cols, packing, msg.terms, ciphertexts)
+        return cls(public_key, rows, cols, packing, terms, ciphertexts)
 
 
 def _as_matrix(values: np.ndarray) -> np.ndarray:

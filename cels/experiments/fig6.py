@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from cels.experiments import common
 from cels.experiments.common import Dataset, panels, save_figure
-from cels.protocol.session import make_config, run_session
+from cels.inprocess import run_session
+from cels.protocol.options import SessionOptions
 
 DEFAULT_KEY_BITS = 512  # the paper's Paillier key for Fig. 6 / Table 5; NOT a secure size
 FIXED_R = 6  # the paper's "fixed number of parties (e.g., 6 parties)"
@@ -38,14 +39,14 @@ def measure(
     """One session per (dataset, r): users split by :meth:`SearchLog.split_by_user` (seeded)."""
     rows = []
     for dataset, r in tqdm(cases, desc="sessions", unit="session", disable=not progress):
-        config = make_config(
+        config = SessionOptions.create(
             r, epsilon=epsilon, delta=delta, key_bits=key_bits, group_bits=group_bits, universe_cipher=universe_cipher
         )
         cpu = time.process_time()
         out, report = run_session(dataset.log.split_by_user(r, seed), config, allow_insecure_key_bits=key_bits < 2048)
         cpu = time.process_time() - cpu
         sent = report["network"]["bytes_by_node"]
-        party_bytes = [v for k, v in sent.items() if k != config.solver.name]
+        party_bytes = [v for k, v in sent.items() if k != config.solver]
         rows.append(
             {
                 **dataset.facts(),

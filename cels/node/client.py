@@ -125,7 +125,7 @@ def wait_reachable(
         time.sleep(poll)
 
 
-def run_session(
+def run_on_nodes(
     controller: Controller,
     config: cels_pb2.SessionConfig,
     output: str | os.PathLike[str],

@@ -21,7 +21,7 @@ path = "logs/party-1.tsv"
 format = "aol"                   # and columns / header / lenient / delimiter as `cels sanitize`
 
 [solver]                         # solver nodes
-time_limit = 20.0                # seconds for the integer step when a session sets none
+time_limit = 20.0                # the most seconds the integer step gets (caps what a session asks)
 
 [keys]                           # the offline phase (cels.node.keys)
 session_keys = false             # true: a fresh Paillier key pair in every session

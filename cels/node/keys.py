@@ -21,7 +21,7 @@ import grpc
 
 from cels.crypto import paillier
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource, ObfuscatorStock
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 log = logging.getLogger("cels.node")
 
@@ -125,7 +125,7 @@ class NodeKeys:
         """The public key; the stock levels and session count only ``with_stock`` (controllers)."""
         msg = cels_pb2.NodeStatus(node=self.name)
         if self.keypair is not None:
-            msg.key.CopyFrom(self.keypair[0].to_proto())
+            msg.key.CopyFrom(codec.public_key_message(self.keypair[0]))
         if with_stock:
             msg.running_sessions = running_sessions
         if with_stock and self.stock is not None:
@@ -156,7 +156,7 @@ class NodeKeys:
                 if not reply.key.n:
                     continue
                 try:
-                    key = paillier.PublicKey.from_proto(reply.key, allow_insecure_key_bits=self._allow_insecure)
+                    key = codec.public_key_of(reply.key, allow_insecure_key_bits=self._allow_insecure)
                 except ValueError as exc:
                     log.warning("%s: ignoring %s's node key: %s", self.name, peer, exc)
                     continue

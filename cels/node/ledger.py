@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cels.fileio import atomic_write_json
-from cels.protocol.wire import cels_pb2
+from cels.protocol.options import SessionOptions
 
 LEDGER_VERSION = 1
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
@@ -61,9 +61,9 @@ class LedgerPolicy:
                 raise ValueError(f"[ledger] {name} must be positive, not {value}")
 
 
-def session_cost(config: cels_pb2.SessionConfig) -> tuple[float, float, float]:
+def session_cost(options: SessionOptions) -> tuple[float, float, float]:
     """(eps, delta, eps') one session spends (eps' = 0 without end-to-end noise)."""
-    return float(config.epsilon), float(config.delta), float(config.noise_epsilon or 0.0)
+    return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
 
 
 def digest(entries: list[dict[str, Any]]) -> str:
@@ -128,22 +128,22 @@ class Ledger:
             read_entries(policy.path)
         return cls(policy)
 
-    def admit(self, config: cels_pb2.SessionConfig, make_role: Callable[[], Any]) -> Any:
+    def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
         """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
         reserve its cost, build the role and return it wrapped: the session is recorded when the
         role is done with output, and the reservation dropped when the role is dropped."""
         if self.policy is None:
             return make_role()
-        eps, delta, noise = session_cost(config)
+        eps, delta, noise = session_cost(options)
         with self._lock:
             spent = totals(read_entries(self.policy.path), self.policy.window_days, self.clock())
             running_eps = sum(r[0] for r in self._reserved.values())
             running_delta = sum(r[1] for r in self._reserved.values())
-            self._check(config.session_id, spent, running_eps, running_delta, eps + noise, delta)
-            self._reserved[config.session_id] = (eps + noise, delta)
+            self._check(options.session_id, spent, running_eps, running_delta, eps + noise, delta)
+            self._reserved[options.session_id] = (eps + noise, delta)
         role = make_role()
-        charged = ChargedRole(role, lambda: self.record(config))
-        weakref.finalize(charged, self._release, config.session_id)
+        charged = ChargedRole(role, lambda: self.record(options))
+        weakref.finalize(charged, self._release, options.session_id)
         return charged
 
     def _check(self, session_id: str, spent: dict, running_eps: float, running_delta: float, eps: float, delta: float) -> None:
@@ -165,48 +165,54 @@ class Ledger:
         with self._lock:
             self._reserved.pop(session_id, None)
 
-    def record(self, config: cels_pb2.SessionConfig) -> None:
+    def record(self, options: SessionOptions) -> None:
         """Append a finished session (atomically: the file is complete or unchanged)."""
         assert self.policy is not None
-        eps, delta, noise = session_cost(config)
+        eps, delta, noise = session_cost(options)
         entry = {
-            "session_id": config.session_id,
+            "session_id": options.session_id,
             "finished_at": self.clock(),
             "epsilon": eps,
             "delta": delta,
             "noise_epsilon": noise,
             "epsilon_total": eps + noise,
             "end_to_end": noise > 0,
-            "parties": [p.name for p in config.parties],
-            "initiator": config.initiator,
+            "parties": list(options.parties),
+            "initiator": options.initiator,
         }
         with self._lock:
             entries = [*read_entries(self.policy.path), entry]
             atomic_write_json(self.policy.path, {"version": LEDGER_VERSION, "sessions": entries, "sha256": digest(entries)})
-            self._reserved.pop(config.session_id, None)
+            self._reserved.pop(options.session_id, None)
 
 
 class ChargedRole:
-    """A role that calls ``on_done`` once, the first time it is done and not aborted (its
-    part of the release is out); every attribute is the role's."""
+    """A role (cels.protocol.roles.Role) that calls ``on_done`` once, the first time it is
+    finished and not aborted (its part of the release is out); every other attribute is the
+    role's, and the host's ``phase_hook`` is set on the role."""
 
     def __init__(self, role: Any, on_done: Callable[[], None]) -> None:
-        self._role, self._on_done, self._recorded = role, on_done, False
+        object.__setattr__(self, "_role", role)
+        object.__setattr__(self, "_on_done", on_done)
+        object.__setattr__(self, "_recorded", False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._role, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._role, name, value)
+
     def _after(self, out: Any) -> Any:
-        if not self._recorded and getattr(self._role, "done", False) and getattr(self._role, "aborted", None) is None:
-            self._recorded = True
+        if not self._recorded and self._role.finished and self._role.aborted is None:
+            object.__setattr__(self, "_recorded", True)
             self._on_done()
         return out
 
     def receive(self, sender: str, envelope: Any) -> Any:
         return self._after(self._role.receive(sender, envelope))
 
-    def start(self) -> Any:
-        return self._after(self._role.start())
+    def begin(self) -> Any:
+        return self._after(self._role.begin())
 
 
 def show(policy: LedgerPolicy, now: float | None = None) -> str:

@@ -1,38 +1,29 @@
-"""The ``CelsNode`` gRPC service: one sans-I/O role per session behind mutual TLS.
+"""The ``CelsNode`` gRPC service: a SessionHost (cels.protocol.host) behind mutual TLS.
 
-Delivery.  ``Deliver`` reassembles an envelope from its frames, checks that the certificate
-names the envelope's sender and an expected node, and hands the envelope to the session's role
-*inside the call*: a role's ProtocolError becomes FAILED_PRECONDITION / INVALID_ARGUMENT for
-the sender.  The role's outgoing messages go to the session's outbox, one thread that sends
-them in order and waits for each call to return before the next.  A message is therefore taken
-by its recipient before anything it caused can be sent, so every node sees messages in causal
-order, as the in-memory runner's FIFO queue does.
+The host owns every session's lifecycle; this adapter keeps delivery, threads, TLS and the
+watchdog.  ``Deliver`` reassembles an envelope, checks that the certificate names its sender,
+and gives it to the host inside the call (a ProtocolError becomes FAILED_PRECONDITION /
+INVALID_ARGUMENT for the sender).  What the host returns goes to the session's outbox, one
+thread that sends in order and waits for each call, so every node sees messages in causal
+order.  gRPC keeps one sender's messages in order but not those of different senders: a
+message the host refuses as out of order is retried whenever the host has taken another one,
+for at most a reorder window, and only then refused.
 
-Session life.  The initiator (a party node asked by ``cels run`` through ``Run``) gives its own
-role the StartSession, delivers StartSession to every other node (each creates its role and
-holds what it sends), then BEGINs the session everywhere; nobody sends a step message to a node
-that does not know the session yet.  When the initiator's role is ``done`` and its outbox is
-empty it FINISHes the session everywhere, collecting every node's byte counts, and streams the
-output and report to the controller.
-
-Failure.  Any error (a refused or undeliverable message, an exception in a role, a peer that
-stops answering the watchdog's probes, no progress anywhere for a deadline) aborts the session
-on this node and sends Abort to every other node; the initiator reports the origin and reason.
-An aborted session leaves nothing behind: roles are dropped, nothing is written, and the node
-serves the next session.
+Failure: a refused or undeliverable message, a peer that stops answering the watchdog's probes
+or reports the session aborted, a session that never begins or stops moving (the host's
+timers) aborts the session here, and the host's Abort notices go to every other node.  A
+delivery refused because the recipient's session is aborted already blames the node that
+recipient names, not the recipient.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import queue
-import secrets
 import tempfile
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -40,369 +31,49 @@ from typing import Any
 
 import grpc
 
+from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
+from cels.node.wire import Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.keys import NodeKeys
-from cels.node.tls import open_channel, peer_names, server_credentials, warn_insecure
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
-from cels.protocol.views import record_views
+from cels.node.peers import PeerClients, Refused
+from cels.node.tls import peer_names, server_credentials, warn_insecure
+from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
 
-RoleFactory = Callable[[cels_pb2.SessionConfig, str, NodeKeys], Role]
-"""Builds this node's role for a session: ``factory(config, node_name, keys)`` (``keys``: the
-node key pair and obfuscators, cels.node.keys).  It may raise ValueError / OSError (e.g. a
-malformed local log), which refuses the session."""
-
+RoleFactory = Callable[[SessionOptions, NodeKeys], Role]
+"""This node's role for a session; ``keys``: the node key pair and obfuscators (cels.node.keys)."""
 OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
-
-STATUS = {
-    ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-    ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-}
-KEPT_STATES = 256  # finished/aborted sessions remembered for probes
-REORDER_WINDOW = 5.0  # seconds a message refused as out of order is held back and retried
-
-
-class Refused(Exception):
-    """A call this node refuses with a gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def completed(role: Role) -> bool:
-    """A role's part is over: ``finished`` if it has one (the initiator: output and every
-    node's report in), else ``done``; a role with neither is never waited for."""
-    return bool(getattr(role, "finished", getattr(role, "done", True)))
-
-
-def session_nodes(config: cels_pb2.SessionConfig) -> list[str]:
-    """Every node of a session: the parties in ring order, then the solver."""
-    return [p.name for p in config.parties] + ([config.solver.name] if config.solver.name else [])
-
-
-class Session:
-    """One session on this node: its role, outbox, counters and watchdog."""
-
-    def __init__(self, node: Node, config: cels_pb2.SessionConfig, role: Role, initiator: str) -> None:
-        self.node, self.config, self.role, self.initiator = node, config, role, initiator
-        self.id = config.session_id
-        self.nodes = session_nodes(config)
-        self.others = [n for n in self.nodes if n != node.config.name]
-        self.deadline = config.deadline_ms / 1000 if config.deadline_ms else node.config.deadline
-        self.state = "prepared"
-        self.origin = self.reason = ""
-        self.role_lock = threading.Lock()
-        self.state_lock = threading.Lock()
-        self.outbox: queue.Queue[Outgoing | None] = queue.Queue()
-        self.held: list[Outgoing] = []
-        self.bytes_sent: Counter[str] = Counter()
-        self.messages_sent: Counter[str] = Counter()
-        self.busy_seconds = 0.0
-        self.progress = 0
-        self.version = 0  # roles' successful steps; wakes held-back messages
-        self.changed = threading.Condition()
-        self.busy = False
-        self.stopped = threading.Event()
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # read by the initiator's Run
-        self.threads: list[threading.Thread] = []
-
-    @property
-    def is_initiator(self) -> bool:
-        return self.initiator == self.node.config.name
-
-    # -- role ------------------------------------------------------------------------------
-
-    def take(self, sender: str, envelope: Envelope | None) -> None:
-        """Give one envelope to the role (serialised per session) and queue what it sends.
-
-        ``envelope=None`` begins the role (its ``start()``, if it has one).  A role that
-        aborts itself (its ``aborted`` is set) aborts the session.
-
-        Hold-back: gRPC keeps each sender's messages in order but not messages of different
-        senders (in memory, all messages one step sends are queued before any reply to them).
-        A message the role refuses as out of order is therefore retried whenever the role has
-        taken another message, for at most the reorder window; only then is it refused.
-        The role's state is unchanged by a refused message (roles contract).
-        """
-        deadline = time.monotonic() + self.reorder_window
-        while True:
-            seen = self.version
-            try:
-                self._take_once(sender, envelope)
-                return
-            except ProtocolError as exc:
-                remaining = deadline - time.monotonic()
-                if exc.code != ProtocolError.FAILED_PRECONDITION or envelope is None or remaining <= 0:
-                    raise
-                log.info("%s: holding back %s from %s: %s", self.node.config.name, step_name(envelope), sender, exc)
-                with self.changed:
-                    self.changed.wait_for(lambda: self.version != seen or self.state in ("aborted", "done"), remaining)
-
-    @property
-    def reorder_window(self) -> float:
-        return min(REORDER_WINDOW, self.deadline / 4)
-
-    def _take_once(self, sender: str, envelope: Envelope | None) -> None:
-        with self.role_lock:
-            if self.state in ("aborted", "done"):
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {self.id} is {self.state} on {self.node.config.name}")
-            self.busy, start = True, time.perf_counter()
-            try:
-                if envelope is not None:
-                    outgoing = self.role.receive(sender, envelope)
-                else:
-                    outgoing = self.role.start() if hasattr(self.role, "start") else []
-            finally:
-                seconds = time.perf_counter() - start
-                self.busy_seconds += seconds
-                self.busy = False
-                self.progress += 1
-            log.info(
-                "%s: session %s: %s from %s took %.2f s",
-                self.node.config.name, self.id, envelope.WhichOneof("step") if envelope else "start", sender, seconds,
-            )  # fmt: skip
-            failed = getattr(self.role, "aborted", None)
-            if failed is None:
-                for message in outgoing:
-                    self.send(message)
-            finished = completed(self.role)
-        with self.changed:
-            self.version += 1
-            self.changed.notify_all()
-        if failed is not None:
-            self.abort(failed.origin or self.node.config.name, failed.reason)
-            return
-        if envelope is not None and envelope.WhichOneof("step") == "step_report" and self.is_initiator:
-            self.events.put(("progress", envelope.step_report))
-        if finished and self.is_initiator:
-            self.events.put(("done", None))
-
-    def send(self, message: Outgoing) -> None:
-        if self.state == "prepared":
-            self.held.append(message)
-        else:
-            self.outbox.put(message)
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    def begin(self) -> None:
-        """Start the role, release what it held, start the outbox and the watchdog."""
-        with self.state_lock:
-            if self.state != "prepared":
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {self.id} is {self.state}, cannot begin")
-            self.state = "running"
-        with self.role_lock:
-            for message in self.held:
-                self.outbox.put(message)
-            self.held.clear()
-        for target, name in ((self._send_loop, "outbox"), (self._watchdog, "watchdog")):
-            thread = threading.Thread(target=target, name=f"{name}-{self.id}", daemon=True)
-            thread.start()
-            self.threads.append(thread)
-        self.take(self.node.config.name, None)
-
-    def abort(self, origin: str, reason: str, broadcast: bool = True) -> bool:
-        """Drop the session on this node; tell every other node.  False if it was over already."""
-        with self.state_lock:
-            if self.state in ("aborted", "done"):
-                return False
-            self.state, self.origin, self.reason = "aborted", origin, reason
-        log.warning("%s: session %s aborted: %s: %s", self.node.config.name, self.id, origin, reason)
-        self._stop()
-        with self.changed:
-            self.changed.notify_all()
-        self.events.put(("aborted", cels_pb2.Abort(session_id=self.id, origin=origin, reason=reason)))
-        if broadcast:
-            abort = Envelope(
-                session_id=self.id,
-                sender=self.node.config.name,
-                abort=cels_pb2.Abort(session_id=self.id, origin=origin, reason=reason),
-            )
-            for peer in self.others:
-                threading.Thread(target=self.node.peers.try_deliver, args=(peer, abort, self.probe_timeout), daemon=True).start()
-        return True
-
-    def finish(self) -> None:
-        """The session ended with output: wait (a deadline at most) until the role is done and
-        everything it sent is delivered, then stop the threads."""
-        limit = time.monotonic() + self.deadline
-        while not completed(self.role) and self.state != "aborted" and time.monotonic() < limit:
-            time.sleep(0.01)
-        self.drain()
-        with self.state_lock:
-            if self.state == "aborted":
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {self.id} was aborted: {self.origin}: {self.reason}")
-            self.state = "done"
-        self._stop()
-
-    def drain(self) -> None:
-        """Wait (at most a deadline) until every queued message has been sent."""
-        limit = time.monotonic() + self.deadline
-        while self.outbox.unfinished_tasks and time.monotonic() < limit and self.state != "aborted":
-            time.sleep(0.01)
-
-    def _stop(self) -> None:
-        self.stopped.set()
-        self.outbox.put(None)
-        self.node.retire(self)
-
-    def snapshot(self) -> cels_pb2.SessionState:
-        return cels_pb2.SessionState(
-            session_id=self.id,
-            state=self.state,
-            reason=f"{self.origin}: {self.reason}" if self.state == "aborted" else "",
-            bytes_sent=dict(self.bytes_sent),
-            messages_sent=dict(self.messages_sent),
-            busy_seconds=self.busy_seconds,
-            progress=self.progress,
-            busy=self.busy,
-        )
-
-    # -- threads ---------------------------------------------------------------------------
-
-    @property
-    def probe_timeout(self) -> float:
-        """Timeout of a probe, and how long a peer may stay unreachable (a quarter deadline, at most 5 s)."""
-        return min(self.deadline / 4, 5.0)
-
-    def _send_loop(self) -> None:
-        """Send queued messages one at a time, in order (causal delivery, see module doc)."""
-        message_ids = itertools.count()
-        while True:
-            item = self.outbox.get()
-            try:
-                if item is None or self.stopped.is_set():
-                    if item is None:
-                        return
-                    continue
-                recipient, envelope = item
-                step = step_name(envelope)
-                if recipient == self.node.config.name:
-                    self.node.take_local(self, envelope)
-                    continue
-                frames = to_frames(envelope, next(message_ids))
-                try:
-                    self.node.peers.deliver(recipient, frames, self.deadline)
-                except grpc.RpcError as exc:
-                    self.abort(recipient, f"delivering {step} to {recipient} failed: {exc.code().name}: {exc.details()}")
-                    continue
-                self.bytes_sent[step] += sum(f.ByteSize() for f in frames)
-                self.messages_sent[step] += 1
-                self.progress += 1
-            except Exception as exc:  # a local failure (e.g. in the role) ends the session, not the node
-                self.abort(self.node.config.name, f"{type(exc).__name__}: {exc}")
-            finally:
-                self.outbox.task_done()
-
-    def _watchdog(self) -> None:
-        """Probe every other node; abort if one is gone or nothing moves for a deadline.
-
-        With interval i = min(1 s, deadline/4) and probe timeout p = min(5 s, deadline/4), a
-        killed peer (connection refused) is detected within 2i + p and a hung one within
-        2(i + p): at most the deadline, and 7 s / 12 s for long deadlines."""
-        interval = min(1.0, self.deadline / 4)
-        unreachable_since: dict[str, float] = {}
-        last_total, last_change = -1, time.monotonic()
-        while not self.stopped.wait(interval):
-            total, anyone_busy = self.progress, self.busy
-            for peer in self.others:
-                try:
-                    state = self.node.peers.signal(peer, self.id, cels_pb2.SessionSignal.PROBE, self.probe_timeout)
-                except grpc.RpcError as exc:
-                    since = unreachable_since.setdefault(peer, time.monotonic())
-                    if time.monotonic() - since >= self.probe_timeout:
-                        self.abort(peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
-                        return
-                    continue
-                unreachable_since.pop(peer, None)
-                if state.state == "aborted":
-                    origin, _, reason = state.reason.partition(": ")
-                    self.abort(origin or peer, reason, broadcast=False)
-                    return
-                if state.state == "unknown":
-                    self.abort(peer, f"{peer} no longer knows session {self.id} (restarted?)")
-                    return
-                total += state.progress
-                anyone_busy |= state.busy
-            now = time.monotonic()
-            if total != last_total or anyone_busy:
-                last_total, last_change = total, now
-            elif now - last_change > self.deadline:
-                self.abort(self.node.config.name, f"no progress on any node for {self.deadline:g}s")
-                return
-
-
-class PeerClients:
-    """One channel per peer node, opened on first use."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        self.config = config
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, cels_pb2_grpc.CelsNodeStub] = {}
-        self._lock = threading.Lock()
-
-    def stub(self, peer: str) -> cels_pb2_grpc.CelsNodeStub:
-        with self._lock:
-            if peer not in self._stubs:
-                address = self.config.peers.get(peer)
-                if address is None:
-                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{self.config.name} has no address for node {peer!r}")
-                tls = (None, None, None) if self.config.insecure else (self.config.ca, self.config.cert, self.config.key)
-                self._channels[peer] = open_channel(address, peer, *tls)
-                self._stubs[peer] = cels_pb2_grpc.CelsNodeStub(self._channels[peer])
-            return self._stubs[peer]
-
-    def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> None:
-        self.stub(peer).Deliver(iter(frames), timeout=timeout)
-
-    def try_deliver(self, peer: str, envelope: Envelope, timeout: float) -> None:
-        """Best effort (Abort notices): failures are logged, not raised."""
-        try:
-            self.deliver(peer, to_frames(envelope, secrets.randbits(63)), timeout)
-        except (grpc.RpcError, Refused) as exc:
-            log.info("%s: could not tell %s: %s", self.config.name, peer, exc)
-
-    def signal(self, peer: str, session_id: str, kind: int, timeout: float) -> cels_pb2.SessionState:
-        return self.stub(peer).Signal(cels_pb2.SessionSignal(session_id=session_id, kind=kind), timeout=timeout)
-
-    def status(self, peer: str) -> cels_pb2.NodeStatus:
-        """A peer's node key and stock (outside sessions; a short deadline)."""
-        return self.stub(peer).Status(cels_pb2.NodeStatusRequest(), timeout=min(self.config.deadline, 10.0))
-
-    def close(self) -> None:
-        with self._lock:
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
-            self._stubs.clear()
+STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
+SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
+REORDER_WINDOW = 5.0
+"""Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
 
 class Node(cels_pb2_grpc.CelsNodeServicer):
-    """A party or solver node: sessions of roles made by ``factory``.  ``encrypts``: the role
-    encrypts under its peers' keys (a party), so the node stocks obfuscators for them."""
+    """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
-    def __init__(
-        self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False
-    ) -> None:
-        self.config = config
-        self.factory = record_views(factory, config.record_view) if config.record_view else factory
-        self.output_writer = output_writer
+    def __init__(self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
+        from cels.protocol.views import record_views
+
+        self.config, self.output_writer = config, output_writer
         self.peers = PeerClients(config)
-        self.keys = NodeKeys(
-            config.name, list(config.peers), config.keys, self.peers.status,
-            allow_insecure_key_bits=config.min_key_bits < 2048, encrypts=encrypts,
-        )  # fmt: skip
-        self.sessions: dict[str, Session] = {}
-        self.past: OrderedDict[str, cels_pb2.SessionState] = OrderedDict()
-        self.lock = threading.Lock()
-        self.server: grpc.Server | None = None
+        self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
+        def make_role(options: SessionOptions) -> Role:
+            self._admit(options)
+            return factory(options, self.keys)
 
-    # -- server ----------------------------------------------------------------------------
+        self.host = SessionHost(config.name, record_views(make_role, config.record_view) if config.record_view else make_role, time.perf_counter)
+        self.wires: dict[str, Wire] = {}
+        self.ended_wires: OrderedDict[str, Wire] = OrderedDict()
+        self.lock = threading.Lock()  # the host: one call at a time
+        self.changed = threading.Condition(self.lock)
+        self.server: grpc.Server | None = None
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
@@ -412,10 +83,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             warn_insecure(self.config.name)
             port = self.server.add_insecure_port(self.config.listen)
         else:
-            assert self.config.ca and self.config.cert and self.config.key
-            port = self.server.add_secure_port(
-                self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key)
-            )
+            port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
         if port == 0:
             raise OSError(f"{self.config.name}: cannot listen on {self.config.listen}")
         self.server.start()
@@ -424,10 +92,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         return port
 
     def stop(self, grace: float = 1.0) -> None:
-        with self.lock:
-            running = list(self.sessions.values())
-        for session in running:
-            session.abort(self.config.name, "node shutting down")
+        for session_id in list(self.wires):
+            self.abort(session_id, self.config.name, "node shutting down")
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1)
         self.keys.close()
@@ -437,130 +103,97 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         assert self.server is not None
         self.server.wait_for_termination()
 
-    # -- identity --------------------------------------------------------------------------
-
     def authenticate(self, context: grpc.ServicerContext, claimed: str | None, allowed: set[str]) -> str:
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
-        if self.config.insecure:
-            if claimed is None:
-                return "?"
-            if claimed not in allowed:
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect node {claimed!r}")
-            return claimed
-        names = peer_names(context)
-        if claimed is not None:
-            if claimed not in names:
-                raise Refused(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"message claims sender {claimed!r} but the certificate names {sorted(names)}",
-                )
-            names = {claimed}
-        known = names & allowed
-        if not known:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(names)}")
-        return sorted(known)[0]
+        names = {claimed} if self.config.insecure else peer_names(context)
+        if claimed is not None and claimed not in names:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {claimed!r} but the certificate names {sorted(names)}")
+        known = (names & {claimed} if claimed is not None else names) & allowed
+        if not known and not (self.config.insecure and claimed is None):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")
+        return sorted(known)[0] if known else "?"
 
-    # -- sessions --------------------------------------------------------------------------
+    # -- the host, and acting on what it returns ---------------------------------------------
+    def call(self, action: Callable[[float], Effects], session_id: str = "") -> Effects:
+        """One host call under the lock; then act on its effects."""
+        with self.lock:
+            wire = self.wires.get(session_id)
+            if wire is not None:
+                wire.busy = True
+            try:
+                effects = action(time.monotonic())
+            finally:
+                if wire is not None:
+                    wire.busy = False
+                self.host.touch(session_id, time.monotonic())  # a long step is not a stall
+                self.changed.notify_all()
+            self._act(effects)
+        return effects
 
-    def open_session(self, config: cels_pb2.SessionConfig, initiator: str) -> Session:
-        """Check the session's public parameters and build this node's role for it."""
-        nodes = session_nodes(config)
-        if not config.session_id:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "session config without a session id")
-        if self.config.name not in nodes:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} does not include {self.config.name}")
-        if len(set(nodes)) != len(nodes):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"session {config.session_id} names a node twice: {nodes}")
-        unknown = [n for n in nodes if n != self.config.name and n not in self.config.peers]
-        if unknown:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{self.config.name} has no peer named {', '.join(unknown)}")
-        if initiator not in [p.name for p in config.parties]:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"initiator {initiator!r} is not a party of the session")
-        if config.initiator and config.initiator != initiator:
-            raise Refused(
-                grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} names initiator {config.initiator!r}, not {initiator!r}"
-            )
-        if config.key_bits and config.key_bits < self.config.min_key_bits:
-            raise Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{self.config.name} refuses {config.key_bits}-bit keys (minimum {self.config.min_key_bits}; "
-                "smaller keys only to reproduce the paper, --min-key-bits)",
-            )
-        with self.lock:
-            if config.session_id in self.sessions or config.session_id in self.past:
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} exists already")
-        try:
-            role = self.factory(config, self.config.name, self.keys)
-        except (ValueError, OSError) as exc:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{self.config.name}: {exc}") from None
-        session = Session(self, config, role, initiator)
-        with self.lock:
-            if config.session_id in self.sessions:
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {config.session_id} exists already")
-            self.sessions[config.session_id] = session
-        self.keys.session_started()
-        return session
+    def _act(self, effects: Effects) -> None:
+        for event in effects.events:
+            self._event(event)
+        for recipient, envelope in effects.messages:
+            wire = self.wires.get(envelope.session_id)
+            if envelope.WhichOneof("step") == "abort" or wire is None:
+                threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, 5.0), daemon=True).start()
+            else:
+                wire.outbox.put((recipient, envelope))
 
-    def session(self, session_id: str) -> Session:
-        with self.lock:
-            session = self.sessions.get(session_id)
-            past = self.past.get(session_id)
-        if session is not None:
-            return session
-        if past is not None:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {session_id} is over on {self.config.name} ({past.state})")
-        raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown session {session_id!r} on {self.config.name}")
-
-    def retire(self, session: Session) -> None:
-        """Forget a finished or aborted session's role; remember its final state."""
-        with self.lock:
-            if self.sessions.get(session.id) is session:
-                del self.sessions[session.id]
+    def _event(self, event: Event) -> None:
+        name, sid = self.config.name, event.session_id
+        if event.kind == "created":
+            self.wires[sid] = Wire(self, self.host.role(sid).options)
+            self.keys.session_started()
+        elif event.kind == "phase":
+            log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
+        elif event.kind in (ABORTED, DONE):
+            log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
+            wire = self.wires.pop(sid, None)
+            if wire is not None:
+                wire.stopped.set()
+                wire.outbox.put(None)
                 self.keys.session_ended()
-            self.past[session.id] = session.snapshot()
-            while len(self.past) > KEPT_STATES:
-                self.past.popitem(last=False)
+                wire.final = wire.snapshot()
+                self.ended_wires[sid] = wire
+                while len(self.ended_wires) > KEPT_STATES:
+                    self.ended_wires.popitem(last=False)
+        wire = self.wires.get(sid) or self.ended_wires.get(sid)
+        if wire is not None and wire.options.initiator == name:
+            wire.events.put(event)
 
-    def _take(self, session: Session, sender: str, envelope: Envelope) -> None:
-        """Give a delivered envelope to the role.
+    def take(self, sender: str, envelope: Envelope) -> None:
+        """Give an envelope to the host, holding back one refused as out of order (module doc)."""
+        limit = time.monotonic() + min(REORDER_WINDOW, self.host.sessions[envelope.session_id].options.deadline / 4) if envelope.session_id in self.host.sessions else 0
+        while True:
+            try:
+                self.call(lambda now: self._deliver(sender, envelope, now), envelope.session_id)
+                return
+            except ProtocolError as exc:
+                if exc.code != ProtocolError.FAILED_PRECONDITION or step_name(envelope) in ("start_session", "abort") or time.monotonic() >= limit:
+                    raise
+                with self.changed:
+                    self.changed.wait(limit - time.monotonic())
 
-        A ProtocolError only refuses the call (the role's state is unchanged, and the sender,
-        whose delivery failed, aborts the session); any other exception aborts the session here.
-        """
-        step = step_name(envelope)
-        try:
-            session.take(sender, envelope)
-        except (Refused, ProtocolError):
-            raise
-        except Exception as exc:
-            reason = f"{self.config.name} failed on {step}: {type(exc).__name__}: {exc}"
-            session.abort(self.config.name, reason)
-            raise Refused(grpc.StatusCode.INTERNAL, reason) from None
+    def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
+        effects = self.host.deliver(sender, envelope, now)
+        wire = self.wires.get(envelope.session_id)
+        if step_name(envelope) == "step_report" and wire is not None:
+            wire.events.put(envelope.step_report)  # the initiator streams it, before "finished"
+        return effects
 
-    def take_local(self, session: Session, envelope: Envelope) -> None:
-        """A message the role sends to its own node."""
-        try:
-            session.take(self.config.name, envelope)
-        except ProtocolError as exc:
-            session.abort(self.config.name, f"{exc.code}: {exc}")
+    def abort(self, session_id: str, origin: str, reason: str) -> None:
+        self.call(lambda now: self.host.abort(session_id, origin, reason, now), session_id)
 
-    # -- RPCs ------------------------------------------------------------------------------
+    def expire(self) -> None:
+        self.call(self.host.expire)
 
+    # -- RPCs --------------------------------------------------------------------------------
     def Deliver(self, request_iterator: Iterator[cels_pb2.Frame], context: grpc.ServicerContext) -> cels_pb2.Ack:
         try:
             envelope, _ = from_frames(request_iterator)
             sender = self.authenticate(context, envelope.sender, set(self.config.peers))
-            step = step_name(envelope)
-            if step == "start_session":
-                self.open_session(envelope.start_session.config, initiator=sender)
-            elif step == "abort":
-                session = self.session(envelope.session_id)
-                session.abort(envelope.abort.origin or sender, envelope.abort.reason, broadcast=False)
-            else:
-                session = self.session(envelope.session_id)
-                if sender not in session.nodes:
-                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{sender} is not a node of session {session.id}")
-                self._take(session, sender, envelope)
+            self.take(sender, envelope)
             return cels_pb2.Ack(session_id=envelope.session_id)
         except ProtocolError as exc:
             context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
@@ -568,46 +201,34 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")  # context.abort raises
 
+    def _admit(self, options: SessionOptions) -> None:
+        """This node's policy on a new session (ValueError refuses it): its peers, its smallest
+        key size."""
+        unknown = [n for n in options.nodes if n != self.config.name and n not in self.config.peers]
+        if unknown:
+            raise ValueError(f"{self.config.name} has no peer named {', '.join(unknown)}")
+        if options.key_bits < self.config.min_key_bits:
+            raise ValueError(f"{self.config.name} refuses {options.key_bits}-bit keys (minimum {self.config.min_key_bits}; smaller keys only to reproduce the paper, --min-key-bits)")
+
     def Signal(self, request: cels_pb2.SessionSignal, context: grpc.ServicerContext) -> cels_pb2.SessionState:
         try:
             self.authenticate(context, None, set(self.config.peers))
-            if request.kind == cels_pb2.SessionSignal.PROBE:
-                with self.lock:
-                    session = self.sessions.get(request.session_id)
-                    past = self.past.get(request.session_id)
-                if session is not None:
-                    return session.snapshot()
-                return past if past is not None else cels_pb2.SessionState(session_id=request.session_id, state="unknown")
-            session = self.session(request.session_id)
-            try:
-                session.begin() if request.kind == cels_pb2.SessionSignal.BEGIN else session.finish()
-            except (Refused, ProtocolError):
-                raise
-            except Exception as exc:
-                session.abort(self.config.name, f"{type(exc).__name__}: {exc}")
-                raise Refused(grpc.StatusCode.INTERNAL, f"{self.config.name}: {type(exc).__name__}: {exc}") from None
-            return session.snapshot()
+            if request.kind not in SIGNALS:
+                raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
+            sid = request.session_id
+            if request.kind == cels_pb2.SessionSignal.BEGIN:
+                self.call(lambda now: self.host.begin(sid, now), sid)
+            elif request.kind == cels_pb2.SessionSignal.FINISH:
+                self.call(lambda now: self.host.finish(sid, now), sid)
+            wire = self.wires.get(sid) or self.ended_wires.get(sid)
+            if wire is None:
+                return cels_pb2.SessionState(session_id=sid, state="unknown")
+            return wire.snapshot() if sid in self.wires else wire.final
         except ProtocolError as exc:
             context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")
-
-    def Run(self, request: cels_pb2.RunRequest, context: grpc.ServicerContext) -> Iterator[cels_pb2.RunEvent]:
-        """Start a session as its initiator; stream progress, then the output and the report."""
-        try:
-            self.authenticate(context, None, set(self.config.controllers))
-            config = cels_pb2.SessionConfig()
-            config.CopyFrom(request.config)
-            if not config.session_id:
-                config.session_id = secrets.token_hex(8)
-            if not config.initiator:
-                config.initiator = self.config.name
-            session = self.open_session(config, initiator=self.config.name)
-        except Refused as exc:
-            context.abort(exc.code, str(exc))
-        context.add_callback(lambda: session.abort("controller", "the cels run client went away"))
-        yield from self._initiate(session, request.output_name or "sanitized.out")
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
         """The node key for peers; with the obfuscator stock for controllers only (how many
@@ -616,74 +237,71 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             caller = self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
         except Refused as exc:
             context.abort(exc.code, str(exc))
-        with self.lock:
-            running = len(self.sessions)
-        return self.keys.status(running, with_stock=caller in self.config.controllers)
+        return self.keys.status(len(self.wires), with_stock=caller in self.config.controllers)
 
-    def _initiate(self, session: Session, output_name: str) -> Iterator[cels_pb2.RunEvent]:
-        me = self.config.name
-        start = Envelope(session_id=session.id, sender=me, start_session=cels_pb2.StartSession(config=session.config))
-        t0 = time.perf_counter()
+    def Run(self, request: cels_pb2.RunRequest, context: grpc.ServicerContext) -> Iterator[cels_pb2.RunEvent]:
+        """Start a session as its initiator; stream progress, then the output and the report."""
+        try:
+            self.authenticate(context, None, set(self.config.controllers))
+            config = cels_pb2.SessionConfig()
+            config.CopyFrom(request.config)
+            options = SessionOptions.from_config(config)
+            if options.initiator != self.config.name:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"session {options.session_id} names initiator {options.initiator!r}, not {self.config.name!r}")
+            self.call(lambda now: self.host.create(options, now), options.session_id)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.config.name}: bad session config: {exc}")
+        except ProtocolError as exc:
+            context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+        context.add_callback(lambda: self.abort(options.session_id, "controller", "the cels run client went away"))
+        yield from self._initiate(self.wires[options.session_id], request.output_name or "sanitized.out")
+
+    def _initiate(self, wire: Wire, output_name: str) -> Iterator[cels_pb2.RunEvent]:
+        me, sid, t0 = self.config.name, wire.id, time.perf_counter()
+        start = Envelope(session_id=sid, sender=me, start_session=cels_pb2.StartSession(config=wire.options.to_config()))
         target = me
         try:
-            for target in session.others:
+            for target in wire.others:
                 frames = to_frames(start, 0)
-                self.peers.deliver(target, frames, session.deadline)
-                session.bytes_sent["start_session"] += sum(f.ByteSize() for f in frames)
-                session.messages_sent["start_session"] += 1
-            for target in session.others:
-                self.peers.signal(target, session.id, cels_pb2.SessionSignal.BEGIN, session.deadline)
+                self.peers.deliver(target, frames, wire.deadline)
+                wire.bytes_sent["start_session"] += sum(f.ByteSize() for f in frames)
+                wire.messages_sent["start_session"] += 1
+            for target in wire.others:
+                self.peers.signal(target, sid, cels_pb2.SessionSignal.BEGIN, wire.deadline)
             target = me
-            session.begin()
+            self.call(lambda now: self.host.begin(sid, now), sid)
         except grpc.RpcError as exc:
-            session.abort(target, f"{exc.code().name}: {exc.details()}")
-        except Exception as exc:  # the initiator's own role or state failed
-            session.abort(me, f"{type(exc).__name__}: {exc}")
-        while True:
-            kind, value = session.events.get()
-            if kind == "progress":
-                yield cels_pb2.RunEvent(progress=value)
-            elif kind == "aborted":
-                yield cels_pb2.RunEvent(aborted=value)
-                return
-            elif kind == "done":
-                break
-        try:
-            states = self._finish_everywhere(session)
-            report = dict(getattr(session.role, "report", None) or {})
-            output = getattr(session.role, "output", None)
-            session.finish()
-        except (grpc.RpcError, Refused) as exc:
-            detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
-            session.abort(me, f"finishing the session failed: {detail}")
-            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=session.id, origin=me, reason=detail))
+            self.abort(sid, refusal_origin(exc.details() or "") or target, f"{exc.code().name}: {exc.details()}")
+        while isinstance(event := wire.events.get(), cels_pb2.StepReport) or event.kind not in ("finished", ABORTED):
+            if isinstance(event, cels_pb2.StepReport):
+                yield cels_pb2.RunEvent(progress=event)
+            elif event.kind == "phase" and event.old not in ("prepared", "done"):
+                yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds))
+        if event.kind == ABORTED:
+            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=event.origin, reason=event.reason))
             return
-        while not session.events.empty():  # progress reported while the others finished
-            kind, value = session.events.get_nowait()
-            if kind == "progress":
-                yield cels_pb2.RunEvent(progress=value)
-        report["session_id"] = session.id
-        report["wall_seconds"] = time.perf_counter() - t0
-        report["wire"] = wire_report(states)
+        wire.outbox.join()
+        role = self.host.role(sid)
+        states = {me: wire.snapshot()}
+        try:
+            for peer in wire.others:
+                states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
+            self.call(lambda now: self.host.finish(sid, now), sid)
+        except (grpc.RpcError, ProtocolError) as exc:
+            detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+            self.abort(sid, me, f"finishing the session failed: {detail}")
+            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=me, reason=detail))
+            return
+        report = {**(role.report or {}), "session_id": sid, "wall_seconds": time.perf_counter() - t0, "wire": wire_report(states)}
         with tempfile.TemporaryDirectory(prefix="cels-output-") as tmp:
             path = Path(tmp) / Path(output_name).name
-            if self.output_writer is None or output is None:
-                raise RuntimeError(f"{me}: the session ended without an output to write")
-            self.output_writer(output, path)
+            self.output_writer(role.output, path)
             with open(path, "rb") as fh:
                 while chunk := fh.read(CHUNK_BYTES):
                     yield cels_pb2.RunEvent(output_chunk=chunk)
         yield cels_pb2.RunEvent(report_json=json.dumps(report, default=_json_default))
-
-    def _finish_everywhere(self, session: Session) -> dict[str, cels_pb2.SessionState]:
-        """Send what is queued, then FINISH every other node and collect their counters."""
-        session.drain()
-        if session.state == "aborted":
-            raise Refused(grpc.StatusCode.ABORTED, f"{session.origin}: {session.reason}")
-        states = {self.config.name: session.snapshot()}
-        for peer in session.others:
-            states[peer] = self.peers.signal(peer, session.id, cels_pb2.SessionSignal.FINISH, session.deadline)
-        return states
 
 
 def wire_report(states: dict[str, cels_pb2.SessionState]) -> dict[str, Any]:

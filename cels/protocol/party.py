@@ -1,4 +1,4 @@
-"""The party role P_k (CELS section 4.2; spec/protocol.md phases 1-5).
+"""The party role P_k (CELS section 4.2; docs/protocol.md phases 1-5).
 
 One state machine per session over this party's private log D_k.  Phases, in order:
 
@@ -33,17 +33,17 @@ from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels import metrics
 from cels.logs.model import LogRecord, SearchLog
 from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
-from cels.protocol.roles import Outgoing
-from cels.protocol.rolebase import RoleFailure, SessionRole, fail, malformed
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Outgoing, accepts, fail, malformed
+from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
 from cels.mechanism.sanitize import privacy_accounting
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
-from cels.protocol.sampling import DEFAULT_THETA, StagedSampler, paper_trials
+from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
-SAMPLING_MODES = ("exact", "paper")
 COUNT_BOUND = 2**31 - 1
 """Public packing bound of every party's count and stage-total vectors (secure sums)."""
 
@@ -53,7 +53,7 @@ def encode_item(*fields) -> bytes:
     return json.dumps(list(fields), ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def decode_record(data: bytes) -> LogRecord:
+def union_record(data: bytes) -> LogRecord:
     """Inverse of encode_item for a record (user, query, url, count)."""
     try:
         user, query, url, count = json.loads(data.decode())
@@ -66,14 +66,11 @@ def decode_record(data: bytes) -> LogRecord:
     return LogRecord(user, query, url, count)
 
 
-def commutative_hash(config: cels_pb2.SessionConfig, allow_paper_bits: bool = False):
-    """This party's fresh key for the universe phase (spec: EC by default, PH as an option)."""
-    name = config.universe_cipher or "x25519"
-    if name == "x25519":
+def commutative_hash(options: SessionOptions, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
+    """This party's fresh key for the universe phase (docs/protocol.md: EC by default, PH as an option)."""
+    if options.universe_cipher == "x25519":
         return X25519Hash()
-    if name == "pohlig-hellman":
-        return PohligHellmanHash(group_for_bits(config.group_bits or 2048, allow_paper_bits=allow_paper_bits))
-    raise ValueError(f"universe_cipher must be 'x25519' or 'pohlig-hellman', got {name!r}")
+    return PohligHellmanHash(group_for_bits(options.group_bits, allow_paper_bits=allow_paper_bits))
 
 
 class PartyRole(SessionRole):
@@ -85,18 +82,16 @@ class PartyRole(SessionRole):
     def __init__(
         self,
         name: str,
-        config: cels_pb2.SessionConfig,
+        options: SessionOptions,
         log: SearchLog | Callable[[], SearchLog],
         *,
         allow_insecure_key_bits: bool = False,
         obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
     ) -> None:
-        super().__init__(name, config)
+        super().__init__(name, options)
         if name not in self.parties:
             raise ValueError(f"{name!r} is not a party of session {self.session_id!r}")
-        if (config.sampling or "exact") not in SAMPLING_MODES:
-            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {config.sampling!r}")
         self.k = self.parties.index(name)
         self.r = len(self.parties)
         self.successor = self.parties[(self.k + 1) % self.r]
@@ -105,11 +100,9 @@ class PartyRole(SessionRole):
         self._log_source = log
         self._allow_insecure = allow_insecure_key_bits
         self._obfuscators = obfuscators
-        self._hash = commutative_hash(config, allow_paper_bits=allow_insecure_key_bits)
+        self._hash = commutative_hash(options, allow_paper_bits=allow_insecure_key_bits)
         self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
         self.log: SearchLog | None = None
-        self.output: SearchLog | None = None
-        self.report: dict | None = None
         self.reports: list[cels_pb2.StepReport] = []
         self._sums: dict[str, SecureSum] = {}
         self.nlp_key: paillier.PublicKey | None = None
@@ -118,19 +111,17 @@ class PartyRole(SessionRole):
         self.pi: np.ndarray | None = None  # pi_k, this party's column permutation (Algorithm 2 line 11)
         self._obfuscator_sources: dict[int, ObfuscatorSource] = {}
         # P_1's key for every secure sum of the session: the node key if given, else fresh
-        self._sum_keypair = paillier.checked_keypair(keypair, config.key_bits or paillier.DEFAULT_KEY_BITS)
+        self._sum_keypair = paillier.checked_keypair(keypair, options.key_bits)
 
     # -- phase 1: universe -------------------------------------------------------------------
     def _begin(self) -> list[Outgoing]:
-        if self.phase != "prepared":
-            return []
         self._enter("load")
         try:
             log = self._log_source() if callable(self._log_source) else self._log_source
         except Exception as exc:  # noqa: BLE001 - any load failure aborts the session with its message
             raise RoleFailure(f"cannot load the log: {exc}") from None
         self.log = log
-        self.counts = apply_cap(log.counts, self.params.cap).tocsr()
+        self.counts = apply_cap(log.counts, self.options.cap).tocsr()
         local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
         own = np.flatnonzero(local_totals > 0)
         self._enter("universe")
@@ -145,8 +136,6 @@ class PartyRole(SessionRole):
         return self._send(self.successor, universe_hop=hop)
 
     def _on_universe_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
-        out = self._begin()
-        self._expect("universe", "universe_hop")
         applied = list(msg.applied)
         if msg.owner not in self.parties or not applied or applied[0] != msg.owner or len(set(applied)) != len(applied):
             raise malformed(f"{self.name}: universe_hop owner/applied inconsistent")
@@ -159,7 +148,7 @@ class PartyRole(SessionRole):
             except CommutativeCipherError as exc:
                 raise malformed(f"{self.name}: universe_hop: {exc}") from None
             hop = cels_pb2.UniverseHop(session_id=self.session_id, owner=msg.owner, applied=[*applied, self.name], ids=ids)
-            return out + self._send(self.successor, universe_hop=hop)
+            return self._send(self.successor, universe_hop=hop)
         if msg.owner == self.name:  # my own ids, every layer applied, in the order I sent them
             self._expect_sender(sender, self.predecessor, "universe_hop")
             if self._full_ids is not None or len(msg.ids) != len(self._own_pairs):
@@ -169,11 +158,11 @@ class PartyRole(SessionRole):
                 hop = cels_pb2.UniverseHop(
                     session_id=self.session_id, owner=self.name, applied=applied, ids=sorted(self._full_ids)
                 )
-                return out + self._send(self.key_holder, universe_hop=hop)
-            return out + self._collect_universe(self.name, self._full_ids)
+                return self._send(self.key_holder, universe_hop=hop)
+            return self._collect_universe(self.name, self._full_ids)
         if self.name != self.key_holder or sender != msg.owner:
             raise fail(f"{self.name}: complete universe ids of {msg.owner} from {sender}")
-        return out + self._collect_universe(msg.owner, list(msg.ids))
+        return self._collect_universe(msg.owner, list(msg.ids))
 
     def _collect_universe(self, owner: str, ids: list[bytes]) -> list[Outgoing]:
         """P_1 assembles the sorted union of the fully hashed ids (the index of variables)."""
@@ -188,7 +177,6 @@ class PartyRole(SessionRole):
         return self._send(others, universe_index=msg) + self._apply_index(index)
 
     def _on_universe_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
-        self._expect("universe", "universe_index")
         self._expect_sender(sender, self.key_holder, "universe_index")
         if self._full_ids is None:
             raise fail(f"{self.name}: universe_index before its own ids came back")
@@ -224,9 +212,7 @@ class PartyRole(SessionRole):
     def _start_sum(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
         """Join secure sum ``sum_id`` (P_1's key, one key pair for the whole session)."""
         if self.k == 0 and self._sum_keypair is None:
-            self._sum_keypair = paillier.generate_keypair(
-                self.config.key_bits or paillier.DEFAULT_KEY_BITS, allow_insecure_key_bits=self._allow_insecure
-            )
+            self._sum_keypair = paillier.generate_keypair(self.options.key_bits, allow_insecure_key_bits=self._allow_insecure)
         try:
             secure_sum = SecureSum(
                 name=self.name,
@@ -235,7 +221,7 @@ class PartyRole(SessionRole):
                 ring=self.parties,
                 values=vector,
                 bound=1 if sum_id == "unique" else COUNT_BOUND,
-                key_bits=self.config.key_bits or paillier.DEFAULT_KEY_BITS,
+                key_bits=self.options.key_bits,
                 allow_insecure_key_bits=self._allow_insecure,
                 keypair=self._sum_keypair,
                 obfuscators=self._obfuscators_for,
@@ -245,12 +231,9 @@ class PartyRole(SessionRole):
         self._sums[sum_id] = secure_sum
         return secure_sum.start()
 
-    def _on_subprotocol(self, sender: str, envelope) -> list[Outgoing]:
-        """Sum and union messages go to the running sub-protocol objects."""
-        step = envelope.WhichOneof("step")
-        if step.startswith("union_"):
-            return self._on_union(sender, envelope)
-        sum_id = getattr(envelope, step).sum_id
+    def _on_sum_message(self, sender: str, envelope) -> list[Outgoing]:
+        """Secure sum messages go to the running sum of their id."""
+        sum_id = getattr(envelope, envelope.WhichOneof("step")).sum_id
         secure_sum = self._sums.get(sum_id)
         if secure_sum is None:
             raise fail(f"{self.name}: message for secure sum {sum_id!r}, which is not running (phase {self.phase!r})")
@@ -274,7 +257,7 @@ class PartyRole(SessionRole):
     def _constraints(self, unique: np.ndarray) -> list[Outgoing]:
         """Suppress unique pairs, clean (min_count), build and prune this party's ln t rows."""
         c = self.totals
-        self.active = np.flatnonzero((c > 0) & ~unique & (c >= self.params.min_count))
+        self.active = np.flatnonzero((c > 0) & ~unique & (c >= self.options.min_count))
         self.unique_pairs = int(np.count_nonzero(unique))
         self.rows = prune_dominated(log_t_rows(self.local[:, self.active], c[self.active]))
         self._enter("nlp")
@@ -282,12 +265,11 @@ class PartyRole(SessionRole):
         return self._send(self.solver, constraint_shape=shape)
 
     def _on_nlp_key(self, sender: str, msg: cels_pb2.NlpKey) -> list[Outgoing]:
-        self._expect("nlp", "nlp_key")
         self._expect_sender(sender, self.solver, "nlp_key")
         if self.nlp_key is not None:
             raise fail(f"{self.name}: second nlp_key")
         try:
-            key = paillier.PublicKey.from_proto(msg.key, allow_insecure_key_bits=self._allow_insecure)
+            key = codec.public_key_of(msg.key, allow_insecure_key_bits=self._allow_insecure)
         except ValueError as exc:
             raise malformed(f"{self.name}: nlp_key: {exc}") from None
         rows = list(msg.shape_rows)
@@ -306,7 +288,7 @@ class PartyRole(SessionRole):
         out = []
         if rows[self.k]:
             af = paillier.encrypt(key, share.af, fixed_point_packing(key, af_bound, 1), self._obf)
-            block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=af.to_proto())
+            block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=codec.matrix_message(af))
             out = self._send(self.solver, nlp_slack_block=block)
         if self.k != 0:
             return out
@@ -320,7 +302,7 @@ class PartyRole(SessionRole):
         for w in which:
             shape = shapes[w]
             try:
-                enc = paillier.EncryptedMatrix.from_proto(getattr(msg, w), self.nlp_key)
+                enc = codec.matrix_of(getattr(msg, w), self.nlp_key)
             except ValueError as exc:
                 raise malformed(f"{self.name}: {step}.{w}: {exc}") from None
             if (enc.rows, enc.cols) != shape or enc.packing != self._packings[w] or enc.terms != terms:
@@ -333,7 +315,7 @@ class PartyRole(SessionRole):
 
     def _forward_sum(self, enc: dict, hops: int) -> list[Outgoing]:
         """Next sum hop; after the last share AB goes to P_0 and AT into the permutation ring."""
-        protos = {w: e.to_proto() for w, e in enc.items()}
+        protos = {w: codec.matrix_message(e) for w, e in enc.items()}
         if hops < self.r:
             hop = cels_pb2.NlpSumHop(session_id=self.session_id, hops=hops, **protos)
             return self._send(self.successor, nlp_sum_hop=hop)
@@ -343,7 +325,6 @@ class PartyRole(SessionRole):
 
     def _on_nlp_sum_hop(self, sender: str, msg: cels_pb2.NlpSumHop) -> list[Outgoing]:
         """Algorithm 2 line 8: add this party's plaintext share, re-randomise, forward."""
-        self._expect("nlp", "nlp_sum_hop")
         self._expect_sender(sender, self.predecessor, "nlp_sum_hop")
         if self.nlp_key is None or self.k == 0 or msg.hops != self.k or self._summed:
             raise fail(f"{self.name}: nlp_sum_hop after {msg.hops} hops out of order")
@@ -354,7 +335,6 @@ class PartyRole(SessionRole):
 
     def _on_nlp_permute_hop(self, sender: str, msg: cels_pb2.NlpPermuteHop) -> list[Outgoing]:
         """Algorithm 2 lines 10-11: permute the variables of AT with pi_k, re-randomise."""
-        self._expect("nlp", "nlp_permute_hop")
         self._expect_sender(sender, self.parties[-1] if self.k == 0 else self.predecessor, "nlp_permute_hop")
         if self.nlp_key is None or msg.hops != self.k or self.pi is not None:
             raise fail(f"{self.name}: nlp_permute_hop after {msg.hops} permutations out of order")
@@ -363,12 +343,11 @@ class PartyRole(SessionRole):
         secrets.SystemRandom().shuffle(perm)
         self.pi = np.asarray(perm, dtype=np.int64)
         at = at.permute_columns(self.pi).rerandomize(self._obf)
-        hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=at.to_proto())
+        hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=codec.matrix_message(at))
         return self._send(self.successor if self.k < self.r - 1 else self.solver, nlp_permute_hop=hop)
 
     def _on_nlp_solution(self, sender: str, msg: cels_pb2.NlpSolution) -> list[Outgoing]:
         """Undo pi_r .. pi_1 in reverse order (Algorithm 2, last line); P_1 shares the result."""
-        self._expect("nlp", "nlp_solution")
         final = msg.unpermuted == self.r
         if final:
             self._expect_sender(sender, self.parties[0], "nlp_solution")
@@ -409,10 +388,9 @@ class PartyRole(SessionRole):
             raise RoleFailure(f"the solution breaks one of this party's conditions ({worst:.6g} > b = {self.b:.6g})")
         self.x = x
         self._enter("sampling")
-        if (self.config.sampling or "exact") == "paper":
+        if self.options.sampling == "paper":
             return self._paper_sampling()
-        theta = self.config.sampling_theta or DEFAULT_THETA
-        self._sampler = StagedSampler(self.local[:, self.active], self.totals[self.active], x, self._rng, theta)
+        self._sampler = StagedSampler(self.local[:, self.active], self.totals[self.active], x, self._rng, self.options.sampling_theta)
         return self._next_stage()
 
     # -- phase 4: sampling ------------------------------------------------------------------------
@@ -441,7 +419,7 @@ class PartyRole(SessionRole):
         sampled = sp.csr_matrix(sampled)
         sampled.eliminate_zeros()
         users = np.flatnonzero(np.diff(sampled.indptr))
-        names = [self.log.users[j] for j in users] if self.config.keep_user_ids else pseudonyms(len(users))
+        names = [self.log.users[j] for j in users] if self.options.keep_user_ids else pseudonyms(len(users))
         out = []
         for j, user in zip(users, names):
             lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
@@ -455,13 +433,11 @@ class PartyRole(SessionRole):
         self.sampled = sampled
         self._secure_union = SecureUnion(
             name=self.name, session_id=self.session_id, ring=self.parties, records=self._records(sampled),
-            group=group_for_bits(self.config.group_bits or 2048, allow_paper_bits=self._allow_insecure),
+            group=group_for_bits(self.options.group_bits, allow_paper_bits=self._allow_insecure),
         )
         return self._secure_union.start()
 
     def _on_union(self, sender: str, envelope) -> list[Outgoing]:
-        if self.phase != "union":
-            raise fail(f"{self.name}: {envelope.WhichOneof('step')} out of order (in phase {self.phase!r})")
         out = self._secure_union.receive(sender, envelope)
         if self._secure_union.done:
             if self.name == self.initiator:
@@ -472,7 +448,7 @@ class PartyRole(SessionRole):
     # -- the initiator: output and report -------------------------------------------------------
     def _output(self, records: list[bytes]) -> None:
         """The union in the input's schema (records decode to (user, query, url, count))."""
-        self.output = SearchLog.from_records((decode_record(r) for r in records), source=self.log.source)
+        self.output = SearchLog.from_records((union_record(r) for r in records), source=self.log.source)
 
     def _report(self) -> list[Outgoing]:
         if self.name != self.initiator:
@@ -510,17 +486,17 @@ class PartyRole(SessionRole):
         for entry in phases.values():
             entry["seconds_total"] = sum(entry["seconds"].values())
             entry["bytes_total"] = sum(entry["bytes"].values())
-        cfg = self.config
+        opts = self.options
         x_all = np.zeros(self.n, dtype=np.int64)
         x_all[self.active] = self.x
-        cleaned = self.totals >= max(cfg.min_count, 1)
+        cleaned = self.totals >= max(opts.min_count, 1)
         return {
             "method": "cels-protocol",
-            "privacy": {**privacy_accounting(self.params, self.b, self.solver_report.get("noise")), "min_count": cfg.min_count},
+            "privacy": {**privacy_accounting(opts.params, self.b, self.solver_report.get("noise")), "min_count": opts.min_count},
             "solver": self.solver_report,
             "noise": self.solver_report.get("noise"),
             "utility": {
-                **metrics.utility_report(self.totals[cleaned], x_all[cleaned], support=self.params.support),
+                **metrics.utility_report(self.totals[cleaned], x_all[cleaned], support=opts.support),
                 "against": "the summed pair totals c after the cap (the parties never see the uncapped sum)",
             },
             "sizes": {
@@ -534,13 +510,30 @@ class PartyRole(SessionRole):
                 "output_size": int(self.output.size),
             },
             "sampling": {
-                "mode": cfg.sampling or "exact",
+                "mode": opts.sampling,
                 "stages": self._sampler.stage if self._sampler is not None else 0,
-                "theta": cfg.sampling_theta or DEFAULT_THETA,
+                "theta": opts.sampling_theta,
             },
-            "universe_cipher": cfg.universe_cipher or "x25519",
-            "key_bits": cfg.key_bits or paillier.DEFAULT_KEY_BITS,
-            "group_bits": cfg.group_bits or 2048,
+            "universe_cipher": opts.universe_cipher,
+            "key_bits": opts.key_bits,
+            "group_bits": opts.group_bits,
             "phases": phases,
             "bytes_total": int(sum(e["bytes_total"] for e in phases.values())),
         }
+
+    ACCEPTS = {
+        "universe_hop": accepts("universe", _on_universe_hop),
+        "universe_index": accepts("universe", _on_universe_index),
+        "sum_key": accepts(("counts", "sampling"), _on_sum_message, whole=True),
+        "sum_hop": accepts(("counts", "sampling"), _on_sum_message, whole=True),
+        "sum_result": accepts(("counts", "sampling"), _on_sum_message, whole=True),
+        "nlp_key": accepts("nlp", _on_nlp_key),
+        "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
+        "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
+        "nlp_solution": accepts("nlp", _on_nlp_solution),
+        "union_encrypt_hop": accepts("union", _on_union, whole=True),
+        "union_decrypt_hop": accepts("union", _on_union, whole=True),
+        "union_result": accepts("union", _on_union, whole=True),
+        "step_report": accepts(("universe", "counts", "nlp", "sampling", "union", "done"), _on_step_report),
+    }
+    """Which step message P_k takes in which phase (the initiator also takes StepReports)."""

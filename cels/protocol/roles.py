@@ -1,14 +1,24 @@
-"""The contract every sans-I/O role follows, and the errors it raises."""
+"""The contract between a session host and the roles it hosts, and the errors they raise.
+
+A role is one node's state machine for one session (h11-style, sans-I/O): the host gives it
+step messages and gets back the messages they cause.  Which message a role takes in which phase
+is an explicit table (:class:`Accepts` per step, ``ACCEPTS`` on every role class); anything
+else is refused with FAILED_PRECONDITION, and the role's state is left unchanged.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from cels.protocol.wire import cels_pb2
 
 Envelope = cels_pb2.Envelope
 Outgoing = tuple[str, cels_pb2.Envelope]
 """A message to send: (recipient node name, envelope)."""
+PhaseHook = Callable[[str, str], None]
+"""Called by a role when it leaves phase ``old`` for phase ``new`` (the host's accounting)."""
 
 
 class ProtocolError(Exception):
@@ -29,13 +39,57 @@ class ProtocolError(Exception):
         self.code = code
 
 
+def fail(message: str) -> ProtocolError:
+    """A message out of protocol order, from the wrong sender, or for an unknown session."""
+    return ProtocolError(ProtocolError.FAILED_PRECONDITION, message)
+
+
+def malformed(message: str) -> ProtocolError:
+    """A message whose content is wrong."""
+    return ProtocolError(ProtocolError.INVALID_ARGUMENT, message)
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """One row of a role's transition table: the phases in which it takes a step message, and
+    its handler ``handler(role, sender, message)`` (``whole``: the handler takes the envelope,
+    as the secure sum and secure union sub-protocols do)."""
+
+    phases: frozenset[str]
+    handler: Callable[..., list[Outgoing]]
+    whole: bool = False
+
+
+def accepts(phases: str | tuple[str, ...], handler: Callable[..., list[Outgoing]], *, whole: bool = False) -> Accepts:
+    return Accepts(frozenset((phases,) if isinstance(phases, str) else phases), handler, whole)
+
+
 class Role(Protocol):
-    """One node's part in one session."""
+    """Everything a session host may call on a role (cels.protocol.host)."""
 
     name: str
+    phase: str
+    aborted: cels_pb2.Abort | None
+    output: Any
+    report: dict | None
+    seconds: dict[str, float]
+    phase_hook: PhaseHook | None
+
+    def begin(self) -> list[Outgoing]:
+        """Start this node's part (idempotent)."""
+        ...
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
         """Take one step message; return the messages it causes. Raises ProtocolError."""
+        ...
+
+    def abort(self, reason: str) -> list[Outgoing]:
+        """This node gives up: the Abort envelopes for every other node."""
+        ...
+
+    @property
+    def finished(self) -> bool:
+        """This node's part is over (the initiator: output and every node's report in)."""
         ...
 
 
@@ -43,5 +97,5 @@ def step_name(envelope: Envelope) -> str:
     """The protocol step an envelope carries (its ``step`` oneof field name)."""
     name = envelope.WhichOneof("step")
     if name is None:
-        raise ProtocolError(ProtocolError.INVALID_ARGUMENT, "envelope carries no step message")
+        raise malformed("envelope carries no step message")
     return name

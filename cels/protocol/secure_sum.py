@@ -37,7 +37,7 @@ from cels.crypto.paillier import (
     generate_keypair,
 )
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, step_name
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 ObfuscatorFactory = Callable[[PublicKey], ObfuscatorSource]
 
@@ -156,13 +156,13 @@ class SecureSum(RingMember):
         if self.r == 1:
             self._finish(self._packing(self.public_key).quantize(self._matrix()))
             return []
-        key = cels_pb2.SumKey(session_id=self.session_id, sum_id=self.sum_id, key=self.public_key.to_proto())
+        key = cels_pb2.SumKey(session_id=self.session_id, sum_id=self.sum_id, key=codec.public_key_message(self.public_key))
         out: list[Outgoing] = [(p, self.envelope(sum_key=key)) for p in self.others()]
         first = encrypt(self.public_key, self._matrix(), self._packing(self.public_key), self._obfuscators(self.public_key))
         return out + [(self.at(1), self._hop(1, first))]
 
     def _hop(self, hops: int, partial: EncryptedMatrix) -> Envelope:
-        hop = cels_pb2.SumHop(session_id=self.session_id, sum_id=self.sum_id, hops=hops, partial=partial.to_proto())
+        hop = cels_pb2.SumHop(session_id=self.session_id, sum_id=self.sum_id, hops=hops, partial=codec.matrix_message(partial))
         return self.envelope(sum_hop=hop)
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
@@ -183,7 +183,7 @@ class SecureSum(RingMember):
         if sender != self.key_holder or self.name == self.key_holder or self.public_key is not None:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumKey from {sender!r}")
         try:
-            self.public_key = PublicKey.from_proto(message.key, allow_insecure_key_bits=self.allow_insecure_key_bits)
+            self.public_key = codec.public_key_of(message.key, allow_insecure_key_bits=self.allow_insecure_key_bits)
         except (KeySizeError, CiphertextError) as exc:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumKey: {exc}") from None
         return self._replay_pending()
@@ -210,7 +210,7 @@ class SecureSum(RingMember):
             self._pending_hop = (sender, envelope)  # the SumKey is still on its way
             return []
         try:
-            partial = EncryptedMatrix.from_proto(hop.partial, self.public_key)
+            partial = codec.matrix_of(hop.partial, self.public_key)
         except CiphertextError as exc:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumHop from {sender!r}: {exc}") from None
         if partial.packing != self._packing(self.public_key) or (partial.rows, partial.cols) != self._matrix().shape:

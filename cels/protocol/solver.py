@@ -1,4 +1,4 @@
-"""The solver role P_0 (CELS Algorithm 2 lines 2, 12-13; spec/protocol.md phase 3).
+"""The solver role P_0 (CELS Algorithm 2 lines 2, 12-13; docs/protocol.md phase 3).
 
 P_0 holds no data.  It collects every party's constraint-row count m_k, agrees l, generates
 the NLP's Paillier key and sends it (NlpKey) to the parties; it receives the summed, column-
@@ -20,10 +20,11 @@ from cels.crypto import paillier
 from cels.mechanism.conditions import Conditions
 from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
-from cels.protocol.roles import Outgoing
-from cels.protocol.rolebase import RoleFailure, SessionRole, fail, malformed
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Outgoing, accepts, fail, malformed
+from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.protocol.transform import agreed_ell, eliminate_slacks
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 
 class SolverRole(SessionRole):
@@ -32,20 +33,25 @@ class SolverRole(SessionRole):
     def __init__(
         self,
         name: str,
-        config: cels_pb2.SessionConfig,
+        options: SessionOptions,
         *,
         allow_insecure_key_bits: bool = False,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
         decryption_pool: Executor | None = None,
+        max_time_limit: float | None = None,
     ) -> None:
         """``keypair``: the node key (cels.node.keys), else a fresh pair for this session;
-        ``decryption_pool``: a process pool for the CRT decryptions (else in this process)."""
-        super().__init__(name, config)
+        ``decryption_pool``: a process pool for the CRT decryptions (else in this process);
+        ``max_time_limit``: the most seconds this node gives the integer step (a node policy:
+        a session asking more gets this many)."""
+        super().__init__(name, options)
         if name != self.solver:
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
-        bits = config.key_bits or paillier.DEFAULT_KEY_BITS
-        paillier.check_key_bits(bits, allow_insecure_key_bits=allow_insecure_key_bits)
-        self._keypair = paillier.checked_keypair(keypair, bits)
+        paillier.check_key_bits(options.key_bits, allow_insecure_key_bits=allow_insecure_key_bits)
+        self._keypair = paillier.checked_keypair(keypair, options.key_bits)
+        self.params = options.params
+        if max_time_limit is not None:
+            self.params.time_limit = min(self.params.time_limit, max_time_limit)
         self._allow_insecure = allow_insecure_key_bits
         self._decryption_pool = decryption_pool
         self.shapes: dict[str, int] = {}
@@ -59,15 +65,12 @@ class SolverRole(SessionRole):
         self.view: tuple | None = None
 
     def _begin(self) -> list[Outgoing]:
-        if self.phase == "prepared":
-            self._enter("nlp")
+        self._enter("nlp")
         return []
 
     def _on_constraint_shape(self, sender: str, msg: cels_pb2.ConstraintShape) -> list[Outgoing]:
         """Collect m_k; with all r: key pair, l, NlpKey to P_r .. P_1 (P_1 last, so that every
         party holds the key before P_1's first hop can reach it)."""
-        self._begin()
-        self._expect("nlp", "constraint_shape")
         if sender not in self.parties or msg.party != sender:
             raise fail(f"{self.name}: constraint_shape for {msg.party!r} from {sender!r}")
         if sender in self.shapes or self.public_key is not None:
@@ -78,16 +81,16 @@ class SolverRole(SessionRole):
         rows = [self.shapes[p] for p in self.parties]
         if sum(rows) == 0:
             raise RoleFailure("no party has a constraint row: no pair is held by two users")
-        self.ell = agreed_ell(sum(rows), self.config.ell_ratio or 1.5)
+        self.ell = agreed_ell(sum(rows), self.options.ell_ratio)
         self.public_key, self._private_key = self._keypair or paillier.generate_keypair(
-            self.config.key_bits or paillier.DEFAULT_KEY_BITS, allow_insecure_key_bits=self._allow_insecure
+            self.options.key_bits, allow_insecure_key_bits=self._allow_insecure
         )
-        key = cels_pb2.NlpKey(session_id=self.session_id, key=self.public_key.to_proto(), ell=self.ell, shape_rows=rows)
+        key = cels_pb2.NlpKey(session_id=self.session_id, key=codec.public_key_message(self.public_key), ell=self.ell, shape_rows=rows)
         return self._send(list(reversed(self.parties)), nlp_key=key)
 
     def _decrypt(self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int) -> np.ndarray:
         try:
-            enc = paillier.EncryptedMatrix.from_proto(msg, self.public_key)
+            enc = codec.matrix_of(msg, self.public_key)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
         if (enc.rows, enc.cols) != shape:
@@ -100,7 +103,6 @@ class SolverRole(SessionRole):
             raise malformed(f"{self.name}: {what}: {exc}") from None
 
     def _expect_nlp(self, step: str) -> None:
-        self._expect("nlp", step)
         if self.public_key is None or self._private_key is None:
             raise fail(f"{self.name}: {step} before the NLP key was sent")
 
@@ -163,3 +165,11 @@ class SolverRole(SessionRole):
         )
         self._finish()
         return self._send(self.parties[-1], nlp_solution=solution_msg)
+
+    ACCEPTS = {
+        "constraint_shape": accepts("nlp", _on_constraint_shape),
+        "nlp_slack_block": accepts("nlp", _on_nlp_slack_block),
+        "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
+        "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
+    }
+    """Which step message P_0 takes in which phase."""

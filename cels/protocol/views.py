@@ -42,7 +42,7 @@ from cels.crypto import paillier
 from cels.fileio import atomic_write, atomic_write_json
 from cels.protocol.rolebase import phase_of
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, step_name
-from cels.protocol.wire import cels_pb2
+from cels.protocol.wire import cels_pb2, codec
 
 VIEW_FILE = "view.jsonl"
 SESSION_FILE = "session.json"
@@ -77,7 +77,7 @@ def _decrypt(keys: list[paillier.PrivateKey], msg: cels_pb2.EncryptedMatrix) -> 
     """The matrix in ``msg`` if one of ``keys`` opens it (a wrong key fails the slot checks)."""
     for key in keys:
         try:
-            return paillier.decrypt(key, paillier.EncryptedMatrix.from_proto(msg, key.public_key))
+            return paillier.decrypt(key, codec.matrix_of(msg, key.public_key))
         except ValueError:
             continue
     return None
@@ -208,8 +208,8 @@ class NodeView:
 class ViewRecorder:
     """Wrap one role: record every message it receives and sends (see the module docstring).
 
-    Attributes other than ``receive``/``start``/``abort`` go to the wrapped role, so the
-    recorder stands wherever the role does (NodeHost sessions, the gRPC node's Session).
+    Attributes other than ``receive``/``begin``/``abort`` go to the wrapped role, so the
+    recorder stands wherever the role does (in a SessionHost).
     """
 
     def __init__(self, role: object, directory: str | Path) -> None:
@@ -223,12 +223,18 @@ class ViewRecorder:
         self._lock = threading.Lock()
         self._file = self.root / VIEW_FILE
         self._file.touch()
-        config = getattr(role, "config", None)
-        if config is not None:  # the StartSession parameters every node knows
-            atomic_write_json(self.root / SESSION_FILE, MessageToDict(config, preserving_proto_field_name=True))
+        options = getattr(role, "options", None)
+        if options is not None:  # the StartSession parameters every node knows
+            atomic_write_json(self.root / SESSION_FILE, MessageToDict(options.to_config(), preserving_proto_field_name=True))
 
     def __getattr__(self, name: str):
         return getattr(self.role, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "phase_hook":  # the host's accounting hook belongs to the wrapped role
+            setattr(self.role, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
         """Record the message (decoded as this node can), pass it on, record what it sends."""
@@ -240,8 +246,8 @@ class ViewRecorder:
             raise
         return self._sent(out)
 
-    def start(self) -> list[Outgoing]:
-        return self._sent(self.role.start())
+    def begin(self) -> list[Outgoing]:
+        return self._sent(self.role.begin())
 
     def abort(self, reason: str) -> list[Outgoing]:
         return self._sent(self.role.abort(reason))
@@ -300,8 +306,9 @@ def record_views(factory: Callable, directory: str | Path) -> Callable:
 
 
 def record_hosts(hosts: dict, directory: str | Path) -> dict:
-    """Make every NodeHost of ``hosts`` record the views of the roles it creates."""
-    for host in hosts.values():
+    """Make every SessionHost of ``hosts`` record the views of the roles it creates."""
+    for node in hosts.values():
+        host = getattr(node, "host", node)  # a SessionHost, or an in-memory node around one
         host.make_role = record_views(host.make_role, directory)
     return hosts
 

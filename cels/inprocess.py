@@ -1,0 +1,175 @@
+"""Sessions in one process: SessionHosts driven over an in-memory network (tests, benchmarks,
+experiments, attacks).
+
+:class:`InMemoryNetwork` delivers messages among named nodes in FIFO order until none is left.
+Every envelope is serialised and parsed again on the way, exactly as it would cross the wire,
+so the byte counts are the real wire sizes (framing excluded).  :func:`run_session` runs r
+parties and the solver, each a :class:`cels.protocol.host.SessionHost` (the same host the gRPC
+nodes drive), and returns the initiator's output and report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cels.logs.model import SearchLog
+from cels.protocol.host import ABORTED, SessionHost
+from cels.protocol.options import SessionOptions
+from cels.protocol.party import PartyRole
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
+from cels.protocol.solver import SolverRole
+from cels.protocol.wire import cels_pb2
+
+
+@dataclass
+class TrafficStats:
+    """Bytes and messages sent, per (sender, step), and seconds spent inside each role."""
+
+    bytes_sent: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    messages: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(self.bytes_sent.values())
+
+    def bytes_by_node(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (sender, _step), n in self.bytes_sent.items():
+            out[sender] += n
+        return dict(out)
+
+
+class Receiver:
+    """Anything the in-memory network delivers to."""
+
+    def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]: ...
+
+
+class InMemoryNetwork:
+    """Deliver messages among named nodes in FIFO order until no message is left."""
+
+    def __init__(self, roles: Mapping[str, Receiver], max_messages: int = 10_000_000) -> None:
+        self.roles = dict(roles)
+        self.stats = TrafficStats()
+        self.max_messages = max_messages
+        self.log: list[tuple[str, str, str, int]] = []  # (sender, recipient, step, bytes)
+
+    def run(self, initial: Iterable[Outgoing], sender: str = "initiator") -> TrafficStats:
+        queue: deque[tuple[str, str, bytes]] = deque()
+        self._enqueue(queue, sender, initial)
+        delivered = 0
+        while queue:
+            src, dst, data = queue.popleft()
+            if dst not in self.roles:
+                raise KeyError(f"message from {src} to unknown node {dst!r}")
+            delivered += 1
+            if delivered > self.max_messages:
+                raise RuntimeError("in-memory network: message limit reached (a role loops?)")
+            envelope = Envelope.FromString(data)
+            start = time.perf_counter()
+            out = self.roles[dst].receive(src, envelope)
+            self.stats.seconds[dst] += time.perf_counter() - start
+            self._enqueue(queue, dst, out)
+        return self.stats
+
+    def _enqueue(self, queue: deque, src: str, messages: Iterable[Outgoing]) -> None:
+        for dst, envelope in messages:
+            data = envelope.SerializeToString()
+            step = step_name(envelope)
+            self.stats.bytes_sent[(src, step)] += len(data)
+            self.stats.messages[(src, step)] += 1
+            self.log.append((src, dst, step, len(data)))
+            queue.append((src, dst, data))
+
+
+LogSource = SearchLog | Callable[[], SearchLog]
+
+
+class MemoryNode:
+    """A SessionHost on the in-memory network (the in-process driver, as cels.node is the gRPC
+    one).  Once a node's session is aborted, messages still in flight to it are refused quietly
+    (in gRPC, the error goes back to a sender that is aborting too)."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
+        self.refused: list[str] = []
+
+    def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
+        try:
+            return self.host.deliver(sender, envelope, time.monotonic()).messages
+        except ProtocolError as exc:
+            if self.host.state(envelope.session_id)[0] != ABORTED:
+                raise
+            self.refused.append(str(exc))
+            return []
+
+
+def session_hosts(logs: Sequence[LogSource], options: SessionOptions, **role_options) -> dict[str, MemoryNode]:
+    """One node per node of the session: party k over ``logs[k]`` (or its loader), and the
+    solver; ``role_options`` go to every role (e.g. ``allow_insecure_key_bits=True`` in tests)."""
+    if len(logs) != len(options.parties):
+        raise ValueError(f"{len(logs)} logs for {len(options.parties)} parties")
+    nodes = {
+        name: MemoryNode(SessionHost(name, lambda opts, name=name, log=log: PartyRole(name, opts, log, **role_options), time.perf_counter))
+        for name, log in zip(options.parties, logs)
+    }
+    solver = options.solver
+    nodes[solver] = MemoryNode(SessionHost(solver, lambda opts: SolverRole(solver, opts, **role_options), time.perf_counter))
+    return nodes
+
+
+def start_session(network: InMemoryNetwork, options: SessionOptions) -> dict[str, Role]:
+    """Create the session on every node (StartSession from the initiator, which creates its own
+    last), begin it at the initiator and run to the end; once the initiator has its output and
+    every report, FINISH it everywhere.  Returns the session's role on every node."""
+    initiator, sid = options.initiator, options.session_id
+    start = cels_pb2.Envelope(session_id=sid, sender=initiator, start_session=cels_pb2.StartSession(config=options.to_config()))
+    network.run([(n, start) for n in network.roles if n != initiator], sender=initiator)
+    hosts = {name: _session_host(node) for name, node in network.roles.items()}
+    hosts[initiator].create(options, time.monotonic())
+    network.run(hosts[initiator].begin(sid, time.monotonic()).messages, sender=initiator)
+    if hosts[initiator].role(sid).finished:
+        for host in hosts.values():
+            host.finish(sid, time.monotonic())
+    return {name: host.role(sid) for name, host in hosts.items()}
+
+
+def _session_host(node: Receiver) -> SessionHost:
+    """The SessionHost inside delivery wrappers (each keeps the wrapped node as ``host``)."""
+    while not isinstance(node, SessionHost):
+        node = node.host
+    return node
+
+
+def run_session(
+    logs: Sequence[LogSource], options: SessionOptions, *, record_view: str | None = None, **role_options
+) -> tuple[SearchLog, dict]:
+    """Run one session in memory: ``logs[k]`` is party k's log (or its loader);
+    ``record_view=DIR`` records every node's view (cels.protocol.views).  Returns (output, report);
+    raises RuntimeError naming the failing node and its reason if the session aborts."""
+    nodes = session_hosts(logs, options, **role_options)
+    if record_view is not None:
+        from cels.protocol.views import record_hosts
+
+        record_hosts({n: node.host for n, node in nodes.items()}, record_view)
+    network = InMemoryNetwork(nodes)
+    started = time.perf_counter()
+    roles = start_session(network, options)
+    failed = [role.aborted for role in roles.values() if role.aborted is not None]
+    if failed:
+        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    lead = roles[options.initiator]
+    if not lead.finished:
+        raise RuntimeError(f"session stalled: phases {({n: r.phase for n, r in roles.items()})}")
+    report = dict(lead.report)
+    report["wall_seconds"] = time.perf_counter() - started
+    report["network"] = {
+        "bytes_by_node": network.stats.bytes_by_node(),
+        "messages": int(sum(network.stats.messages.values())),
+        "seconds_by_node": dict(network.stats.seconds),
+    }
+    return lead.output, report

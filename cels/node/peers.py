@@ -1,0 +1,70 @@
+"""A node's gRPC channels to its peers, and the refusal it answers a call with."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+
+import grpc
+
+from cels.node.config import NodeConfig
+from cels.node.framing import to_frames
+from cels.node.tls import open_channel
+from cels.protocol.roles import Envelope
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+
+log = logging.getLogger("cels.node")
+
+
+class Refused(Exception):
+    """A call this node refuses with a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PeerClients:
+    """One channel per peer node, opened on first use."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, cels_pb2_grpc.CelsNodeStub] = {}
+        self._lock = threading.Lock()
+
+    def stub(self, peer: str) -> cels_pb2_grpc.CelsNodeStub:
+        with self._lock:
+            if peer not in self._stubs:
+                address = self.config.peers.get(peer)
+                if address is None:
+                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"{self.config.name} has no address for node {peer!r}")
+                tls = (None, None, None) if self.config.insecure else (self.config.ca, self.config.cert, self.config.key)
+                self._channels[peer] = open_channel(address, peer, *tls)
+                self._stubs[peer] = cels_pb2_grpc.CelsNodeStub(self._channels[peer])
+            return self._stubs[peer]
+
+    def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> None:
+        self.stub(peer).Deliver(iter(frames), timeout=timeout)
+
+    def try_deliver(self, peer: str, envelope: Envelope, timeout: float) -> None:
+        """Best effort (Abort notices): failures are logged, not raised."""
+        try:
+            self.deliver(peer, to_frames(envelope, secrets.randbits(63)), timeout)
+        except (grpc.RpcError, Refused) as exc:
+            log.info("%s: could not tell %s: %s", self.config.name, peer, exc)
+
+    def signal(self, peer: str, session_id: str, kind: int, timeout: float) -> cels_pb2.SessionState:
+        return self.stub(peer).Signal(cels_pb2.SessionSignal(session_id=session_id, kind=kind), timeout=timeout)
+
+    def status(self, peer: str) -> cels_pb2.NodeStatus:
+        """A peer's node key and stock (outside sessions; a short deadline)."""
+        return self.stub(peer).Status(cels_pb2.NodeStatusRequest(), timeout=min(self.config.deadline, 10.0))
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()

@@ -1,0 +1,102 @@
+"""One session's I/O on a node: its outbox thread (causal delivery), its watchdog thread, its
+byte counters and the initiator's event queue (cels.node.service drives the SessionHost)."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import grpc
+
+from cels.node.framing import to_frames
+from cels.node.peers import Refused
+from cels.protocol.host import ABORTED, Event, refusal_origin
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Envelope, ProtocolError, step_name
+from cels.protocol.wire import cels_pb2
+
+if TYPE_CHECKING:
+    from cels.node.service import Node
+
+
+class Wire:
+    """One session's I/O on this node: outbox thread, watchdog thread, byte counters, events."""
+
+    def __init__(self, node: Node, options: SessionOptions) -> None:
+        self.node, self.options, self.id = node, options, options.session_id
+        self.others = [n for n in options.nodes if n != node.config.name]
+        self.outbox: queue.Queue[tuple[str, Envelope] | None] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue()  # read by the initiator's Run
+        self.bytes_sent: Counter[str] = Counter()
+        self.messages_sent: Counter[str] = Counter()
+        self.stopped = threading.Event()
+        self.busy = False
+        self.deadline = options.deadline
+        self.probe_timeout = min(self.deadline / 4, 5.0)
+        for target in (self._send_loop, self._watchdog):
+            threading.Thread(target=target, name=f"{target.__name__}-{self.id}", daemon=True).start()
+
+    def snapshot(self) -> cels_pb2.SessionState:
+        state, origin, reason = self.node.host.state(self.id)
+        return cels_pb2.SessionState(
+            session_id=self.id, state=state, reason=f"{origin}: {reason}" if state == ABORTED else "",
+            bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
+            busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
+        )  # fmt: skip
+
+    def _send_loop(self) -> None:
+        """Send queued messages one at a time, in order (causal delivery, see module doc)."""
+        ids = itertools.count()
+        while (item := self.outbox.get()) is not None:
+            recipient, envelope = item
+            try:
+                if recipient == self.node.config.name:
+                    self.node.take(self.node.config.name, envelope)
+                    continue
+                frames = to_frames(envelope, next(ids))
+                self.node.peers.deliver(recipient, frames, self.deadline)
+                self.bytes_sent[step_name(envelope)] += sum(f.ByteSize() for f in frames)
+                self.messages_sent[step_name(envelope)] += 1
+            except grpc.RpcError as exc:
+                origin = refusal_origin(exc.details() or "") or recipient
+                self.node.abort(self.id, origin, f"delivering {step_name(envelope)} to {recipient} failed: {exc.code().name}: {exc.details()}")
+            except (ProtocolError, Refused) as exc:
+                self.node.abort(self.id, self.node.config.name, str(exc))
+            finally:
+                self.outbox.task_done()
+
+    def _watchdog(self) -> None:
+        """Probe every peer while running; the host's timers end stalled or never-begun sessions.
+
+        With interval i = min(1 s, deadline/4) and probe timeout p = min(5 s, deadline/4), a
+        killed peer is detected within 2i + p and a hung one within 2(i + p)."""
+        interval = min(1.0, self.deadline / 4)
+        unreachable_since: dict[str, float] = {}
+        last_total = -1
+        while not self.stopped.wait(interval):
+            self.node.expire()
+            if self.node.host.state(self.id)[0] != "running":
+                continue
+            total, anyone_busy = 0, False
+            for peer in self.others:
+                try:
+                    state = self.node.peers.signal(peer, self.id, cels_pb2.SessionSignal.PROBE, self.probe_timeout)
+                except grpc.RpcError as exc:
+                    since = unreachable_since.setdefault(peer, time.monotonic())
+                    if time.monotonic() - since >= self.probe_timeout:
+                        self.node.abort(self.id, peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
+                    continue
+                unreachable_since.pop(peer, None)
+                if state.state in (ABORTED, "unknown"):
+                    origin, _, reason = state.reason.partition(": ")
+                    if state.state == "unknown":
+                        origin, reason = peer, f"{peer} no longer knows session {self.id} (restarted?)"
+                    self.node.abort(self.id, origin or peer, reason)
+                total, anyone_busy = total + state.progress, anyone_busy or state.busy
+            if total != last_total or anyone_busy:
+                last_total = total
+                self.node.host.touch(self.id, time.monotonic())

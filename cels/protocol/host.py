@@ -1,0 +1,272 @@
+"""SessionHost: one node's sessions as a sans-I/O state machine (docs/protocol.md, "How a
+session lives").
+
+The host owns the whole lifecycle of every session on its node: create (a StartSession, or
+the initiator's own request), begin, deliver, abort, finish, report, and the expiry of
+sessions that never began or stopped moving.  It takes messages and the time (``now``, in
+seconds of any monotonic clock) and returns :class:`Effects`: the messages to send, the events
+to log or stream, and when it wants to be called again (``wake_at``).  No sockets, threads or
+clocks inside: the in-memory runner (cels.protocol.session), the benchmarks and the gRPC node
+(cels.node.service) all drive this one host.
+
+Session states and what each takes (the h11-style table :data:`TAKES`)::
+
+    prepared --begin / first step message--> running --role finished--> done
+        \\                                        \\
+         `--abort / expiry-------------------------`--abort / expiry / failure--> aborted
+
+A message a state does not take is refused with FAILED_PRECONDITION naming the state (an
+aborted session also names who aborted it and why), and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Envelope, Outgoing, Role, fail, malformed, step_name
+
+RoleFactory = Callable[[SessionOptions], Role]
+"""Builds this node's role for a session; ValueError / OSError refuses the session."""
+Meter = Callable[[], float]
+"""Seconds of a performance counter, read around role calls to charge busy time per phase
+(the driver passes ``time.perf_counter``; the host itself reads no clock)."""
+
+PREPARED, RUNNING, DONE, ABORTED = "prepared", "running", "done", "aborted"
+TAKES: dict[str, frozenset[str]] = {
+    PREPARED: frozenset({"begin", "step", "abort", "expire"}),
+    RUNNING: frozenset({"begin", "step", "abort", "expire", "finish"}),
+    DONE: frozenset({"finish", "report"}),
+    ABORTED: frozenset(),
+}
+"""Which input each session state takes: ``begin`` (BEGIN signal), ``step`` (a protocol
+message), ``abort`` (an Abort or a local reason), ``expire`` (its timers), ``finish`` (FINISH:
+the initiator has everything) and ``report`` (reading the initiator's report)."""
+KEPT_STATES = 256
+"""Ended sessions whose final state the host remembers (for probes and late messages)."""
+
+
+@dataclass
+class Event:
+    """Something worth a log line or a progress event: ``kind`` is "created", "phase" (the
+    node's role left ``old`` for ``phase``, ``seconds`` spent in ``old``), "finished" (the
+    initiator holds the output and every report), "aborted" or "done"."""
+
+    session_id: str
+    node: str
+    kind: str
+    phase: str = ""
+    old: str = ""
+    seconds: float = 0.0
+    origin: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Effects:
+    """What the driver must do after a host call."""
+
+    messages: list[Outgoing] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    wake_at: float | None = None
+
+    def extend(self, other: Effects) -> Effects:
+        self.messages += other.messages
+        self.events += other.events
+        if other.wake_at is not None:
+            self.wake_at = other.wake_at if self.wake_at is None else min(self.wake_at, other.wake_at)
+        return self
+
+
+@dataclass
+class HostedSession:
+    """One session on this node: its options, role, state and deadlines."""
+
+    options: SessionOptions
+    role: Role
+    state: str
+    since: float
+    last_progress: float
+    origin: str = ""
+    reason: str = ""
+    steps: int = 0
+    mark: float = 0.0
+
+    @property
+    def expires_at(self) -> float:
+        """A prepared session that is never begun, or a running one where nothing moves on this
+        node, ends one deadline later (the gRPC watchdog also probes the peers)."""
+        return (self.since if self.state == PREPARED else self.last_progress) + self.options.deadline
+
+
+class SessionHost:
+    """All sessions of node ``name``; roles come from ``make_role``."""
+
+    def __init__(self, name: str, make_role: RoleFactory, meter: Meter) -> None:
+        self.name = name
+        self.make_role = make_role
+        self.meter = meter
+        self.sessions: dict[str, HostedSession] = {}
+        self.ended: OrderedDict[str, HostedSession] = OrderedDict()
+        self._events: list[Event] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def create(self, options: SessionOptions, now: float) -> Effects:
+        """A session this node takes part in (StartSession, or the initiator's own)."""
+        if options.session_id in self.sessions or options.session_id in self.ended:
+            raise fail(f"{self.name}: session {options.session_id!r} exists already")
+        if self.name not in options.nodes:
+            raise fail(f"{self.name}: session {options.session_id!r} does not include this node")
+        try:
+            role = self.make_role(options)
+        except (ValueError, OSError) as exc:
+            raise fail(f"{self.name}: cannot take session {options.session_id!r}: {exc}") from None
+        session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
+        role.phase_hook = lambda old, new: self._phase(session, old, new)
+        self.sessions[options.session_id] = session
+        return Effects(events=[Event(options.session_id, self.name, "created", phase=PREPARED)], wake_at=session.expires_at)
+
+    def deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
+        """A protocol message for one of this node's sessions (a StartSession creates it)."""
+        step = step_name(envelope)
+        if step == "start_session":
+            config = envelope.start_session.config
+            if config.session_id != envelope.session_id:
+                raise malformed("StartSession config names another session")
+            try:
+                options = SessionOptions.from_config(config)
+            except ValueError as exc:
+                raise malformed(f"{self.name}: bad session config: {exc}") from None
+            if options.initiator != sender:
+                raise fail(f"{self.name}: StartSession from {sender!r}, but the session's initiator is {options.initiator!r}")
+            return self.create(options, now)
+        session = self._session(envelope.session_id, "abort" if step == "abort" else "step")
+        if sender not in session.options.nodes:
+            raise fail(f"{self.name}: {sender!r} is not a node of session {session.options.session_id!r}")
+        effects = Effects()
+        if session.state == PREPARED and step != "abort":  # a first step message also begins it
+            effects.extend(self._call(session, session.role.begin, now))
+        return effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
+
+    def begin(self, session_id: str, now: float) -> Effects:
+        """BEGIN: start this node's role (idempotent once running)."""
+        session = self._session(session_id, "begin")
+        return self._call(session, session.role.begin, now)
+
+    def abort(self, session_id: str, origin: str, reason: str, now: float) -> Effects:
+        """End a session here for a local reason (a peer unreachable or refusing, the watchdog,
+        shutdown); ``origin`` is the node to blame.  Tells every other node."""
+        session = self.sessions.get(session_id)
+        if session is None or "abort" not in TAKES[session.state]:
+            return Effects()
+        notices = session.role.abort(reason)  # empty if this node's part was over already
+        for _node, envelope in notices:
+            envelope.abort.origin = origin
+        return Effects(messages=notices, events=self._end(session, ABORTED, origin, reason))
+
+    def finish(self, session_id: str, now: float) -> Effects:
+        """FINISH: the initiator has the output; this node's part must be over."""
+        session = self._session(session_id, "finish")
+        if not session.role.finished:
+            raise fail(f"{self.name}: session {session_id!r} cannot finish: this node is in phase {session.role.phase!r}")
+        if session.state == DONE:
+            return Effects()
+        return Effects(events=self._end(session, DONE))
+
+    def expire(self, now: float) -> Effects:
+        """Timers: end every session that was never begun, or stopped moving, by its deadline."""
+        effects = Effects()
+        for session in list(self.sessions.values()):
+            if session.state in (PREPARED, RUNNING) and now >= session.expires_at:
+                what = "was never begun" if session.state == PREPARED else "made no progress on this node"
+                effects.extend(self.abort(session.options.session_id, self.name, f"session {what} within its deadline of {session.options.deadline:g}s", now))
+            elif session.state in (PREPARED, RUNNING):
+                effects.extend(Effects(wake_at=session.expires_at))
+        return effects
+
+    def touch(self, session_id: str, now: float) -> None:
+        """The session moved elsewhere (a peer's progress seen by the watchdog): not stalled."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.last_progress = now
+
+    # -- reading -----------------------------------------------------------------------------
+    def state(self, session_id: str) -> tuple[str, str, str]:
+        """(state, origin, reason) of a session; ("unknown", "", "") if this node never had it."""
+        session = self.sessions.get(session_id) or self.ended.get(session_id)
+        if session is None:
+            return "unknown", "", ""
+        return session.state, session.origin, session.reason
+
+    def role(self, session_id: str) -> Role:
+        """The role of a live or ended session (its output and report)."""
+        session = self.sessions.get(session_id) or self.ended.get(session_id)
+        if session is None:
+            raise fail(f"{self.name}: unknown session {session_id!r}")
+        return session.role
+
+    def steps(self, session_id: str) -> int:
+        """Role calls made in a session so far (the watchdog's progress counter)."""
+        session = self.sessions.get(session_id) or self.ended.get(session_id)
+        return session.steps if session is not None else 0
+
+    # -- inside ------------------------------------------------------------------------------
+    def _session(self, session_id: str, what: str) -> HostedSession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            ended = self.ended.get(session_id)
+            if ended is None:
+                raise fail(f"{self.name}: unknown session {session_id!r}")
+            session = ended
+        if what not in TAKES[session.state]:
+            detail = f" by {session.origin}: {session.reason}" if session.state == ABORTED else ""
+            raise fail(f"{self.name}: session {session_id!r} is {session.state}{detail}; {what} refused")
+        return session
+
+    def _call(self, session: HostedSession, call: Callable[[], list[Outgoing]], now: float) -> Effects:
+        """One role call: charge its busy time, then act on the role's state."""
+        session.mark = self.meter()
+        try:
+            messages = call()
+        finally:
+            session.role.seconds[session.role.phase] += self.meter() - session.mark
+            session.steps += 1
+            session.last_progress = now
+        events, self._events = self._events, []
+        if session.state == PREPARED:
+            session.state = RUNNING
+        aborted = session.role.aborted
+        if aborted is not None:  # the role failed, or a peer's Abort reached it
+            events += self._end(session, ABORTED, aborted.origin, aborted.reason)
+            own = [(dst, env) for dst, env in messages if env.WhichOneof("step") == "abort"]
+            return Effects(messages=own, events=events)
+        if session.role.finished and session.options.initiator == self.name:
+            events.append(Event(session.options.session_id, self.name, "finished"))
+        return Effects(messages=messages, events=events, wake_at=session.expires_at)
+
+    def _phase(self, session: HostedSession, old: str, new: str) -> None:
+        now = self.meter()
+        seconds = session.role.seconds[old] + (now - session.mark)
+        session.role.seconds[old] = seconds
+        session.mark = now
+        self._events.append(Event(session.options.session_id, self.name, "phase", phase=new, old=old, seconds=seconds))
+
+    def _end(self, session: HostedSession, state: str, origin: str = "", reason: str = "") -> list[Event]:
+        session.state, session.origin, session.reason = state, origin, reason
+        sid = session.options.session_id
+        self.sessions.pop(sid, None)
+        self.ended[sid] = session
+        while len(self.ended) > KEPT_STATES:
+            self.ended.popitem(last=False)
+        return [Event(sid, self.name, state, origin=origin, reason=reason)]
+
+
+def refusal_origin(detail: str) -> str | None:
+    """The node a refusal names as the origin of an abort ("... is aborted by X: ..."), if any."""
+    marker = " is aborted by "
+    if marker not in detail:
+        return None
+    return detail.split(marker, 1)[1].split(":", 1)[0].strip() or None
+

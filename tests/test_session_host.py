@@ -1,0 +1,130 @@
+"""SessionOptions (one conversion, resolved once) and the sans-I/O SessionHost lifecycle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cels.inprocess import session_hosts
+from cels.logs import synthetic_log
+from cels.mechanism.conditions import privacy_bound
+from cels.protocol.host import ABORTED, PREPARED, RUNNING, refusal_origin
+from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
+from cels.protocol.party import PartyRole
+from cels.protocol.roles import ProtocolError, step_name
+from cels.protocol.solver import SolverRole
+from cels.protocol.wire import cels_pb2
+
+TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
+
+
+def test_options_round_trip_through_the_wire() -> None:
+    options = SessionOptions.create(
+        ["a", "b", "c"], epsilon=2.0, delta=0.3, objective="max-output", cap=4, min_count=3, noise_epsilon=0.5,
+        sensitivity=2.0, deadline=12.5, addresses={"a": "h:1", "solver": "h:9"}, initiator="b",
+    )  # fmt: skip
+    assert SessionOptions.from_config(options.to_config()) == options
+    assert options.b == pytest.approx(privacy_bound(2.0, 0.3, "cels"))
+    assert options.to_config().deadline_ms == 12_500 and options.address("solver") == "h:9"
+
+
+def test_a_sparse_config_takes_every_default_once() -> None:
+    sparse = cels_pb2.SessionConfig(
+        session_id="s1", epsilon=1.0, delta=0.4, parties=[cels_pb2.NodeAddress(name=n) for n in ("p", "q")]
+    )
+    options = SessionOptions.from_config(sparse)
+    defaults = SessionOptions.create(["p", "q"], session_id="s1", epsilon=1.0, delta=0.4)
+    assert options == defaults
+    assert (options.solver, options.initiator, options.key_bits, options.deadline) == ("solver", "p", 2048, DEFAULT_DEADLINE)
+    assert options.cap is None and options.output_size is None and options.noise_epsilon is None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"objective": "nope"}, "objective must be one of"),
+        ({"sampling": "bogus"}, "sampling must be one of"),
+        ({"key_bits": 255}, "key_bits must be even"),
+        ({"sampling_theta": 1.5}, "sampling_theta"),
+        ({"initiator": "solver"}, "initiator 'solver' is not a party"),
+        ({"noise_epsilon": 1.0}, "--noise-epsilon and --sensitivity go together"),
+        ({"colour": "red"}, "unknown session option"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(change, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SessionOptions.create(3, epsilon=1.0, delta=0.4, **change)
+
+
+def test_options_are_immutable() -> None:
+    options = SessionOptions.create(2, epsilon=1.0, delta=0.4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.epsilon = 5.0  # type: ignore[misc]
+
+
+def _hosts():
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, deadline=30.0, **TEST_KEYS)
+    logs = synthetic_log(seed=3, users=24).split_by_user(3)
+    return options, {n: node.host for n, node in session_hosts(logs, options, allow_insecure_key_bits=True).items()}
+
+
+def test_a_session_that_is_never_begun_expires_at_its_deadline() -> None:
+    options, hosts = _hosts()
+    host = hosts["party-2"]
+    created = host.create(options, now=100.0)
+    assert created.wake_at == 130.0 and host.state(options.session_id)[0] == PREPARED
+    assert host.expire(now=129.9).messages == []
+    ended = host.expire(now=130.0)
+    state, origin, reason = host.state(options.session_id)
+    assert state == ABORTED and origin == "party-2" and "never begun" in reason
+    assert sorted(dst for dst, _ in ended.messages) == ["party-1", "party-3", "solver"]
+    assert all(env.abort.origin == "party-2" for _, env in ended.messages)
+    assert [e.kind for e in ended.events] == [ABORTED]
+
+
+def test_a_refusal_after_abort_names_who_aborted() -> None:
+    options, hosts = _hosts()
+    host = hosts["party-3"]
+    host.create(options, now=0.0)
+    host.abort(options.session_id, "party-2", "killed", now=1.0)
+    late = cels_pb2.Envelope(session_id=options.session_id, sender="party-1", universe_index=cels_pb2.UniverseIndex())
+    with pytest.raises(ProtocolError) as err:
+        host.deliver("party-1", late, now=2.0)
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
+    assert refusal_origin(str(err.value)) == "party-2"  # the sender blames party-2, not party-3
+
+
+def test_a_first_step_message_begins_a_prepared_session_and_finish_needs_the_role_done() -> None:
+    options, hosts = _hosts()
+    host = hosts["solver"]
+    host.create(options, now=0.0)
+    shape = cels_pb2.Envelope(
+        session_id=options.session_id, sender="party-1", constraint_shape=cels_pb2.ConstraintShape(session_id=options.session_id, party="party-1", rows=2)
+    )
+    host.deliver("party-1", shape, now=1.0)
+    assert host.state(options.session_id)[0] == RUNNING and host.role(options.session_id).phase == "nlp"
+    with pytest.raises(ProtocolError, match="cannot finish"):
+        host.finish(options.session_id, now=2.0)
+
+
+def test_every_step_message_has_a_taker() -> None:
+    """The transition tables and the host together take every step of the one proto."""
+    steps = {f.name for f in cels_pb2.Envelope.DESCRIPTOR.oneofs_by_name["step"].fields}
+    host_steps = {"start_session", "abort"}
+    taken = set(PartyRole.ACCEPTS) | set(SolverRole.ACCEPTS) | host_steps
+    assert steps <= taken, steps - taken
+    assert all(row.phases for row in [*PartyRole.ACCEPTS.values(), *SolverRole.ACCEPTS.values()])
+
+
+def test_a_role_refuses_a_step_it_does_not_take_and_stays_unchanged() -> None:
+    options, hosts = _hosts()
+    host = hosts["party-2"]
+    host.create(options, now=0.0)
+    host.begin(options.session_id, now=0.0)
+    role = host.role(options.session_id)
+    before = role.phase
+    shape = cels_pb2.Envelope(session_id=options.session_id, sender="party-1", constraint_shape=cels_pb2.ConstraintShape())
+    with pytest.raises(ProtocolError, match="does not take constraint_shape"):
+        host.deliver("party-1", shape, now=1.0)
+    assert role.phase == before and role.aborted is None and step_name(shape) == "constraint_shape"

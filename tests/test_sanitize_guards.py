@@ -106,8 +106,9 @@ def test_empty_release_says_why_and_exits_3(tmp_path, capsys):
     err = capsys.readouterr().err
     b = math.log(1 / 0.99)
     assert f"b = min{{eps/2 = 0.5, ln 1/(1-delta) = {b:.4g}}} = {b:.4g} (set by delta)" in err
-    assert f"LP bound |O_max| = {1.8128574 * b:.4g} < 1" in err  # EDBT Fig. 1: |O_max| = 1.8128574 b
-    need = 1 / 1.8128574
+    assert f"LP bound |O_max| = {1.8128574 * b:.4g}" in err  # EDBT Fig. 1: |O_max| = 1.8128574 b
+    need = 0.572519  # EDBT Fig. 1: one pair (google) fits from b = 0.572519 on (D-UMP's first step)
+    assert f"largest per-pair bound max u_i {b / need:.4g} < 1" in err
     assert f"b >= {need:.4g}: --delta >= {1 - math.exp(-need):.4g} and --epsilon >= {2 * need:.4g}" in err
     assert (tmp_path / "o.tsv").read_text() == HEADER  # written: the report says what happened
     assert json.loads((tmp_path / "o.tsv.report.json").read_text())["solver"]["integer_total"] == 0

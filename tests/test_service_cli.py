@@ -68,7 +68,7 @@ def test_run_without_nodes_says_which_are_unreachable_at_which_address(tmp_path,
 def test_simulate_with_a_missing_input_leaves_nothing(tmp_path, capsys):
     out = tmp_path / "s1"
     assert main(["simulate", "--input", str(tmp_path / "nosuch.tsv"), "--format", "aol", "--out", str(out)]) == 2
-    assert "nosuch.tsv" in capsys.readouterr().err and not out.exists()
+    assert f"--input {tmp_path / 'nosuch.tsv'} does not exist" in capsys.readouterr().err and not out.exists()
     assert main(["simulate", "--input", str(tmp_path / "nosuch.tsv"), "--out", str(out)]) == 2
     assert "--input needs --format" in capsys.readouterr().err and not out.exists()
 

@@ -23,8 +23,9 @@ def privacy_notice(privacy: dict[str, Any]) -> list[str]:
 
 def empty_release_reason(report: dict[str, Any]) -> str | None:
     """None if the release holds a record, else why it is empty: b, the LP bound |O_max| and
-    which flag would change it (the O-UMP LP bound is linear in b, EDBT section 4.2, so
-    b * 1 / |O_max| is the smallest b whose LP bound reaches one record)."""
+    which flag would change it.  Both |O_max| and the per-pair bounds u_i = b / max_j ln t_ij
+    are linear in b (EDBT section 4.2), so b / max u_i is the smallest b at which one record
+    of some pair fits (``max_pair_bound``, single holder), and b / |O_max| a lower bound of it."""
     solver, p = report.get("solver") or {}, report.get("privacy") or {}
     if not solver or int(solver.get("integer_total", 0)) > 0:
         return None
@@ -37,18 +38,21 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
         f"EMPTY RELEASE: |O| = 0. b = min{{{'eps/2' if p.get('bound', 'cels') == 'cels' else 'eps'} = {eps_term:.4g}, "
         f"ln 1/(1-delta) = {delta_term:.4g}}} = {b:.4g} (set by {binding}), LP bound |O_max| = {lp:.4g}"
     )
-    if lp < 1:
-        if lp <= 0:
-            return f"{head}: no pair is held by two or more users after cleaning; lower --min-count or add data"
-        need = b / lp
+    pair_bound = solver.get("max_pair_bound")
+    if lp <= 0:
+        return f"{head}: no pair is held by two or more users after cleaning; lower --min-count or add data"
+    if lp < 1 or (pair_bound is not None and pair_bound < 1):
+        # u_i and |O_max| are linear in b: one record of the best pair needs b * 1 / max u_i
+        bound, name = (pair_bound, "largest per-pair bound max u_i") if pair_bound is not None and pair_bound < 1 else (lp, "LP bound")
+        need = b / bound
         needs = []
         if delta_term < need:
             needs.append(f"--delta >= {1 - math.exp(-need):.4g}")
         if eps_term < need:
             needs.append(f"--epsilon >= {need * (2 if p.get('bound', 'cels') == 'cels' else 1):.4g}")
         return (
-            f"{head} < 1: no record fits the privacy conditions. The LP bound grows linearly with b; "
-            f"one record needs at least b >= {need:.4g}: {' and '.join(needs)}"
+            f"{head}, {name} {bound:.4g} < 1: no record fits the privacy conditions. It grows linearly with b; "
+            f"one record needs b >= {need:.4g}: {' and '.join(needs)}"
             + (f" (or a lower --min-count than {min_count})" if min_count else "")
         )
     if float(solver.get("output_size", lp)) < 1:

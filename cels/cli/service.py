@@ -363,6 +363,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
     else:  # read before --out is made: a bad input leaves nothing behind
+        if not args.input.is_file():
+            raise ValueError(f"--input {args.input} does not exist")
         log, fmt_args = load_input(args), input_flags(args)
     suffix = output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)

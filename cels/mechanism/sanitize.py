@@ -147,7 +147,13 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     report = {
         "method": "optimal",
         "privacy": privacy_accounting(params, b, noise_info),
-        "solver": {**sol.summary(), "integer_requested": params.integer, "integer_method": sol.integer_method},
+        "solver": {
+            **sol.summary(),
+            "integer_requested": params.integer,
+            "integer_method": sol.integer_method,
+            # max_i u_i = b / min_i max_j ln t_ij: below 1, no pair can take a single record
+            "max_pair_bound": float(np.max(cond.upper_bounds(), initial=0.0)),
+        },
         "sizes": {
             "users": input_log.n_users,
             "users_after_preprocess": log.n_users,

@@ -1,0 +1,117 @@
+"""Pairwise-masked secure aggregation (Bonawitz et al., CCS 2017, without dropout recovery).
+
+Every party k makes an X25519 key pair per session and gives its public key to every other
+party over the mutually authenticated channel.  Parties k and l derive the shared seed
+s_kl = HKDF-SHA256(X25519(k, l), info = label || session id) and expand it, per round t, with
+ChaCha20 into a vector PRG(s_kl, t) of uint64 words.  Party k's mask is
+
+    mask_k = sum_{l > k} PRG(s_kl, t) - sum_{l < k} PRG(s_lk, t)   (mod 2^64)
+
+so the masks of all r parties cancel in the sum and each masked vector alone is uniform to
+anyone without the seeds (ChaCha20 as a PRF).
+
+OR-aggregation of verdict bits v_kq in {0, 1}: party k sends w_kq = rho_kq * v_kq + mask_kq
+with rho_kq uniform and non-zero; sum_k w_kq = sum_k rho_kq v_kq is 0 iff no party said 1,
+except with probability <= r 2^-64 (a non-zero sum of uniform non-zero values hitting 0), and a
+non-zero sum is uniform, so it tells neither which parties said 1 nor how many.
+Randomness: X25519 keys from ``cryptography`` (the OS CSPRNG), rho from :mod:`secrets`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SEED_LABEL = b"cels/pairwise-mask/v1\x00"
+PUBLIC_KEY_BYTES = 32
+
+
+class MaskError(ValueError):
+    """A peer's public key or a vector the aggregation cannot take."""
+
+
+def prg_words(seed: bytes, round_number: int, length: int) -> np.ndarray:
+    """``length`` uint64 words of ChaCha20(seed) with the round number as the nonce."""
+    nonce = bytes(4) + round_number.to_bytes(12, "little")  # `cryptography`: 4-byte block counter, then the 12-byte nonce
+    encryptor = Cipher(algorithms.ChaCha20(seed, nonce), mode=None).encryptor()
+    return np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
+
+
+class PairwiseMasks:
+    """Party ``me``'s side of the masks for one session among ``parties`` (in ring order)."""
+
+    def __init__(self, me: str, parties: Sequence[str], session_id: str) -> None:
+        if me not in parties or len(set(parties)) != len(parties) or len(parties) < 2:
+            raise MaskError(f"{me!r} must be one of at least two distinct parties {list(parties)}")
+        self.me, self.parties, self.session_id = me, list(parties), session_id
+        self._key = X25519PrivateKey.generate()
+        self._seeds: dict[str, bytes] = {}
+
+    @property
+    def public_key(self) -> bytes:
+        return self._key.public_key().public_bytes_raw()
+
+    @property
+    def complete(self) -> bool:
+        """Every other party's key is in."""
+        return len(self._seeds) == len(self.parties) - 1
+
+    def add_peer(self, peer: str, public_key: bytes) -> None:
+        """Derive s_{me,peer} from the peer's public key (once per peer)."""
+        if peer == self.me or peer not in self.parties:
+            raise MaskError(f"no mask seed with {peer!r}")
+        if peer in self._seeds:
+            raise MaskError(f"second mask key from {peer!r}")
+        if len(public_key) != PUBLIC_KEY_BYTES:
+            raise MaskError(f"mask key of {peer!r}: {len(public_key)} bytes, expected {PUBLIC_KEY_BYTES}")
+        try:
+            shared = self._key.exchange(X25519PublicKey.from_public_bytes(public_key))
+        except ValueError as exc:  # a small-order point
+            raise MaskError(f"mask key of {peer!r}: {exc}") from None
+        info = SEED_LABEL + self.session_id.encode()
+        self._seeds[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+    def mask(self, round_number: int, length: int) -> np.ndarray:
+        """mask_me for one round: + PRG of every later party, - PRG of every earlier one."""
+        if not self.complete:
+            raise MaskError("mask keys of some parties are missing")
+        k = self.parties.index(self.me)
+        total = np.zeros(length, dtype=np.uint64)
+        for peer, seed in self._seeds.items():
+            words = prg_words(seed, round_number, length)
+            total = total + words if self.parties.index(peer) > k else total - words  # wraps mod 2^64
+        return total
+
+    def masked_or_shares(self, round_number: int, verdicts: Sequence[int]) -> np.ndarray:
+        """w_q = rho_q * v_q + mask_q (mod 2^64), rho_q uniform non-zero (OR-aggregation)."""
+        v = np.asarray(verdicts, dtype=np.uint64)
+        if v.size and v.max() > 1:
+            raise MaskError("verdicts must be 0 or 1")
+        rho = uniform_nonzero(len(v))
+        return rho * v + self.mask(round_number, len(v))
+
+
+def uniform_nonzero(length: int) -> np.ndarray:
+    """``length`` uniform non-zero uint64 values from :mod:`secrets`."""
+    out = np.frombuffer(secrets.token_bytes(8 * length), dtype="<u8").astype(np.uint64)
+    while np.any(out == 0):
+        zero = np.flatnonzero(out == 0)
+        out[zero] = np.frombuffer(secrets.token_bytes(8 * len(zero)), dtype="<u8")
+    return out
+
+
+def aggregate(shares: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The sum mod 2^64 of every party's masked vector (the aggregator's only computation)."""
+    vectors = list(shares.values())
+    if not vectors or len({len(v) for v in vectors}) != 1:
+        raise MaskError("masked vectors of different lengths")
+    total = np.zeros(len(vectors[0]), dtype=np.uint64)
+    for v in vectors:
+        total = total + np.asarray(v, dtype=np.uint64)
+    return total

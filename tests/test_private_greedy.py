@@ -1,0 +1,80 @@
+"""The private solve's greedy (cels.mechanism.greedy): the spec's known answers on the AOL
+slice, feasibility for every objective, utility against the central optimum, and the
+simulator: the transcript is a function of the final x."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cels.logs import LoadOptions, load_log, synthetic_log
+from cels.mechanism.conditions import build_conditions
+from cels.mechanism.greedy import ProposalRule, central_run, replay
+from cels.mechanism.sanitize import SanitizeParams, solve_with_params
+from cels.mechanism.solvers import feasible
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(p.proposals, q.proposals) and np.array_equal(p.accepted, q.accepted) for p, q in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def aol(aol_path):
+    cond, _ = build_conditions(load_log(aol_path, LoadOptions(format="aol")), 1.0)
+    return cond
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize(("batch", "total", "distinct", "rounds"), [(64, 241, 200, 49), (1, 247, 201, 3096)])
+def test_aol_known_answers(aol, batch, total, distinct, rounds) -> None:
+    """The private-solve measurements on the AOL slice, b = 1, KL-gain rule (docs/protocol.md)."""
+    rule = ProposalRule("kl", aol.c, batch=batch)
+    x, transcript = central_run(rule, [aol.G], 1.0)
+    assert (int(x.sum()), int(np.count_nonzero(x)), len(transcript)) == (total, distinct, rounds)
+    assert feasible(aol, x)
+    assert same(replay(rule, x), transcript)
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize(("objective", "ratio"), [("kl", 0.9), ("max-output", 0.84)])
+def test_aol_utility_against_the_central_optimum(aol, objective, ratio) -> None:
+    """kl: at least 0.9 of central KL-UMP at output size 0.9 (241 vs 242).  max-output: the
+    central MIP reaches 285 (272 in 5 s); no public proposal order we tried passes 247 (B = 1)
+    or 241 (B = 64), so the private mode keeps 0.85 of it (docs/protocol.md)."""
+    x, _ = central_run(ProposalRule(objective, aol.c), [aol.G], 1.0)
+    size = 0.9 if objective == "kl" else None
+    central = solve_with_params(aol, SanitizeParams(epsilon=2.0, delta=0.7, objective=objective, output_size=size, time_limit=5))
+    assert x.sum() >= ratio * central.integer_total
+
+
+@pytest.mark.parametrize("objective", ["kl", "max-output", "frequent", "diversity"])
+@pytest.mark.parametrize("parties", [1, 3])
+def test_every_objective_stays_feasible_and_replays(objective, parties) -> None:
+    log = synthetic_log(seed=5, users=80)
+    cond, _ = build_conditions(log, np.log(10))
+    shares = [cond.G[k::parties] for k in range(parties)]  # rows split over parties (users are disjoint)
+    frequent = cond.c / cond.c.sum() >= np.median(cond.c / cond.c.sum()) if objective == "frequent" else None
+    rule = ProposalRule(objective, cond.c, batch=8, frequent=frequent)
+    x, transcript = central_run(rule, shares, np.log(10))
+    assert x.sum() > 0 and feasible(cond, x)
+    if objective == "diversity":
+        assert x.max() == 1
+    if objective == "frequent":
+        assert not np.any(x[~frequent])
+    assert same(replay(rule, x), transcript)
+
+
+def test_an_absolute_size_stops_the_rounds() -> None:
+    cond, _ = build_conditions(synthetic_log(seed=5, users=80), np.log(10))
+    x, _ = central_run(ProposalRule("kl", cond.c, batch=8, size=13), [cond.G], np.log(10))
+    assert x.sum() == 13
+
+
+def test_replay_refuses_an_x_the_greedy_cannot_reach() -> None:
+    cond, _ = build_conditions(synthetic_log(seed=5, users=80), np.log(10))
+    frequent = cond.c / cond.c.sum() >= np.median(cond.c / cond.c.sum())
+    rule = ProposalRule("frequent", cond.c, batch=8, frequent=frequent)
+    x, _ = central_run(rule, [cond.G], np.log(10))
+    x[np.flatnonzero(~frequent)[0]] = 1  # a pair the rule never proposes
+    with pytest.raises(ValueError, match="not the outcome"):
+        replay(rule, x)

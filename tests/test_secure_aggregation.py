@@ -1,0 +1,68 @@
+"""Pairwise masks (secure aggregation): they cancel, a masked vector looks uniform, and the
+OR-aggregation is 0 exactly when every party said 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate, prg_words
+
+
+def parties_with_keys(r: int, session: str = "s1") -> dict[str, PairwiseMasks]:
+    names = [f"party-{k}" for k in range(1, r + 1)]
+    masks = {n: PairwiseMasks(n, names, session) for n in names}
+    for n, m in masks.items():
+        for other, o in masks.items():
+            if other != n:
+                m.add_peer(other, o.public_key)
+    return masks
+
+
+@pytest.mark.parametrize("r", [2, 3, 5])
+def test_masks_cancel_in_the_sum(r) -> None:
+    masks = parties_with_keys(r)
+    for round_number in (0, 1, 77):
+        assert not np.any(aggregate({n: m.mask(round_number, 257) for n, m in masks.items()}))
+
+
+@pytest.mark.parametrize("r", [2, 3, 5])
+def test_or_aggregation_is_zero_iff_nobody_rejects(r) -> None:
+    masks = parties_with_keys(r)
+    rng = np.random.default_rng(4)
+    for round_number in range(40):
+        verdicts = {n: rng.integers(0, 2, size=64) * (rng.random(64) < 0.3) for n in masks}
+        total = aggregate({n: masks[n].masked_or_shares(round_number, verdicts[n]) for n in masks})
+        anyone = np.any(np.vstack(list(verdicts.values())), axis=0)
+        np.testing.assert_array_equal(total != 0, anyone)
+
+
+def test_a_masked_vector_looks_uniform() -> None:
+    """Each byte of one party's masked all-zero and all-one verdict vectors: chi-square against
+    uniform over 256 values, 2**16 bytes each, p > 0.001 (fails by chance 1 in 1000)."""
+    masks = parties_with_keys(3)
+    for verdict in (0, 1):
+        w = masks["party-2"].masked_or_shares(5, [verdict] * 8192)
+        counts = np.bincount(np.frombuffer(w.tobytes(), dtype=np.uint8), minlength=256)
+        assert stats.chisquare(counts).pvalue > 1e-3
+        bits = np.unpackbits(np.frombuffer(w.tobytes(), dtype=np.uint8))
+        assert abs(bits.mean() - 0.5) < 4 * 0.5 / np.sqrt(bits.size)  # 4 sigma
+
+
+def test_rounds_use_independent_streams() -> None:
+    seed = bytes(range(32))
+    a, b = prg_words(seed, 0, 64), prg_words(seed, 1, 64)
+    assert not np.any(np.isin(a, b)), "round 1 repeats words of round 0"
+
+
+def test_bad_peer_keys_are_refused() -> None:
+    m = PairwiseMasks("party-1", ["party-1", "party-2"], "s")
+    with pytest.raises(MaskError, match="bytes"):
+        m.add_peer("party-2", b"short")
+    with pytest.raises(MaskError, match="no mask seed"):
+        m.add_peer("mallory", bytes(32))
+    with pytest.raises(MaskError):
+        m.add_peer("party-2", bytes(32))  # the zero point has small order
+    with pytest.raises(MaskError, match="missing"):
+        m.mask(0, 3)

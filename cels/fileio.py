@@ -66,3 +66,40 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     with atomic_write(path) as fh:
         json.dump(obj, fh, indent=2, sort_keys=False)
         fh.write("\n")
+
+
+def check_output_paths(outputs: dict[str, str | os.PathLike[str] | None], inputs: tuple[str | os.PathLike[str], ...] = ()) -> None:
+    """Refuse, before any work starts, output paths that cannot or must not be written.
+
+    ``outputs`` maps a label (the flag, e.g. ``"--out"``) to the user's path (None: not asked
+    for).  Raises ValueError naming the user's path when a path is a directory, its directory
+    does not exist or is not writable, two outputs are the same file, or an output is one of
+    ``inputs`` -- compared by device and inode (symlinks and hard links alike) when the file
+    exists, else by the resolved path."""
+    given = {label: Path(path) for label, path in outputs.items() if path is not None}
+    for label, path in given.items():
+        if path.is_dir():
+            raise ValueError(f"{label} {path} is a directory; give a file name")
+        parent = path.resolve().parent
+        if not parent.is_dir():
+            raise ValueError(f"{label} {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{label} {path}: directory {parent} is not writable")
+        for source in inputs:
+            if same_file(path, Path(source)):
+                raise ValueError(f"{label} {path} is the input {source}: refusing to overwrite the input log")
+    labels = list(given)
+    for i, first in enumerate(labels):
+        for second in labels[i + 1 :]:
+            if same_file(given[first], given[second]):
+                raise ValueError(f"{first} {given[first]} and {second} {given[second]} are the same file")
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file: the same (st_dev, st_ino) if both exist (symlinks, hard
+    links), else the same resolved path."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except FileNotFoundError:
+        return a.resolve() == b.resolve()
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

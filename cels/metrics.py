@@ -1,4 +1,4 @@
-"""Utility measures of a release against its input (spec/mechanism.md, utility measures).
+"""Utility measures of a release against its input (docs/mechanism.md; CELS eq. 2, EDBT section 5).
 
 Every function takes plain count vectors (aligned numpy arrays) or dicts keyed by item, so
 the baselines (which may release counts per query only) use the same code.  With dicts, the

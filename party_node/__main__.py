@@ -1,52 +1,70 @@
-"""``cels-party`` / ``python -m party_node``: serve the CELS party role P_k over gRPC."""
+"""``cels-party`` / ``python -m party_node``: serve the CELS party role P_k over gRPC.
+
+Exit codes: see :mod:`cels.node.process` (0 stopped, 1 cannot serve, 2 bad configuration,
+130 interrupted during start-up).
+"""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
-from cels.logs import load_log, write_log
-from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
-from cels.node.keys import NodeKeys
-from cels.node.process import serve
-from cels.node.service import Node
-from cels.node.tls import warn_insecure_keys
-from cels.protocol.options import SessionOptions
-from cels.protocol.party import PartyRole
+from cels.node.process import node_main
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    """The flags of ``cels-party`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
+    import argparse
+
+    from cels.node.config import add_data_arguments, add_ledger_arguments, add_node_arguments
+
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
     add_node_arguments(parser)
     add_data_arguments(parser)
+    add_ledger_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def start(argv: Sequence[str] | None):
+    """Read the configuration and build the party node (not serving yet)."""
     args = build_parser().parse_args(argv)
-    try:
-        config = node_config(args, "data")
-        path, options = data_source(args, config.extra)
-        if not path.is_file():
-            raise ValueError(f"data file {path} does not exist")
-    except ValueError as exc:
-        print(f"cels-party: error: {exc}", file=sys.stderr)
-        return 2
+
+    from cels.logs import load_log, write_log
+    from cels.node.config import data_source, ledger_policy, node_config
+    from cels.node.keys import NodeKeys
+    from cels.node.ledger import Ledger
+    from cels.node.service import Node
+    from cels.node.tls import warn_insecure_keys
+    from cels.protocol.options import SessionOptions
+    from cels.protocol.party import PartyRole
+
+    config = node_config(args, "data")
+    path, options = data_source(args, config.extra)
+    if not path.is_file():
+        raise ValueError(f"data file {path} does not exist")
+    ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     allow_small = warn_insecure_keys(config)
 
-    def factory(session: SessionOptions, keys: NodeKeys) -> PartyRole:
+    def factory(session: SessionOptions, keys: NodeKeys):
+        # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
         # the log is read when the session begins (a bad log aborts that session, not the node)
-        return PartyRole(
-            config.name,
+        return ledger.admit(
             session,
-            lambda: load_log(path, options),
-            allow_insecure_key_bits=allow_small,
-            obfuscators=keys.obfuscators,
-            keypair=keys.keypair_for(session.key_bits),
+            lambda: PartyRole(
+                config.name,
+                session,
+                lambda: load_log(path, options),
+                allow_insecure_key_bits=allow_small,
+                obfuscators=keys.obfuscators,
+                keypair=keys.keypair_for(session.key_bits),
+            ),
         )
 
-    return serve(Node(config, factory, lambda log, out: write_log(log, out), encrypts=True))
+    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return node_main("cels-party", lambda: start(argv))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,23 @@
-"""``cels-solver`` / ``python -m solver_node``: serve the CELS solver role P_0 over gRPC."""
+"""``cels-solver`` / ``python -m solver_node``: serve the CELS solver role P_0 over gRPC.
+
+Exit codes: see :mod:`cels.node.process` (0 stopped, 1 cannot serve, 2 bad configuration,
+130 interrupted during start-up).
+"""
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 
-from cels.node.config import add_node_arguments, node_config
-from cels.node.keys import NodeKeys
-from cels.node.process import serve
-from cels.node.service import Node
-from cels.node.tls import warn_insecure_keys
-from cels.protocol.options import SessionOptions
-from cels.protocol.solver import SolverRole
+from cels.node.process import node_main
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    """The flags of ``cels-solver`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
+    import argparse
+
+    from cels.node.config import add_node_arguments
+
     parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
     add_node_arguments(parser)
     parser.add_argument(
@@ -29,28 +29,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    def start():
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from cels.node.config import node_config
+        from cels.node.keys import NodeKeys
+        from cels.node.service import Node
+        from cels.node.tls import warn_insecure_keys
+        from cels.protocol.options import SessionOptions
+        from cels.protocol.solver import SolverRole
+
+        args = build_parser().parse_args(argv)
         config = node_config(args, "solver")
-    except ValueError as exc:
-        print(f"cels-solver: error: {exc}", file=sys.stderr)
-        return 2
-    max_time_limit = args.solver_time_limit if args.solver_time_limit is not None else config.extra.get("time_limit")
-    allow_small = warn_insecure_keys(config)
+        max_time_limit = args.solver_time_limit if args.solver_time_limit is not None else config.extra.get("time_limit")
+        allow_small = warn_insecure_keys(config)
+        # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
+        pool = ProcessPoolExecutor(config.keys.workers, mp_context=multiprocessing.get_context("spawn"))
 
-    def factory(session: SessionOptions, keys: NodeKeys) -> SolverRole:
-        return SolverRole(
-            config.name,
-            session,
-            allow_insecure_key_bits=allow_small,
-            keypair=keys.keypair_for(session.key_bits),
-            decryption_pool=pool,
-            max_time_limit=None if max_time_limit is None else float(max_time_limit),
-        )
+        def factory(session: SessionOptions, keys: NodeKeys) -> SolverRole:
+            return SolverRole(
+                config.name,
+                session,
+                allow_insecure_key_bits=allow_small,
+                keypair=keys.keypair_for(session.key_bits),
+                decryption_pool=pool,
+                max_time_limit=None if max_time_limit is None else float(max_time_limit),
+            )
 
-    # CRT decryptions of the transformed problem run on every core (Algorithm 2, the solver's step)
-    with ProcessPoolExecutor(config.keys.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return serve(Node(config, factory))
+        return Node(config, factory)
+
+    return node_main("cels-solver", start)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ end in tests/test_nodes_simulate.py.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import gmpy2
@@ -15,7 +16,7 @@ import pytest
 
 from cels.crypto.obfuscators import ObfuscatorPool, ObfuscatorStock
 from cels.crypto.paillier import checked_keypair, generate_keypair
-from cels.node.config import add_node_arguments, node_config
+from cels.node.config import DEFAULT_NICE, add_node_arguments, node_config
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy, NodeKeys
 from cels.protocol.wire import cels_pb2, codec
 
@@ -150,17 +151,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_key_policy_from_toml_and_flags(tmp_path) -> None:
     base = ["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure"]
-    assert node_config(parse(base), "data").keys == KeyPolicy(stock=DEFAULT_STOCK)
+    assert node_config(parse(base), "data").keys == KeyPolicy(stock=DEFAULT_STOCK, nice=DEFAULT_NICE)
     toml = tmp_path / "node.toml"
     toml.write_text('[keys]\nkey_bits = 3072\nobfuscators = 10\nstock = { solver = 99 }\nworkers = 1\n')
     policy = node_config(parse(["--config", str(toml), *base, "--stock", "party-2=0", "--obfuscators", "7"]), "data").keys
-    assert policy == KeyPolicy(key_bits=3072, stock=7, stock_for={"solver": 99, "party-2": 0}, workers=1)
+    assert policy == KeyPolicy(key_bits=3072, stock=7, stock_for={"solver": 99, "party-2": 0}, workers=1, nice=DEFAULT_NICE)
+    assert node_config(parse(["--config", str(toml), *base, "--obfuscator-nice", "0"]), "data").keys.nice == 0
     assert (policy.target("solver"), policy.target("party-2"), policy.target("party-3")) == (99, 0, 7)
     assert node_config(parse([*base, "--session-keys"]), "data").keys.session_keys
     with pytest.raises(ValueError, match="expected NAME=N"):
         node_config(parse([*base, "--stock", "solver"]), "data")
     toml.write_text("[keys]\nobfuscator = 3\n")
-    with pytest.raises(ValueError, match=r"\[keys\]: unknown key\(s\) obfuscator"):
+    with pytest.raises(ValueError, match=r"node.toml: \[keys\] unknown key 'obfuscator'"):
         node_config(parse(["--config", str(toml), *base]), "data")
     with pytest.raises(ValueError, match=">= 0"):
         node_config(parse([*base, "--obfuscators", "-1"]), "data")
+
+
+def test_idle_stock_workers_run_at_lower_priority_and_bounded() -> None:
+    with ObfuscatorStock({"a": 0}, workers=1, nice=7) as stock:
+        assert stock._executor.submit(os.nice, 0).result(timeout=60) == min(19, os.nice(0) + 7)
+    keys = NodeKeys("party-1", ["solver"], KeyPolicy(stock=1), lambda peer: None)
+    try:  # by default half the cores, at least one: idle nodes leave their host usable
+        assert keys.stock.workers == max(1, (os.cpu_count() or 1) // 2)
+    finally:
+        keys.close()

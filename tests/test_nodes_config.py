@@ -110,3 +110,68 @@ def test_session_toml_table_becomes_the_session_config() -> None:
         session_options({**table, "epsilonn": 1.0})
     with pytest.raises(ValueError, match="needs 'delta'"):
         session_options({"parties": ["party-1", "party-2"], "epsilon": 1.0})
+
+
+@pytest.mark.parametrize(
+    "toml,message",
+    [
+        ('[node]\nname = "party-1"\ndeadlin = 5\n', "[node] unknown key 'deadlin'"),
+        ('[data]\npath = "x.tsv"\nfromat = "msnbc"\n', "[data] unknown key 'fromat'"),
+        ('[keys]\nworkers = "two"\n', "[keys] workers = 'two' is not a int"),
+        ('[solver]\ntime_limit = 5\n', "unknown table [solver]"),  # a party node has no [solver] table
+        ('[ledger]\nbudget_eps = 1\n', "[ledger] unknown key 'budget_eps'"),
+        ("deadline = 5\n", "key 'deadline' outside any table"),
+    ],
+)
+def test_node_toml_typos_name_the_file_table_and_key(tmp_path, capsys, toml, message) -> None:
+    config = tmp_path / "party.toml"
+    config.write_text(toml)
+    assert party_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cels-party: error: {config}: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_solver_node_rejects_a_party_table(tmp_path, capsys) -> None:
+    from solver_node.__main__ import main as solver_main
+
+    config = tmp_path / "solver.toml"
+    config.write_text('[data]\npath = "x.tsv"\n')
+    assert solver_main(["--config", str(config)]) == 2
+    assert "unknown table [data]" in capsys.readouterr().err
+
+
+def test_missing_config_file_is_one_line_with_exit_2(tmp_path, capsys) -> None:
+    assert party_main(["--config", str(tmp_path / "nosuch.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cels-party: error: config file {tmp_path / 'nosuch.toml'} does not exist\n"
+
+
+def test_ctrl_c_during_start_up_is_one_line_with_exit_130(tmp_path, capsys, monkeypatch) -> None:
+    import cels.node.config
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cels.node.config, "node_config", interrupted)
+    assert party_main(["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure"]) == 130
+    assert capsys.readouterr().err == "cels-party: interrupted during start-up\n"
+
+
+def test_the_local_deployment_example_is_a_valid_configuration() -> None:
+    from pathlib import Path
+
+    from cels.cli.service import session_tables
+    from cels.node.config import check_tables, load_toml, node_tables
+
+    local = Path(__file__).resolve().parent.parent / "deploy" / "local"
+    for name, role in [("party-1", "data"), ("party-2", "data"), ("party-3", "data"), ("solver", "solver")]:
+        path = local / f"{name}.toml"
+        doc = load_toml(path)
+        check_tables(doc, path, node_tables(role))
+        assert doc["node"]["name"] == name and name not in doc["peers"]
+        assert len(doc["peers"]) == 3 and doc["node"]["listen"] not in doc["peers"].values()
+    session = load_toml(local / "session.toml")
+    check_tables(session, local / "session.toml", session_tables())
+    options = session_options({**session["session"], "initiator": session["run"]["initiator"]})
+    assert options.parties == ("party-1", "party-2", "party-3")
+    assert session["run"]["address"] == load_toml(local / "party-1.toml")["node"]["listen"]

@@ -1,4 +1,4 @@
-"""The paper's local sampling breaks the delta bound (spec/protocol.md, phase 4 "Sampling").
+"""The paper's local sampling breaks the delta bound (docs/protocol.md, "Decisions": sampling).
 
 CELS Theorem 2, Condition 3 bounds the probability that user u_j appears in the output O:
 Pr[u_j sampled] = 1 - prod_i (1 - c_ij / c_i)^{x_i} <= delta (section 3.2.1, eq. 4), which the

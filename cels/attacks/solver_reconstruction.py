@@ -1,4 +1,4 @@
-"""What P_0 reconstructs from its recorded view (spec/protocol.md, "What the solver can learn").
+"""What P_0 reconstructs from its recorded view (docs/protocol.md, "What each role sees").
 
 P_0 decrypts AF = [A_1F_1 | ... | A_rF_r], AB and the column-permuted [AT; c] (Algorithm 2
 line 12).  AF has full column rank, so

@@ -1,4 +1,4 @@
-"""Baseline sanitizers to compare CELS against (spec/baselines.md): ZEALOUS (Götz et al.),
+"""Baseline sanitizers to compare CELS against (docs/baselines.md): ZEALOUS (Götz et al.),
 Korolova et al. and Safelog (Zhang et al.).
 
 ``BASELINES[name]`` offers ``add_arguments(group)`` and ``run(records, args, rng) -> (items,

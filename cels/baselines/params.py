@@ -1,4 +1,4 @@
-"""Parameter calculations of the baseline sanitizers (spec/baselines.md).
+"""Parameter calculations of the baseline sanitizers (docs/baselines.md).
 
 ZEALOUS: Götz et al., Theorem 2 (indistinguishability), Theorem 3 (probabilistic DP), Prop. 4
 (choice of tau), Theorem 4 (retention).  Korolova et al.: the privacy guarantee and the optimal

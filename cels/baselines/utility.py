@@ -1,4 +1,4 @@
-"""Utility of a baseline's release against the log's true counts (spec/mechanism.md measures).
+"""Utility of a baseline's release against the log's true counts (the measures of docs/mechanism.md).
 
 The reference domain is the log's items of one kind (true total occurrences c_i); a released
 item's noisy count is its x_i (0 when not released).  Released items that are not in the log

@@ -61,6 +61,7 @@ def run_case(path: str, fmt: str, b: float, objectives: tuple[str, ...], max_use
             "integer_ratio": round(sol.integer_ratio, 4),
             "integer_ratio_to_max_output": round(sol.integer_total / sol.max_output_lp, 4) if sol.max_output_lp else None,
             "integer_method": sol.integer_method,
+            "integer_source": sol.integer_source,
             "feasible": feasible(cond, sol.x),
         }
         first = first or sol

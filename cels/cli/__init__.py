@@ -1,7 +1,13 @@
 """The ``cels`` command line: one subcommand module per capability.
 
-Each module in :data:`SUBCOMMANDS` exposes ``register(subparsers)``, which adds its parser
-and sets ``func`` (a callable taking the parsed namespace and returning an exit code).
+Each module in :data:`COMMANDS` exposes ``register(subparsers)``, which adds its parser and
+sets ``func`` (a callable taking the parsed namespace and returning an exit code).  Only the
+module of the command given is imported: ``cels --help`` lists the commands from
+:data:`COMMANDS` without importing any of them.
+
+Exit codes (README, "Exit codes"): 0 done; 1 a distributed session aborted; 2 bad input,
+parameters or configuration (one line naming the file, table or flag); 3 the release is
+empty (its output and report are written, with the reason on stderr); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,29 +18,57 @@ import logging
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = (
-    "cels.cli.demo",
-    "cels.cli.sanitize",
-    "cels.cli.params",
-    "cels.cli.bench",
-    "cels.cli.experiment",
-    "cels.cli.service",
-    "cels.cli.views",
-    "cels.cli.attack",
+DESCRIPTION = (
+    "Publish one sanitized search log from the private logs of one or several organisations. "
+    "The sampling is (epsilon, delta)-probabilistically differentially private given the counts; "
+    "with --noise-epsilon and --sensitivity the whole release is (CELS section 3.3)."
 )
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sanitize": ("cels.cli.sanitize", "sanitize one search log (a single data holder)"),
+    "simulate": ("cels.cli.service", "run a whole distributed session with local node processes on 127.0.0.1"),
+    "run": ("cels.cli.service", "run a session against running party and solver nodes (session.toml)"),
+    "certs": ("cels.cli.service", "make a development CA and one certificate per node"),
+    "split": ("cels.cli.split", "split one log by user into per-party files"),
+    "ledger": ("cels.cli.ledger", "show a party node's privacy budget ledger and the budget left"),
+    "demo": ("cels.cli.demo", "sanitize the embedded synthetic log and print a summary"),
+    "params": ("cels.cli.params", "baseline parameter calculations as JSON"),
+    "bench": ("cels.cli.bench", "measure speed, bytes and memory; prints JSON"),
+    "experiment": ("cels.cli.experiment", "reproduce the paper's experiments (CSV/JSON + PNG)"),
+    "views": ("cels.cli.views", "summarise recorded node views and draw the sequence diagram"),
+    "attack": ("cels.cli.attack", "demonstrate the paper's protocol weaknesses (SECURITY.md)"),
+}
+"""Command -> (module that registers it, one-line help)."""
+EXIT_CODES = {0: "done", 1: "a distributed session aborted", 2: "bad input, parameters or configuration",
+              3: "empty release (output and report written)", 130: "interrupted (Ctrl-C)"}  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cels", description=__doc__.splitlines()[0])
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``cels`` parser; only ``command``'s module is imported and registers its flags."""
+    parser = argparse.ArgumentParser(
+        prog="cels",
+        description=DESCRIPTION,
+        epilog="exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()),
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        importlib.import_module(name).register(subparsers)
+    if command is not None:
+        importlib.import_module(COMMANDS[command][0]).register(subparsers)
+    for name, (_module, help) in COMMANDS.items():
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=help)  # listed by --help; its module is not imported
+        else:
+            subparsers.choices[name].description = subparsers.choices[name].description or f"cels {name}: {help}."
     return parser
 
 
+def command_of(argv: Sequence[str]) -> str | None:
+    """The first argument that names a command (after options such as -v)."""
+    return next((arg for arg in argv if arg in COMMANDS), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

@@ -72,7 +72,7 @@ def run_union_origin(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("attack", help="demonstrate the paper's protocol weaknesses (SECURITY.md)")
+    parser = subparsers.add_parser("attack")
     attacks = parser.add_subparsers(dest="attack", required=True, metavar="ATTACK")
 
     p = attacks.add_parser("solver-reconstruction", help="P_0 rebuilds every constraint row and count from its view")

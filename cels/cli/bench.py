@@ -9,7 +9,7 @@ BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="measure speed, bytes and memory; prints JSON")
+    parser = subparsers.add_parser("bench")
     bench_sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for name in BENCHMARKS:
         importlib.import_module(name).register(bench_sub)

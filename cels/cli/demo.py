@@ -16,7 +16,7 @@ DEMO_DIR = Path("demo-out")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="sanitize the embedded synthetic log and print a summary")
+    parser = subparsers.add_parser("demo")
     parser.add_argument("--dir", default=str(DEMO_DIR), help="output directory (default ./demo-out)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4, help="default 0.4: b = min(eps/2, ln 1/(1-delta)) = 0.5, enough for a visible output")
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
           f"{z['nonunique_pairs']} pairs held by 2+ users, {z['constraint_rows_after_pruning']} condition rows after pruning")
     print(f"privacy    epsilon {p['epsilon']}, delta {p['delta']} -> b = {p['b']:.5f} ({p['bound']} bound); {p['note']}")
     print(f"counts     objective {s['objective']}: LP bound |O| <= {s['max_output_lp']:.2f}, target |O| = {s['output_size']:.2f}, "
-          f"released {s['integer_total']} (integer ratio {s['integer_ratio']:.3f}, {s['integer_method']})")
+          f"released {s['integer_total']} (integer ratio {s['integer_ratio']:.3f}, {s['integer_method']}, x from {s['integer_source']})")
     print(f"utility    KL {u['kl']:.4f}, recall of distinct pairs {u['recall']:.4f}, top-100 coverage {u['top_100']['coverage']:.2f}")
     print(f"output     {sanitize_args.out} ({z['output_users']} pseudonymous users, {z['output_pairs']} pairs), report {sanitize_args.report}")
     return 0

@@ -22,7 +22,7 @@ EXPERIMENTS = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("experiment", help="reproduce the paper's experiments (CSV/JSON + PNG)")
+    parser = subparsers.add_parser("experiment")
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     for name, module_name in EXPERIMENTS.items():
         module = importlib.import_module(module_name)

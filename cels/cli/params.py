@@ -1,6 +1,6 @@
 """``cels params {zealous,korolova,safelog}``: the baselines' parameter calculations as JSON.
 
-Examples (spec/baselines.md):
+Examples (docs/baselines.md):
   cels params zealous --epsilon 1 --delta 0.001 --m 2 --users 500000
   cels params zealous --mode indistinguishability --epsilon 10 --delta 1e-41 --m 5
   cels params korolova --epsilon 2.302585093 --delta 1e-5 --d 40
@@ -58,12 +58,7 @@ def _safelog(args: argparse.Namespace) -> dict:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "params",
-        help="baseline parameter calculations as JSON",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = subparsers.add_parser("params", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--digits", type=int, default=4, help="decimals printed (default 4)")
     methods = parser.add_subparsers(dest="baseline", required=True, metavar="METHOD")
 

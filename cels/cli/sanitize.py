@@ -5,18 +5,20 @@ CELS/EDBT multinomial sampling with optimal counts).  A method is a :class:`Meth
 optional ``add_arguments(parser)`` for its own flags and ``run(args) -> Release`` (it loads
 the input it needs: the histogram for ``optimal``, the events in log order for the baselines
 ZEALOUS, Korolova et al. and Safelog of :mod:`cels.baselines`).
-OUT and REPORT are written atomically only after the whole run succeeded.
+OUT and REPORT (default ``OUT.report.json``) are checked before any work starts and written
+atomically only after the whole run succeeded.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from cels.fileio import atomic_write_json
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
+from cels.fileio import atomic_write_json, check_output_paths
 from cels.baselines import BASELINES, make_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
@@ -98,7 +100,7 @@ def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-size", type=float, default=None, metavar="F", help="|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5)")
     g.add_argument("--min-count", type=int, default=0, metavar="N", help="drop pairs with total count < N (CELS cleans with 20)")
     g.add_argument("--cap", type=int, default=None, metavar="K", help="per-user cap c_ij <- min(c_ij, K), applied first")
-    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts")
+    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts: with --sensitivity, end-to-end (eps + E', delta)-DP (CELS 3.3)")
     g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="sensitivity d of the counts")
     g.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
     g.add_argument("--keep-user-ids", action="store_true", help="keep the input user ids (default: fresh pseudonyms)")
@@ -115,23 +117,29 @@ METHODS: dict[str, Method] = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sanitize", help="publish a differentially private version of a search log")
+    parser = subparsers.add_parser("sanitize")
     parser.add_argument("input", metavar="INPUT", help="the search log to sanitize")
-    parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
-    parser.add_argument("--no-header", action="store_true", help="the input has no header line")
-    parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
-    parser.add_argument("--epsilon", type=float, required=True)
-    parser.add_argument("--delta", type=float, required=True)
+    add_input_arguments(parser)
+    parser.add_argument("--epsilon", type=float, required=True, help="epsilon of the sampling's probabilistic DP (docs/mechanism.md)")
+    parser.add_argument("--delta", type=float, required=True, help="per-user probability that the output holds one of the user's records (not approximate DP's delta << 1/n)")
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
     parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")
-    parser.add_argument("--report", default=None, metavar="REPORT.json", help="JSON report: privacy accounting, solver, sizes, utility, timings")
+    parser.add_argument("--report", default=None, metavar="REPORT.json", help="JSON report: privacy accounting, solver, sizes, utility, timings (default OUT.report.json)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     for method in METHODS.values():
         if method.add_arguments is not None:
             method.add_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to read INPUT (docs/formats.md): the flags ``input_options`` reads."""
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--no-header", action="store_true", help="the input has no header line")
+    parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
+    parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
 
 
 def input_options(args: argparse.Namespace) -> LoadOptions:
@@ -141,7 +149,16 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
         columns=parse_columns(args.columns) if args.columns else None,
         header=False if args.no_header else None,
         lenient=args.lenient,
+        delimiter=args.delimiter,
     )
+
+
+def delimiter(text: str) -> str:
+    """``--delimiter``: one character; ``tab`` or ``\\t`` for a tab."""
+    value = "\t" if text in ("tab", "\\t") else text
+    if len(value) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one character (use 'tab' for a tab)")
+    return value
 
 
 def load_input(args: argparse.Namespace) -> SearchLog:
@@ -149,23 +166,21 @@ def load_input(args: argparse.Namespace) -> SearchLog:
     return load_log(args.input, input_options(args))
 
 
-def check_output_dirs(*paths: str | None) -> None:
-    for path in paths:
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"output directory of {path} does not exist")
+def report_path(args: argparse.Namespace) -> str:
+    """REPORT, by default beside OUT: ``OUT.report.json``."""
+    return args.report if args.report is not None else f"{args.out}.report.json"
 
 
-def write_release(release: Release, out: str, report_path: str | None) -> None:
+def write_release(release: Release, out: str, report_path: str) -> None:
     """OUT then REPORT, each atomic; if the report cannot be written, OUT is removed again."""
     existed = os.path.exists(out)
     release.write(out)
-    if report_path is not None:
-        try:
-            atomic_write_json(report_path, release.report)
-        except BaseException:
-            if not existed:
-                os.unlink(out)
-            raise
+    try:
+        atomic_write_json(report_path, release.report)
+    except BaseException:
+        if not existed:
+            os.unlink(out)
+        raise
 
 
 def summary_line(report: dict) -> str:
@@ -183,20 +198,36 @@ def summary_line(report: dict) -> str:
         if isinstance(per_kind, dict) and "released" in per_kind:
             parts.append(f"{kind}: {per_kind['released']} released, recall {per_kind['recall']:.2e}")
     if "bound" in p:  # the optimal method: b = min{eps/2 or eps, ln 1/(1-delta)}
-        parts.append(f"b {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}, bound {p['bound']})")
+        parts.append(f"b {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}, bound {p['bound']}), {guarantee_word(p)}")
     elif p:
         parts.append(f"eps {p.get('epsilon')}, delta {p.get('delta', 0)}, DP claim {p.get('dp_claim')}")
     return ", ".join(parts)
 
 
+def guarantee_word(privacy: dict) -> str:
+    """The summary line's word on the guarantee (the full sentence is in the report)."""
+    if privacy.get("end_to_end"):
+        return f"end-to-end DP (eps {privacy['total_epsilon']:g} by basic composition)"
+    return "DP of the sampling only, NOT end-to-end"
+
+
 def execute(args: argparse.Namespace) -> Release:
-    """Load, run the chosen method, write OUT and REPORT; returns the release."""
-    check_output_dirs(args.out, args.report)
+    """Check OUT and REPORT, load, run the chosen method, write OUT and REPORT; returns the release."""
+    check_output_paths({"--out": args.out, "--report": report_path(args)}, inputs=(args.input,))
     release = METHODS[args.method].run(args)
-    write_release(release, args.out, args.report)
+    write_release(release, args.out, report_path(args))
     return release
 
 
 def run(args: argparse.Namespace) -> int:
-    print(summary_line(execute(args).report))
+    """Exit 0, or EXIT_EMPTY_RELEASE (3) with the reason when nothing was released."""
+    report = execute(args).report
+    print(summary_line(report))
+    print(f"wrote {args.out} and {report_path(args)}", file=sys.stderr)
+    if "guarantee" in report.get("privacy", {}):
+        print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
+    reason = empty_release_reason(report)
+    if reason is not None:
+        print(f"cels sanitize: {reason}", file=sys.stderr)
+        return EXIT_EMPTY_RELEASE
     return 0

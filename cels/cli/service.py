@@ -10,49 +10,62 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
-from cels.cli.sanitize import _optimal_arguments, load_input
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
+from cels.cli.progress import SessionProgress
+from cels.cli.sanitize import _optimal_arguments, delimiter, guarantee_word, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
-from cels.fileio import atomic_write_json
-from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock
+from cels.fileio import atomic_write_json, check_output_paths
+from cels.node.client import (
+    CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
+)  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import load_toml
+from cels.node.config import Number, check_tables, load_toml
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions
 from cels.protocol.wire import cels_pb2
 
 DEFAULT_TIMEOUT = 4 * 3600.0
+RUN_TABLE = {
+    "initiator": str, "address": str, "ca": str, "cert": str, "key": str, "insecure": bool,
+    "output": str, "report": str, "timeout": Number, "nodes": dict,
+}  # fmt: skip
+"""Keys of session.toml's [run] table (how ``cels run`` reaches the nodes, where it writes)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    certs = subparsers.add_parser("certs", help="make a development CA and one certificate per node")
+    certs = subparsers.add_parser("certs")
     certs.add_argument("--out", required=True, type=Path, help="directory for ca.pem and NAME.pem / NAME.key")
     certs.add_argument("--parties", type=int, default=3, help="number of party nodes (default 3)")
     certs.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
     certs.set_defaults(func=run_certs)
 
-    run = subparsers.add_parser("run", help="run a session against running party and solver nodes")
+    run = subparsers.add_parser("run")
     run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
     run.set_defaults(func=run_run)
 
-    sim = subparsers.add_parser("simulate", help="run a whole session with local node processes on 127.0.0.1")
+    sim = subparsers.add_parser("simulate")
     sim.add_argument("--parties", type=int, default=3, help="number of parties R (default 3)")
     sim.add_argument("--input", type=Path, help="the log to split by user (default: the embedded synthetic log)")
-    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300: about 2 minutes with 2048-bit keys)")
+    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300: about a minute with 2048-bit keys)")
     sim.add_argument("--synthetic-pairs", type=int, default=200, metavar="N", help="shared pairs of the embedded synthetic log (default 200)")
     sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
     sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
     sim.add_argument("--no-header", action="store_true", help="the input has no header line")
+    sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
-    sim.add_argument("--epsilon", type=float, default=1.0)
-    sim.add_argument("--delta", type=float, default=0.4, help="default 0.4 (as cels demo)")
+    sim.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sampling's probabilistic DP (default 1)")
+    sim.add_argument("--delta", type=float, default=0.4, help="per-user probability that the output holds one of the user's records (default 0.4; not approximate DP's delta << 1/n)")
     sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
     sim.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
     sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
@@ -126,35 +139,72 @@ def session_options(table: dict[str, Any]) -> SessionOptions:
         raise ValueError(f"[session]: {exc}") from None
 
 
-def print_progress(report: cels_pb2.StepReport) -> None:
-    print(f"  {report.node:>10} {report.phase:<10} {report.seconds:8.2f} s {report.bytes_sent / 1e6:10.3f} MB sent", file=sys.stderr, flush=True)
+def session_tables() -> dict[str, dict[str, Any]]:
+    """session.toml's tables: [run] and [session] (SessionOptions' fields; it checks their values)."""
+    session_keys = ["parties", *(f.name for f in fields(SessionOptions) if f.name not in ("b", "addresses", "parties"))]
+    return {"run": RUN_TABLE, "session": {key: object for key in session_keys}}
+
+
+def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float], None]:
+    """``cels run`` while it waits for nodes: which are unreachable at which address, when
+    that changes and every ``every`` seconds."""
+    last: dict[str, Any] = {"nodes": None, "at": -every}
+
+    def show(missing: dict[str, str], waited: float) -> None:
+        if missing != last["nodes"] or waited - last["at"] >= every:
+            last.update(nodes=dict(missing), at=waited)
+            nodes = ", ".join(f"{name} at {where}" for name, where in missing.items())
+            print(f"  waiting {waited:4.0f} s for {nodes}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def run_run(args: argparse.Namespace) -> int:
     doc = load_toml(args.config)
+    check_tables(doc, args.config, session_tables())
     base = args.config.resolve().parent
     run, table = doc.get("run", {}), doc.get("session", {})
     for key in ("initiator", "address", "output", "report"):
         if key not in run:
             raise ValueError(f"{args.config}: [run] needs {key!r}")
-    options = session_options({**table, "initiator": run["initiator"]})
+    try:
+        options = session_options({**table, "initiator": run["initiator"]})
+    except ValueError as exc:
+        raise ValueError(f"{args.config}: {exc}") from None
     insecure = bool(run.get("insecure", False))
     paths = {k: base / run[k] for k in ("ca", "cert", "key") if k in run}
     if not insecure and len(paths) < 3:
         raise ValueError(f"{args.config}: [run] needs ca, cert and key (the controller's credentials) or insecure = true")
     controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
     output, report_path = base / run["output"], base / run["report"]
-    for path in (output, report_path):
-        if not path.parent.is_dir():
-            raise ValueError(f"output directory of {path} does not exist")
+    check_output_paths({"[run] output": output, "[run] report": report_path})
+    nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
     print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+    progress = SessionProgress(options)
     try:
-        report = run_on_nodes(controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), print_progress)
+        wait_reachable(controller, nodes, CONNECT_TIMEOUT, unreachable_printer())
+        report = run_on_nodes(
+            controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
+            on_phase_start=progress.start,
+        )  # fmt: skip
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
         return 1
+    finally:
+        progress.close()
+    progress.finish(report)
+    return release_notes(report, f"wrote {output} and {report_path}")
+
+
+def release_notes(report: dict[str, Any], wrote: str) -> int:
+    """Summary, what was written and the privacy notice; the exit code (3: empty release)."""
     print(summary(report))
-    print(f"wrote {output} and {report_path}")
+    print(wrote)
+    print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
+    reason = empty_release_reason(report)
+    if reason is not None:
+        print(reason, file=sys.stderr)
+        return EXIT_EMPTY_RELEASE
     return 0
 
 
@@ -175,6 +225,8 @@ def input_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--columns", args.columns]
     if args.no_header:
         flags.append("--no-header")
+    if args.delimiter != "\t":
+        flags += ["--delimiter", args.delimiter]
     if args.lenient:
         flags.append("--lenient")
     return flags
@@ -237,7 +289,10 @@ def run_nodes(
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
         options = options.with_addresses(addresses)
         common = ["--deadline", str(options.deadline), "--node-key-bits", str(options.key_bits)]
-        stocking = ["--obfuscators", "0", *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]
+        # every core for each party's obfuscator workers (as before the idle-host default of half the cores):
+        # the simulated nodes share one host and are idle only for the offline phase
+        stocking = ["--obfuscators", "0", "--obfuscator-workers", str(os.cpu_count() or 1),
+                    *(a for owner, n in (stock or {}).items() for a in ("--stock", f"{owner}={n}"))]  # fmt: skip
         if options.key_bits < DEFAULT_KEY_BITS:
             common += ["--min-key-bits", str(options.key_bits)]
         if record_view is not None:
@@ -258,10 +313,16 @@ def run_nodes(
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses) if stock else None
-            print(f"session {options.session_id}: running (progress as nodes finish their part)", file=sys.stderr, flush=True)
-            report = run_on_nodes(
-                controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT, print_progress, extra=extra
-            )
+            print(f"session {options.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)
+            progress = SessionProgress(options)
+            try:
+                report = run_on_nodes(
+                    controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT,
+                    progress.step, extra=extra, on_phase_start=progress.start,
+                )  # fmt: skip
+            finally:
+                progress.close()
+            progress.finish(report)
             if offline is not None:
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
                 atomic_write_json(out / "report.json", report)
@@ -305,28 +366,33 @@ def offline_report(offline: dict[str, Any], after: dict[str, cels_pb2.NodeStatus
 def run_simulate(args: argparse.Namespace) -> int:
     if args.input is not None and args.format is None:
         raise ValueError("--input needs --format")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; give a directory")
     options = simulate_options(args, args.parties)
     if options.key_bits < DEFAULT_KEY_BITS:
         print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
+    stock = session_stock(args, options)
     t0 = time.perf_counter()
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
-    else:
+    else:  # read before --out is made: a bad input leaves nothing behind
+        if not args.input.is_file():
+            raise ValueError(f"--input {args.input} does not exist")
         log, fmt_args = load_input(args), input_flags(args)
     suffix = output_suffix(args.input)
+    args.out.mkdir(parents=True, exist_ok=True)
+    output = args.out / f"sanitized{suffix}"
+    check_output_paths({"--out": output, "report": args.out / "report.json"}, inputs=(args.input,) if args.input else ())
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, options, args.out, suffix, fmt_args, extra, args.record_view, session_stock(args, options))
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, extra, args.record_view, stock)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1
-    print(summary(report))
-    print(f"wrote {args.out / f'sanitized{suffix}'} and {args.out / 'report.json'} in {time.perf_counter() - t0:.1f} s")
-    return 0
+    return release_notes(report, f"wrote {output} and {args.out / 'report.json'} in {time.perf_counter() - t0:.1f} s")
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -334,6 +400,6 @@ def summary(report: dict[str, Any]) -> str:
     s, u, p = report["solver"], report["utility"], report["privacy"]
     return (
         f"released |O| = {s.get('integer_total')} (LP bound {s.get('max_output_lp', float('nan')):.1f}), "
-        f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}); "
+        f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
         f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages ({report['wire']['bytes_total'] / 1e6:.2f} MB on the wire)"
     )

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("views", help="summarise recorded node views and draw the sequence diagram")
+    parser = subparsers.add_parser("views")
     parser.add_argument("dir", metavar="DIR", help="a --record-view directory (DIR/<session>/<node>/view.jsonl)")
     parser.add_argument("--out", default=None, metavar="OUT", help="write summaries and diagrams here (default DIR)")
     parser.set_defaults(func=run)

@@ -1,4 +1,4 @@
-"""Elliptic-curve commutative hash with X25519 (universe phase of spec/protocol.md).
+"""Elliptic-curve commutative hash with X25519 (the universe phase, docs/protocol.md).
 
 Identifiers that are compared but never decrypted (the hashed query-url pair ids of the
 universe phase) only need a commutative *hash*: H_a(H_b(x)) = H_b(H_a(x)).  X25519 is

@@ -208,14 +208,22 @@ class ObfuscatorStock:
     """
 
     def __init__(
-        self, targets: Mapping[str, int], *, workers: int | None = None, batch: int = 16, idle_poll: float = 0.2
+        self,
+        targets: Mapping[str, int],
+        *,
+        workers: int | None = None,
+        nice: int = 0,
+        batch: int = 16,
+        idle_poll: float = 0.2,
     ) -> None:
         if any(t < 0 for t in targets.values()):
             raise ValueError(f"obfuscator stock targets must be >= 0, got {dict(targets)}")
         self.targets = dict(targets)
         self.batch = max(1, batch)
         self.workers = workers or os.cpu_count() or 1
-        self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        # nice: the workers' niceness increment (os.nice in each worker), so that an idle node's refill yields the host
+        context = multiprocessing.get_context("spawn")
+        self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=os.nice, initargs=(nice,))
         self._pools: dict[int, ObfuscatorPool] = {}
         self._owners: dict[int, str] = {}
         self._lock = threading.Lock()

@@ -21,7 +21,7 @@ _WHITESPACE = re.compile(r"\s+")
 
 
 def normalise_query(text: str) -> str:
-    """Default pair normalisation (spec/mechanism.md): strip, collapse whitespace, lower-case."""
+    """Default pair normalisation (docs/formats.md): strip, collapse whitespace, lower-case."""
     return _WHITESPACE.sub(" ", text.strip()).lower()
 
 

@@ -1,4 +1,4 @@
-"""The worked example of EDBT Fig. 1 / CELS Fig. 1 (known answers in spec/mechanism.md)."""
+"""The worked example of EDBT Fig. 1 / CELS Fig. 1 (known answers worked by hand, asserted in tests/test_mechanism_conditions.py)."""
 
 from __future__ import annotations
 

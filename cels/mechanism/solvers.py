@@ -53,6 +53,10 @@ class Solution:
     max_output_lp: float
     output_size: float
     integer_method: str
+    """The integer method that ran (``--integer``: mip, greedy or floor)."""
+    integer_source: str
+    """Which candidate x is: with ``mip`` the MIP and the greedy fill both run and the better
+    one is kept, so x may come from ``greedy``."""
     integer_objective: float
     extras: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -77,7 +81,7 @@ class Solution:
             "lp_total": self.lp_total,
             "max_output_lp": self.max_output_lp,
             "output_size": self.output_size,
-            "integer_method": self.integer_method,
+            "integer_source": self.integer_source,
             "integer_objective": self.integer_objective,
             "integer_total": self.integer_total,
             "integer_ratio": self.integer_ratio,
@@ -412,7 +416,7 @@ def solve(
             extras.update(support=support, frequent_pairs=int(len(freq)))
     value, gain = _objective_fns(objective, cond, size, support)
     total = size if objective in ("kl", "frequent") else math.inf
-    x, method = _integer(cond, objective, model, x_lp, value, gain, total, integer, time_limit, extras)
+    x, source = _integer(cond, objective, model, x_lp, value, gain, total, integer, time_limit, extras)
     if not feasible(cond, x):  # cannot happen: every step keeps the conditions
         raise RuntimeError("integer solution breaks a privacy condition")
     return Solution(
@@ -422,7 +426,8 @@ def solve(
         lp_objective=lp_obj,
         max_output_lp=max_out,
         output_size=float(x_lp.sum()) if objective in ("max-output", "diversity") else size,
-        integer_method=method,
+        integer_method=integer,
+        integer_source=source,
         integer_objective=-value(x) if objective == "frequent" else value(x),
         extras=extras,
         seconds=time.perf_counter() - started,

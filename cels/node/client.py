@@ -85,6 +85,46 @@ def wait_for_stock(
         time.sleep(poll)
 
 
+def unreachable_nodes(controller: Controller, nodes: dict[str, str], timeout: float = 2.0) -> dict[str, str]:
+    """Node name -> "address (why)" for every node whose ``Status`` does not answer."""
+    out = {}
+    for name, address in nodes.items():
+        try:
+            with controller_channel(controller, name, address) as channel:
+                cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            out[name] = f"{address} ({exc.code().name})"
+    return out
+
+
+def wait_reachable(
+    controller: Controller,
+    nodes: dict[str, str],
+    timeout: float,
+    on_wait: Callable[[dict[str, str], float], None] | None = None,
+    poll: float = 1.0,
+) -> None:
+    """Wait until every node answers ``Status``; ``on_wait(unreachable, waited_seconds)`` after
+    each round that found one unreachable.  Raises SessionAborted naming the first unreachable
+    node and its address after ``timeout`` seconds."""
+    start = time.monotonic()
+    while True:
+        missing = unreachable_nodes(controller, nodes)
+        if not missing:
+            return
+        waited = time.monotonic() - start
+        if on_wait is not None:
+            on_wait(missing, waited)
+        if waited >= timeout:
+            name = next(iter(missing))
+            raise SessionAborted(
+                name,
+                f"unreachable after {waited:.0f}s: {', '.join(f'{n} at {a}' for n, a in missing.items())} "
+                "(not running, wrong address, or a certificate that does not name the node)",
+            )
+        time.sleep(poll)
+
+
 def run_on_nodes(
     controller: Controller,
     config: cels_pb2.SessionConfig,
@@ -93,11 +133,13 @@ def run_on_nodes(
     timeout: float,
     on_progress: Callable[[cels_pb2.StepReport], None] | None = None,
     extra: dict[str, Any] | None = None,
+    on_phase_start: Callable[[cels_pb2.StepReport], None] | None = None,
 ) -> dict[str, Any]:
     """Run one session; write the sanitized log and report.json atomically; return the report.
 
     Nothing is written unless the session completes: the log goes to a temporary file that is
     renamed only after the report arrived.  ``extra`` keys are added to the report.
+    ``on_progress`` gets every phase end, ``on_phase_start`` every phase start (RunEvent).
     Raises SessionAborted with the failing node.
     """
     if controller.insecure:
@@ -120,6 +162,8 @@ def run_on_nodes(
                     kind = event.WhichOneof("event")
                     if kind == "progress" and on_progress is not None:
                         on_progress(event.progress)
+                    elif kind == "phase_start" and on_phase_start is not None:
+                        on_phase_start(event.phase_start)
                     elif kind == "output_chunk":
                         sink.write(event.output_chunk)
                     elif kind == "report_json":

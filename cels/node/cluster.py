@@ -68,9 +68,11 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "wb")
+        # a session of its own: a Ctrl-C on the terminal reaches the caller only, which stops the nodes
         process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
-        )
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )  # fmt: skip
         node = NodeProcess(name, address, process, log_path, log)
         self.nodes[name] = node
         return node

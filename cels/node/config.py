@@ -18,16 +18,28 @@ party-2 = "127.0.0.1:7102"
 
 [data]                           # party nodes: the private log, read at every session start
 path = "logs/party-1.tsv"
-format = "aol"                   # and columns / header / lenient as `cels sanitize`
+format = "aol"                   # and columns / header / lenient / delimiter as `cels sanitize`
 
-[solver]                         # solver nodes: key and solver options
+[solver]                         # solver nodes
+time_limit = 20.0                # the most seconds the integer step gets (caps what a session asks)
 
 [keys]                           # the offline phase (cels.node.keys)
 session_keys = false             # true: a fresh Paillier key pair in every session
 key_bits = 2048                  # bits of the node key made at start-up
 obfuscators = 4096               # party nodes: obfuscators kept ready per peer key (0: none)
 stock = { solver = 16384 }       # per key owner, overriding `obfuscators` (0: not stocked)
+workers = 1                      # worker processes for obfuscators (default: half the cores)
+nice = 10                        # their niceness increment (0: the node's own priority)
+
+[ledger]                         # party nodes: the privacy budget ledger (cels.node.ledger)
+path = "party-1.ledger.json"     # default: NAME.ledger.json beside this file
+budget_epsilon = 8.0             # refuse a session that would take the window's total above this
+budget_delta = 1.0
+window_days = 30                 # sessions older than this no longer count (default: all)
 ```
+
+Every table and key is checked against :data:`NODE_TABLES`: an unknown one is an error
+naming the file, the table and the key.
 """
 
 from __future__ import annotations
@@ -45,9 +57,33 @@ else:  # pragma: no cover
 
 from cels.certs import CONTROLLER
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
+from cels.node.ledger import LedgerPolicy
 
 DEFAULT_DEADLINE = 600.0
 MIN_KEY_BITS = 2048
+DEFAULT_NICE = 10
+"""Niceness increment of the obfuscator workers: an idle node fills its stock without
+starving its host."""
+
+Number = (int, float)
+NODE_TABLES: dict[str, dict[str, Any] | None] = {
+    "node": {"name": str, "listen": str, "deadline": Number, "insecure": bool, "controllers": list,
+             "min_key_bits": int, "record_view": str},
+    "tls": {"ca": str, "cert": str, "key": str},
+    "peers": None,  # node name -> "host:port"
+    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str},
+    "solver": {"time_limit": Number},
+    "keys": {"session_keys": bool, "key_bits": int, "obfuscators": int, "stock": dict, "workers": int, "nice": int},
+    "ledger": {"path": str, "budget_epsilon": Number, "budget_delta": Number, "window_days": Number},
+}  # fmt: skip
+"""The node TOML's tables and their keys with the TOML types they take (None: any key, a string)."""
+ROLE_TABLES = {"data": ("data", "ledger"), "solver": ("solver",)}
+"""The role tables a party node (``data``) and a solver node (``solver``) accept."""
+
+
+def node_tables(role_table: str) -> dict[str, dict[str, Any] | None]:
+    """The tables of a party (``"data"``) or solver (``"solver"``) node's TOML file."""
+    return {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", *ROLE_TABLES[role_table])}
 
 
 @dataclass
@@ -70,6 +106,8 @@ class NodeConfig:
     """Node key and obfuscator stock (the offline phase)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The role-specific tables ([data] for a party, [solver] for the solver)."""
+    ledger: dict[str, Any] = field(default_factory=dict)
+    """A party's ``[ledger]`` table (cels.node.ledger)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -127,7 +165,13 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"party nodes: obfuscators r^N mod N^2 kept ready per peer key while idle (default {DEFAULT_STOCK}; 0: none)",
     )
     keys.add_argument("--stock", action="append", default=[], metavar="NAME=N", help="stock size for one key owner (repeatable; 0: not stocked)")
-    keys.add_argument("--obfuscator-workers", type=int, help="worker processes for obfuscators (default: every core)")
+    keys.add_argument("--obfuscator-workers", type=int, help="worker processes for obfuscators (default: half the cores, at least 1)")
+    keys.add_argument(
+        "--obfuscator-nice",
+        type=int,
+        metavar="N",
+        help=f"niceness increment of the obfuscator workers (default {DEFAULT_NICE}: an idle node does not starve its host; 0: none)",
+    )
 
 
 def parse_peer(spec: str) -> tuple[str, str]:
@@ -149,9 +193,6 @@ def parse_stock(spec: str) -> tuple[str, int]:
 
 def key_policy(args: argparse.Namespace, table: dict[str, Any]) -> KeyPolicy:
     """The ``[keys]`` table under the flags."""
-    unknown = sorted(set(table) - {"session_keys", "key_bits", "obfuscators", "stock", "workers"})
-    if unknown:
-        raise ValueError(f"[keys]: unknown key(s) {', '.join(unknown)}")
     stock = {str(k): int(v) for k, v in table.get("stock", {}).items()}
     stock.update(parse_stock(spec) for spec in args.stock)
 
@@ -164,20 +205,50 @@ def key_policy(args: argparse.Namespace, table: dict[str, Any]) -> KeyPolicy:
         stock=int(pick(args.obfuscators, "obfuscators", DEFAULT_STOCK)),
         stock_for=stock,
         workers=pick(args.obfuscator_workers, "workers", None),
+        nice=int(pick(args.obfuscator_nice, "nice", DEFAULT_NICE)),
     )
 
 
 def load_toml(path: Path) -> dict[str, Any]:
+    """The parsed TOML file; ValueError naming the file if it is missing or malformed."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"config file {path} is a directory") from None
+
+
+def check_tables(doc: dict[str, Any], path: Path, tables: dict[str, dict[str, Any] | None]) -> None:
+    """Every table of ``doc`` is one of ``tables``, every key one of its keys, with the type it
+    takes; ValueError naming the file, the table and the key otherwise (hand code: a table of
+    types covers this small schema and names the file, which a schema library would not)."""
+    for name, table in doc.items():
+        known = ", ".join(f"[{t}]" for t in tables)
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: key {name!r} outside any table (tables: {known})")
+        if name not in tables:
+            raise ValueError(f"{path}: unknown table [{name}] (known: {known})")
+        keys = tables[name]
+        for key, value in table.items():
+            if keys is None:
+                expected: Any = str
+            elif key not in keys:
+                raise ValueError(f"{path}: [{name}] unknown key {key!r} (known: {', '.join(keys)})")
+            else:
+                expected = keys[key]
+            if not isinstance(value, expected) or (isinstance(value, bool) and expected in (int, Number)):
+                kinds = expected if isinstance(expected, tuple) else (expected,)
+                raise ValueError(f"{path}: [{name}] {key} = {value!r} is not a {' or '.join(k.__name__ for k in kinds)}")
 
 
 def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
     """Merge the TOML file (if any) and the flags; relative paths in the file are relative to it."""
     doc = load_toml(args.config) if args.config else {}
+    check_tables(doc, args.config, node_tables(role_table))
     base = args.config.resolve().parent if args.config else Path.cwd()
     node, tls = doc.get("node", {}), doc.get("tls", {})
 
@@ -202,6 +273,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         record_view=args.record_view or (base / node["record_view"] if "record_view" in node else None),
         keys=key_policy(args, doc.get("keys", {})),
         extra={"base": base, **doc.get(role_table, {})},
+        ledger=doc.get("ledger", {}),
     )
 
 
@@ -211,6 +283,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", help="log format: aol, msnbc, tsv, histogram (default aol)")
     parser.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
     parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
+    parser.add_argument("--delimiter", help="tsv field delimiter, one character (default tab)")
     parser.add_argument("--lenient", action="store_true", default=None, help="skip bad lines instead of failing")
 
 
@@ -232,5 +305,40 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
         columns=parse_columns(columns) if isinstance(columns, str) else columns,
         header=header,
         lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
+        delimiter=args.delimiter or table.get("delimiter", "\t"),
     )
     return Path(path), options
+
+
+def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    """A party's privacy budget ledger (cels.node.ledger); the flags override ``[ledger]``."""
+    g = parser.add_argument_group("privacy budget ledger")
+    g.add_argument("--ledger", type=Path, metavar="FILE", help="the ledger file (default NAME.ledger.json beside --config; none without either)")
+    g.add_argument("--budget-epsilon", type=float, metavar="E", help="refuse a session that takes the window's total epsilon above E")
+    g.add_argument("--budget-delta", type=float, metavar="D", help="refuse a session that takes the window's total delta above D")
+    g.add_argument("--budget-window-days", type=float, metavar="DAYS", help="sessions older than DAYS no longer count (default: all)")
+
+
+def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) -> LedgerPolicy | None:
+    """The ledger of party ``name``: flags over the ``[ledger]`` table; None without a file to
+    keep it in (neither --ledger, nor [ledger] path, nor --config)."""
+    base = args.config.resolve().parent if args.config else Path.cwd()
+
+    def pick(flag: Any, key: str) -> Any:
+        value = flag if flag is not None else table.get(key)
+        return None if value is None else float(value)
+
+    if args.ledger is not None:
+        path: Path | None = args.ledger
+    elif "path" in table:
+        path = base / table["path"]
+    elif args.config is not None:
+        path = base / f"{name}.ledger.json"
+    else:
+        path = None
+    budget = [pick(args.budget_epsilon, "budget_epsilon"), pick(args.budget_delta, "budget_delta")]
+    if path is None:
+        if any(b is not None for b in budget):
+            raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
+        return None
+    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"))

@@ -13,6 +13,7 @@ key full while no session runs.  ``--session-keys`` restores a fresh key pair pe
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -43,16 +44,26 @@ class KeyPolicy:
     stock_for: dict[str, int] = field(default_factory=dict)
     """Per key owner (a peer's name or this node's): its own stock size, 0 = not stocked."""
     workers: int | None = None
-    """Worker processes for obfuscators (default: every core)."""
+    """Worker processes for obfuscators (default: :func:`default_workers`)."""
+    nice: int = 0
+    """Niceness increment of those workers (os.nice in each worker): the stock fills while
+    the node is idle, and must not starve its host."""
 
     def __post_init__(self) -> None:
         if self.stock < 0 or any(v < 0 for v in self.stock_for.values()):
             raise ValueError("obfuscator stock sizes must be >= 0")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"obfuscator workers must be >= 1, got {self.workers}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"obfuscator nice must lie in 0..19, got {self.nice}")
 
     def target(self, owner: str) -> int:
         return self.stock_for.get(owner, self.stock)
+
+
+def default_workers() -> int:
+    """Half the cores, at least one: several idle nodes on one host leave it usable."""
+    return max(1, (os.cpu_count() or 1) // 2)
 
 
 class NodeKeys:
@@ -79,7 +90,8 @@ class NodeKeys:
         owners = [*peers, name] if encrypts else []
         # keys to stock: every owner with a target, this node's own only if it has a node key
         self._owners = [o for o in owners if policy.target(o) > 0 and not (o == name and policy.session_keys)]
-        self.stock = ObfuscatorStock({o: policy.target(o) for o in owners}, workers=policy.workers) if encrypts else None
+        workers = policy.workers or default_workers()
+        self.stock = ObfuscatorStock({o: policy.target(o) for o in owners}, workers=workers, nice=policy.nice) if encrypts else None
         self.keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None
         self._ready = threading.Event()
         self._stop = threading.Event()

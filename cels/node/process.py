@@ -1,4 +1,12 @@
-"""Run a node process until SIGTERM / SIGINT (``cels-party``, ``cels-solver``)."""
+"""Run a node process (``cels-party``, ``cels-solver``): start-up errors as one line with a
+documented exit code, then serve until SIGTERM / SIGINT.
+
+Exit codes (README, "Exit codes"): 0 stopped by SIGTERM / SIGINT after serving; 1 cannot serve
+(e.g. the listen address is taken); 2 bad configuration (missing or malformed TOML file,
+unknown table or key, missing data or certificates, a corrupted ledger); 130 interrupted
+(Ctrl-C) during start-up.  This module imports nothing heavy: the node's own modules are
+imported inside :func:`node_main`, so that a Ctrl-C while they load is caught too.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,36 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from cels.node.service import Node
+if TYPE_CHECKING:
+    from cels.node.service import Node
 
 log = logging.getLogger("cels.node")
+
+EXIT_CANNOT_SERVE = 1
+EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+def node_main(prog: str, start: Callable[[], Node]) -> int:
+    """``start()`` imports, reads the configuration and builds the node; then serve it.  A
+    ValueError (bad configuration), an OSError (cannot serve) or a Ctrl-C during start-up is
+    one line on stderr and its exit code, never a traceback."""
+    try:
+        node = start()
+        return serve(node)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted during start-up", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except OSError as exc:
+        print(f"{prog}: cannot serve: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_SERVE
+
 
 STOP_SECONDS = 10.0
 """How long a stopping node may take to tell its peers and close; then it exits regardless."""
@@ -33,7 +67,11 @@ def serve(node: Node) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    node.start()
+    try:
+        node.start()
+    except BaseException:
+        node.stop()
+        raise
     print(f"{node.config.name}: listening on {node.config.listen}", file=sys.stderr, flush=True)
     while not stop.wait(1.0):  # a timed wait: the main thread returns to the interpreter every second
         pass

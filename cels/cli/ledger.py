@@ -1,0 +1,32 @@
+"""``cels ledger --config party.toml``: a party node's privacy budget ledger (cels.node.ledger)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from cels.node.config import add_ledger_arguments
+
+    parser = subparsers.add_parser(
+        "ledger", description="Show a party node's privacy budget ledger (docs/deployment.md, 'Privacy budget ledger')."
+    )
+    parser.add_argument("--config", type=Path, help="the party node's TOML file (its [node] name and [ledger] table)")
+    add_ledger_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cels.node.config import check_tables, ledger_policy, load_toml, node_tables
+    from cels.node.ledger import show
+
+    doc = load_toml(args.config) if args.config else {}
+    if args.config:
+        check_tables(doc, args.config, node_tables("data"))
+    name = doc.get("node", {}).get("name", "")
+    policy = ledger_policy(args, name, doc.get("ledger", {}))
+    if policy is None:
+        raise ValueError("no ledger: give --config party.toml or --ledger FILE")
+    print(show(policy))
+    return 0

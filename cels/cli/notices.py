@@ -1,0 +1,60 @@
+"""What every release tells its operator besides the summary: which privacy guarantee holds
+(docs/mechanism.md, "What is promised"), and why a release came out empty."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+EXIT_EMPTY_RELEASE = 3
+"""Exit code of a run whose release is empty (|O| = 0); its output and report are written."""
+
+
+def privacy_notice(privacy: dict[str, Any]) -> list[str]:
+    """Lines for stderr after every release of the optimal method or the protocol: the
+    guarantee that holds, what delta means here and, when end-to-end DP is off, the flags
+    that turn it on."""
+    lines = [f"privacy: {privacy['guarantee']}."]
+    if not privacy.get("end_to_end"):
+        lines.append(f"privacy: for end-to-end DP add {privacy['end_to_end_flags']}.")
+    lines.append(f"privacy: {privacy['delta_meaning']}.")
+    return lines
+
+
+def empty_release_reason(report: dict[str, Any]) -> str | None:
+    """None if the release holds a record, else why it is empty: b, the LP bound |O_max| and
+    which flag would change it.  Both |O_max| and the per-pair bounds u_i = b / max_j ln t_ij
+    are linear in b (EDBT section 4.2), so b / max u_i is the smallest b at which one record
+    of some pair fits (``max_pair_bound``, single holder), and b / |O_max| a lower bound of it."""
+    solver, p = report.get("solver") or {}, report.get("privacy") or {}
+    if not solver or int(solver.get("integer_total", 0)) > 0:
+        return None
+    b, lp = float(p["b"]), float(solver.get("max_output_lp", 0.0))
+    eps_term = p["epsilon"] / 2 if p.get("bound", "cels") == "cels" else p["epsilon"]
+    delta_term = math.log(1 / (1 - p["delta"]))
+    min_count = p.get("min_count") or (report.get("params") or {}).get("min_count")
+    binding = "delta" if delta_term <= eps_term else "epsilon"
+    head = (
+        f"EMPTY RELEASE: |O| = 0. b = min{{{'eps/2' if p.get('bound', 'cels') == 'cels' else 'eps'} = {eps_term:.4g}, "
+        f"ln 1/(1-delta) = {delta_term:.4g}}} = {b:.4g} (set by {binding}), LP bound |O_max| = {lp:.4g}"
+    )
+    pair_bound = solver.get("max_pair_bound")
+    if lp <= 0:
+        return f"{head}: no pair is held by two or more users after cleaning; lower --min-count or add data"
+    if lp < 1 or (pair_bound is not None and pair_bound < 1):
+        # u_i and |O_max| are linear in b: one record of the best pair needs b * 1 / max u_i
+        bound, name = (pair_bound, "largest per-pair bound max u_i") if pair_bound is not None and pair_bound < 1 else (lp, "LP bound")
+        need = b / bound
+        needs = []
+        if delta_term < need:
+            needs.append(f"--delta >= {1 - math.exp(-need):.4g}")
+        if eps_term < need:
+            needs.append(f"--epsilon >= {need * (2 if p.get('bound', 'cels') == 'cels' else 1):.4g}")
+        return (
+            f"{head}, {name} {bound:.4g} < 1: no record fits the privacy conditions. It grows linearly with b; "
+            f"one record needs b >= {need:.4g}: {' and '.join(needs)}"
+            + (f" (or a lower --min-count than {min_count})" if min_count else "")
+        )
+    if float(solver.get("output_size", lp)) < 1:
+        return f"{head}, but the requested |O| = {solver['output_size']:.4g} < 1: raise --output-size"
+    return f"{head} >= 1, but no integer solution was found: raise --time-limit or try --integer greedy"

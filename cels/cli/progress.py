@@ -1,0 +1,121 @@
+"""Live progress of a distributed session on the console (``cels run``, ``cels simulate``).
+
+The initiator streams RunEvents: ``phase_start`` when a node enters a phase and ``progress``
+(a StepReport) when it leaves it.  :class:`SessionProgress` prints one line per event, each
+node's phases in protocol order (docs/protocol.md: load, universe, counts, nlp, sampling,
+union; the solver takes part in nlp only) whatever order the reports arrive in, keeps one
+tqdm bar per running phase (nodes done / nodes in it; on a terminal only), and at the end
+lists what no event carried from the session report.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from cels.protocol.options import SessionOptions
+from cels.protocol.wire import cels_pb2
+
+PARTY_PHASES = ("load", "universe", "counts", "nlp", "sampling", "union")
+"""A party's phases in protocol order (CELS section 4: Algorithms 1-3, then the secure union)."""
+SOLVER_PHASES = ("nlp",)
+"""The solver's phase: it decrypts and solves the transformed problem (Algorithm 2)."""
+
+
+class SessionProgress:
+    """Renders a session's phase events; ``step`` and ``start`` take the StepReports."""
+
+    def __init__(self, options: SessionOptions, stream: IO[str] | None = None, bars: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.expected = {party: PARTY_PHASES for party in options.parties}
+        self.expected[options.solver] = SOLVER_PHASES
+        self.initiator = options.initiator
+        self.t0 = time.monotonic()
+        self.ended: dict[str, dict[str, cels_pb2.StepReport]] = {node: {} for node in self.expected}
+        self.printed: dict[str, int] = {node: 0 for node in self.expected}  # phases printed, in protocol order
+        self.started: set[tuple[str, str]] = set()
+        self.shown: set[tuple[str, str]] = set()
+        self.bars: dict[str, tqdm] = {}
+        self.show_bars = bars
+        self.lines: list[str] = []
+
+    def _write(self, line: str) -> None:
+        self.lines.append(line)
+        tqdm.write(line, file=self.stream)
+
+    def _line(self, node: str, phase: str, what: str) -> str:
+        role = " (initiator)" if node == self.initiator else ""
+        return f"  [{time.monotonic() - self.t0:7.1f} s] {node + role:>22} {phase:<9} {what}"
+
+    def _bar(self, phase: str) -> tqdm:
+        if phase not in self.bars:
+            total = sum(phase in phases for phases in self.expected.values())
+            self.bars[phase] = tqdm(
+                total=total, desc=f"{phase:<9}", unit="node", file=self.stream, leave=False,
+                disable=None if self.show_bars is None else not self.show_bars,  # None: bars on a terminal only
+            )  # fmt: skip
+        return self.bars[phase]
+
+    def start(self, report: cels_pb2.StepReport) -> None:
+        """A node entered a phase (RunEvent ``phase_start``)."""
+        if (report.node, report.phase) in self.started:
+            return
+        self.started.add((report.node, report.phase))
+        self._bar(report.phase)
+        self._write(self._line(report.node, report.phase, "started"))
+
+    def step(self, report: cels_pb2.StepReport) -> None:
+        """A node finished a phase (RunEvent ``progress``): print it once every earlier phase
+        of that node is printed, so each node's lines come in protocol order."""
+        phases = self.expected.setdefault(report.node, PARTY_PHASES)
+        self.ended.setdefault(report.node, {})[report.phase] = report
+        self.printed.setdefault(report.node, 0)
+        if report.phase not in phases:  # a phase outside the protocol order (e.g. control)
+            self._print_end(report)
+            return
+        self._flush(report.node)
+
+    def _flush(self, node: str, everything: bool = False) -> None:
+        phases, ended = self.expected[node], self.ended[node]
+        while self.printed[node] < len(phases):
+            phase = phases[self.printed[node]]
+            if phase not in ended:
+                if not everything:
+                    return
+            else:
+                self._print_end(ended[phase])
+            self.printed[node] += 1
+
+    def _print_end(self, report: cels_pb2.StepReport) -> None:
+        self.shown.add((report.node, report.phase))
+        bar = self._bar(report.phase)
+        bar.update(1)
+        if bar.n >= (bar.total or 0):
+            bar.close()
+        what = f"done   {report.seconds:8.2f} s busy {report.bytes_sent / 1e6:9.3f} MB sent"
+        self._write(self._line(report.node, report.phase, what))
+
+    def finish(self, report: dict[str, Any]) -> None:
+        """The session ended with output: print the phases no event carried from the report's
+        per-phase costs, then close the bars."""
+        for phase, entry in report.get("phases", {}).items():
+            for node, seconds in entry.get("seconds", {}).items():
+                if phase not in self.ended.setdefault(node, {}):
+                    self.ended[node][phase] = cels_pb2.StepReport(
+                        node=node, phase=phase, seconds=seconds, bytes_sent=int(entry.get("bytes", {}).get(node, 0))
+                    )
+        for node in list(self.ended):
+            self.expected.setdefault(node, PARTY_PHASES)
+            self.printed.setdefault(node, 0)
+            self._flush(node, everything=True)
+            for phase, rep in self.ended[node].items():
+                if (node, phase) not in self.shown:
+                    self._print_end(rep)
+        self.close()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()

@@ -1,0 +1,237 @@
+"""A party node's privacy budget ledger: every session it released data in, and a budget.
+
+Each session a party takes part in spends privacy of its users: (eps, delta) for the sampling
+and, with end-to-end noise, eps' for the counts (CELS section 3.3).  The ledger keeps one
+entry per session that finished with output and composes them by **basic composition**: k
+releases that are (eps_i, delta_i)-DP are together (sum eps_i, sum delta_i)-DP (the bad
+events' probabilities add up by the union bound; outside them the probability ratios
+multiply).  A session's eps is eps + eps' with end-to-end noise, else eps alone: its counts
+step is then not DP at all, which the ledger counts and says.
+
+A budget (``[ledger]`` budget_epsilon / budget_delta over window_days) makes the node refuse,
+when a session is opened (StartSession, before any work), a session that would take the
+window's total above it: the role factory raises ValueError, which the node turns into
+FAILED_PRECONDITION with the numbers.  Running sessions are reserved against the budget until
+they end.  The file is JSON written atomically (cels.fileio) with a SHA-256 digest of its
+entries; a file that does not parse, lacks a field or fails the digest is refused loudly
+(the node does not start, ``cels ledger`` exits 2) rather than read as an empty ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cels.fileio import atomic_write_json
+from cels.protocol.options import SessionOptions
+
+LEDGER_VERSION = 1
+COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
+ENTRY_FIELDS = {
+    "session_id": str, "finished_at": (int, float), "epsilon": (int, float), "delta": (int, float),
+    "noise_epsilon": (int, float), "epsilon_total": (int, float), "end_to_end": bool, "parties": list, "initiator": str,
+}  # fmt: skip
+
+
+class LedgerError(ValueError):
+    """The ledger file is unreadable or corrupted (named, with what is wrong)."""
+
+
+@dataclass(frozen=True)
+class LedgerPolicy:
+    """Where the ledger lives and the budget it enforces (None: no limit)."""
+
+    path: Path
+    budget_epsilon: float | None = None
+    budget_delta: float | None = None
+    window_days: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("budget_epsilon", "budget_delta", "window_days"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"[ledger] {name} must be positive, not {value}")
+
+
+def session_cost(options: SessionOptions) -> tuple[float, float, float]:
+    """(eps, delta, eps') one session spends (eps' = 0 without end-to-end noise)."""
+    return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
+
+
+def digest(entries: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_entries(path: Path) -> list[dict[str, Any]]:
+    """The sessions in the ledger file ([] if there is no file yet); LedgerError if corrupted."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise LedgerError(f"ledger {path}: cannot read: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LedgerError(f"ledger {path} is corrupted: not JSON ({exc}); refusing to guess the spent budget") from None
+    if not isinstance(doc, dict) or doc.get("version") != LEDGER_VERSION or not isinstance(doc.get("sessions"), list):
+        raise LedgerError(f"ledger {path} is corrupted: expected {{version: {LEDGER_VERSION}, sessions: [...], sha256}}")
+    for i, entry in enumerate(doc["sessions"]):
+        if not isinstance(entry, dict):
+            raise LedgerError(f"ledger {path} is corrupted: session {i} is not an object")
+        for field, kind in ENTRY_FIELDS.items():
+            if not isinstance(entry.get(field), kind):
+                raise LedgerError(f"ledger {path} is corrupted: session {i} field {field!r} is {entry.get(field)!r}")
+    if doc.get("sha256") != digest(doc["sessions"]):
+        raise LedgerError(f"ledger {path} is corrupted: its sessions do not match their SHA-256 digest (edited or truncated?)")
+    return doc["sessions"]
+
+
+def totals(entries: list[dict[str, Any]], window_days: float | None, now: float) -> dict[str, Any]:
+    """Composed spend of the sessions in the window (all sessions without a window)."""
+    since = now - window_days * 86400 if window_days else None
+    inside = [e for e in entries if since is None or e["finished_at"] >= since]
+    return {
+        "sessions": len(inside),
+        "epsilon": sum(e["epsilon_total"] for e in inside),
+        "delta": sum(e["delta"] for e in inside),
+        "without_end_to_end": sum(not e["end_to_end"] for e in inside),
+        "since": iso(since) if since is not None else None,
+    }
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+class Ledger:
+    """One party node's ledger (thread-safe).  :meth:`admit` is the node's one hook."""
+
+    def __init__(self, policy: LedgerPolicy | None, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._reserved: dict[str, tuple[float, float]] = {}
+
+    @classmethod
+    def open(cls, policy: LedgerPolicy | None) -> Ledger:
+        """A ledger whose file is read once now: a corrupted file stops the node at start-up."""
+        if policy is not None:
+            read_entries(policy.path)
+        return cls(policy)
+
+    def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
+        """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
+        reserve its cost, build the role and return it wrapped: the session is recorded when the
+        role is done with output, and the reservation dropped when the role is dropped."""
+        if self.policy is None:
+            return make_role()
+        eps, delta, noise = session_cost(options)
+        with self._lock:
+            spent = totals(read_entries(self.policy.path), self.policy.window_days, self.clock())
+            running_eps = sum(r[0] for r in self._reserved.values())
+            running_delta = sum(r[1] for r in self._reserved.values())
+            self._check(options.session_id, spent, running_eps, running_delta, eps + noise, delta)
+            self._reserved[options.session_id] = (eps + noise, delta)
+        role = make_role()
+        charged = ChargedRole(role, lambda: self.record(options))
+        weakref.finalize(charged, self._release, options.session_id)
+        return charged
+
+    def _check(self, session_id: str, spent: dict, running_eps: float, running_delta: float, eps: float, delta: float) -> None:
+        p = self.policy
+        assert p is not None
+        window = f"per {p.window_days:g} days" if p.window_days else "in total"
+        for name, budget, used, running, cost in (
+            ("epsilon", p.budget_epsilon, spent["epsilon"], running_eps, eps),
+            ("delta", p.budget_delta, spent["delta"], running_delta, delta),
+        ):
+            if budget is not None and used + running + cost > budget + 1e-12:
+                raise ValueError(
+                    f"privacy budget exceeded: session {session_id} needs {name} {cost:g}, but {spent['sessions']} "
+                    f"session(s) in the window spent {used:g}" + (f" and running ones reserve {running:g}" if running else "")
+                    + f" of the budget {budget:g} {window} ({COMPOSITION}; ledger {p.path})"
+                )
+
+    def _release(self, session_id: str) -> None:
+        with self._lock:
+            self._reserved.pop(session_id, None)
+
+    def record(self, options: SessionOptions) -> None:
+        """Append a finished session (atomically: the file is complete or unchanged)."""
+        assert self.policy is not None
+        eps, delta, noise = session_cost(options)
+        entry = {
+            "session_id": options.session_id,
+            "finished_at": self.clock(),
+            "epsilon": eps,
+            "delta": delta,
+            "noise_epsilon": noise,
+            "epsilon_total": eps + noise,
+            "end_to_end": noise > 0,
+            "parties": list(options.parties),
+            "initiator": options.initiator,
+        }
+        with self._lock:
+            entries = [*read_entries(self.policy.path), entry]
+            atomic_write_json(self.policy.path, {"version": LEDGER_VERSION, "sessions": entries, "sha256": digest(entries)})
+            self._reserved.pop(options.session_id, None)
+
+
+class ChargedRole:
+    """A role (cels.protocol.roles.Role) that calls ``on_done`` once, the first time it is
+    finished and not aborted (its part of the release is out); every other attribute is the
+    role's, and the host's ``phase_hook`` is set on the role."""
+
+    def __init__(self, role: Any, on_done: Callable[[], None]) -> None:
+        object.__setattr__(self, "_role", role)
+        object.__setattr__(self, "_on_done", on_done)
+        object.__setattr__(self, "_recorded", False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._role, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._role, name, value)
+
+    def _after(self, out: Any) -> Any:
+        if not self._recorded and self._role.finished and self._role.aborted is None:
+            object.__setattr__(self, "_recorded", True)
+            self._on_done()
+        return out
+
+    def receive(self, sender: str, envelope: Any) -> Any:
+        return self._after(self._role.receive(sender, envelope))
+
+    def begin(self) -> Any:
+        return self._after(self._role.begin())
+
+
+def show(policy: LedgerPolicy, now: float | None = None) -> str:
+    """``cels ledger``: every session, the composed totals in the window, the budget left."""
+    now = time.time() if now is None else now
+    entries = read_entries(policy.path)
+    lines = [f"ledger {policy.path}: {len(entries)} session(s); {COMPOSITION}"]
+    for e in entries:
+        noise = f" + eps' {e['noise_epsilon']:g}" if e["end_to_end"] else " (counts not DP: no end-to-end noise)"
+        lines.append(f"  {iso(e['finished_at'])}  {e['session_id']}  eps {e['epsilon']:g}{noise}  delta {e['delta']:g}  "
+                     f"parties {','.join(e['parties'])}")  # fmt: skip
+    t = totals(entries, policy.window_days, now)
+    window = f"since {t['since']} ({policy.window_days:g} days)" if policy.window_days else "all sessions"
+    lines.append(f"total {window}: {t['sessions']} session(s), eps {t['epsilon']:g}, delta {t['delta']:g}"
+                 + (f"; {t['without_end_to_end']} without end-to-end noise" if t["without_end_to_end"] else ""))  # fmt: skip
+    budget = []
+    if policy.budget_epsilon is not None:
+        budget.append(f"eps {policy.budget_epsilon:g} ({policy.budget_epsilon - t['epsilon']:g} left)")
+    if policy.budget_delta is not None:
+        budget.append(f"delta {policy.budget_delta:g} ({policy.budget_delta - t['delta']:g} left)")
+    lines.append(f"budget: {', '.join(budget)}" if budget else "budget: none (the node records but refuses nothing)")
+    return "\n".join(lines)

@@ -1,0 +1,144 @@
+"""The party node's privacy budget ledger (cels.node.ledger): refusal with the numbers at
+StartSession, persistence across restarts, a corrupted file refused loudly."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from cels.cli import main
+from cels.node.cluster import LOOPBACK, free_port
+from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, read_entries
+from cels.protocol.options import SessionOptions
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+from party_node.__main__ import main as party_main, start as party_start
+from tests.test_sanitize_cli import aol_file, figure1_rows
+
+DAY = 86400.0
+
+
+class Clock:
+    def __init__(self, now: float = 1_000 * DAY) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FinishingRole:
+    """A role whose part is finished after its first message (what the ledger waits for)."""
+
+    def __init__(self) -> None:
+        self.finished, self.aborted, self.phase_hook = False, None, None
+
+    def begin(self) -> list:
+        return []
+
+    def receive(self, sender, envelope) -> list:
+        self.finished = True
+        return []
+
+
+def session(session_id: str, epsilon: float = 1.0, delta: float = 0.1, **kw) -> SessionOptions:
+    return SessionOptions.create(["party-1", "party-2"], epsilon=epsilon, delta=delta, session_id=session_id, **kw)
+
+
+def finish(ledger: Ledger, options: SessionOptions) -> None:
+    role = ledger.admit(options, FinishingRole)
+    role.phase_hook = print  # the host's hook reaches the role
+    assert role._role.phase_hook is print
+    role.begin()
+    assert not role.finished
+    role.receive("party-2", None)
+
+
+def test_sessions_compose_and_a_session_over_budget_is_refused_with_the_numbers(tmp_path):
+    clock = Clock()
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_epsilon=3.5, budget_delta=1.0, window_days=30), clock)
+    finish(ledger, session("s1", 1.0, 0.1))
+    finish(ledger, session("s2", 1.0, 0.1, noise_epsilon=1.0, sensitivity=30))  # end to end: eps + eps'
+    with pytest.raises(ValueError) as refused:
+        ledger.admit(session("s3", 1.0, 0.1), FinishingRole)
+    message = str(refused.value)
+    assert "session s3 needs epsilon 1, but 2 session(s) in the window spent 3 of the budget 3.5 per 30 days" in message
+    assert "basic composition" in message and str(tmp_path / "l.json") in message
+    clock.now += 31 * DAY  # s1 and s2 left the window
+    finish(ledger, session("s3", 1.0, 0.1))
+    assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == ["s1", "s2", "s3"]
+
+
+def test_running_sessions_are_reserved_and_released_when_dropped(tmp_path):
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_delta=0.5), Clock())
+    first = ledger.admit(session("a", delta=0.3), FinishingRole)
+    with pytest.raises(ValueError, match="needs delta 0.3, but 0 session.*running ones reserve 0.3 of the budget 0.5 in total"):
+        ledger.admit(session("b", delta=0.3), FinishingRole)
+    del first  # the session ended without output: nothing recorded, nothing reserved
+    finish(ledger, session("b", delta=0.3))
+    assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == ["b"]
+
+
+def test_an_aborted_role_is_not_recorded(tmp_path):
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json"), Clock())
+    role = ledger.admit(session("x"), FinishingRole)
+    role.aborted = cels_pb2.Abort(reason="peer gone")
+    role.receive("party-2", None)
+    assert read_entries(tmp_path / "l.json") == []
+
+
+def test_the_ledger_survives_restarts_and_cels_ledger_shows_it(tmp_path, capsys):
+    config = tmp_path / "party.toml"
+    config.write_text('[node]\nname = "party-1"\n\n[ledger]\nbudget_epsilon = 10\nwindow_days = 7\n')
+    path = tmp_path / "party-1.ledger.json"  # the default: NAME.ledger.json beside the TOML file
+    finish(Ledger(LedgerPolicy(path)), session("s1", 2.0, 0.25))
+    finish(Ledger(LedgerPolicy(path)), session("s2", 1.5, 0.25))  # a restarted node appends
+    assert main(["ledger", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "s1  eps 2 (counts not DP: no end-to-end noise)  delta 0.25" in out
+    assert "(7 days): 2 session(s), eps 3.5, delta 0.5; 2 without end-to-end noise" in out
+    assert "budget: eps 10 (6.5 left)" in out
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda text: text[: len(text) // 2], "not JSON"),
+        (lambda text: text.replace('"epsilon": 1.0', '"epsilon": 0.1', 1), "do not match their SHA-256 digest"),
+        (lambda text: text.replace('"delta": 0.1', '"delta": "0.1"', 1), "field 'delta'"),
+    ],
+)
+def test_a_corrupted_ledger_is_refused_loudly(tmp_path, capsys, damage, message):
+    path = tmp_path / "l.json"
+    finish(Ledger(LedgerPolicy(path)), session("s1"))
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(LedgerError, match=message):
+        Ledger.open(LedgerPolicy(path))
+    with pytest.raises(LedgerError, match=message):  # a running node refuses the next session too
+        Ledger(LedgerPolicy(path)).admit(session("s2"), FinishingRole)
+    data = aol_file(tmp_path / "d.tsv", figure1_rows())
+    argv = ["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure", "--data", str(data), "--ledger", str(path)]
+    assert party_main(argv) == 2  # the node does not start on a corrupted ledger
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cels-party: error: ledger {path} is corrupted") and len(err.splitlines()) == 1
+
+
+def test_the_node_refuses_at_start_session_with_failed_precondition(tmp_path):
+    path = tmp_path / "l.json"
+    finish(Ledger(LedgerPolicy(path)), session("old", 1.0, 0.1))
+    data = aol_file(tmp_path / "d.tsv", figure1_rows())
+    address = f"{LOOPBACK}:{free_port()}"
+    argv = ["--name", "party-1", "--listen", address, "--insecure", "--data", str(data), "--session-keys",
+            "--obfuscators", "0", "--peer", "party-2=127.0.0.1:1", "--peer", "solver=127.0.0.1:2",
+            "--ledger", str(path), "--budget-epsilon", "1.5"]  # fmt: skip
+    node = party_start(argv)
+    node.start()
+    try:
+        with grpc.insecure_channel(address) as channel:
+            request = cels_pb2.RunRequest(config=session("new", 1.0, 0.1).to_config())
+            run = cels_pb2_grpc.CelsNodeStub(channel).Run(request, timeout=10)
+            with pytest.raises(grpc.RpcError) as err:
+                next(iter(run))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "party-1: cannot take session 'new': privacy budget exceeded: session new needs epsilon 1, but 1 session(s) in the window spent 1" in err.value.details()
+        assert [e["session_id"] for e in read_entries(path)] == ["old"]
+    finally:
+        node.stop()

@@ -56,7 +56,7 @@ def test_sessions_compose_and_a_session_over_budget_is_refused_with_the_numbers(
     clock = Clock()
     ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_epsilon=3.5, budget_delta=1.0, window_days=30), clock)
     finish(ledger, session("s1", 1.0, 0.1))
-    finish(ledger, session("s2", 1.0, 0.1, noise_epsilon=1.0, sensitivity=30))  # end to end: eps + eps'
+    finish(ledger, session("s2", 1.0, 0.1, noise_epsilon=1.0, sensitivity=30, solve="transformed"))  # end to end: eps + eps'
     with pytest.raises(ValueError) as refused:
         ledger.admit(session("s3", 1.0, 0.1), FinishingRole)
     message = str(refused.value)

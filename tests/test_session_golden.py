@@ -78,4 +78,7 @@ def test_session_matches_golden(monkeypatch):
     want = json.loads(GOLDEN.read_text())
     assert got["x_total"] == want["x_total"]
     assert got["records"] == want["records"]
-    assert got["bytes"] == want["bytes"]
+    # NlpSolution carries the solver's report as JSON, with timings whose printed length varies
+    timed = {k for k in want["bytes"] if k.endswith("/nlp_solution")}
+    assert {k: v for k, v in got["bytes"].items() if k not in timed} == {k: v for k, v in want["bytes"].items() if k not in timed}
+    assert all(abs(got["bytes"][k] - want["bytes"][k]) <= 8 for k in timed)

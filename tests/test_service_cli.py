@@ -78,7 +78,7 @@ def report(node: str, phase: str, seconds: float = 1.0) -> cels_pb2.StepReport:
 
 
 def test_progress_lines_follow_protocol_order_and_list_the_initiator():
-    config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4)
+    config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4, solve="transformed")
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
     progress.start(report("party-1", "load", 0))

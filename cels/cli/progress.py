@@ -2,8 +2,8 @@
 
 The initiator streams RunEvents: ``phase_start`` when a node enters a phase and ``progress``
 (a StepReport) when it leaves it.  :class:`SessionProgress` prints one line per event, each
-node's phases in protocol order (docs/protocol.md: load, universe, counts, nlp, sampling,
-union; the solver takes part in nlp only) whatever order the reports arrive in, keeps one
+node's phases in protocol order (docs/protocol.md: load, universe, counts, solve -- or nlp
+with ``--solve transformed`` --, sampling, union; the solver takes part in that one phase) whatever order the reports arrive in, keeps one
 tqdm bar per running phase (nodes done / nodes in it; on a terminal only), and at the end
 lists what no event carried from the session report.
 """
@@ -19,10 +19,15 @@ from tqdm import tqdm
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 
-PARTY_PHASES = ("load", "universe", "counts", "nlp", "sampling", "union")
-"""A party's phases in protocol order (CELS section 4: Algorithms 1-3, then the secure union)."""
-SOLVER_PHASES = ("nlp",)
-"""The solver's phase: it decrypts and solves the transformed problem (Algorithm 2)."""
+def party_phases(solve: str) -> tuple[str, ...]:
+    """A party's phases in protocol order (CELS section 4: Algorithms 1-3, then the secure
+    union); phase 3 is "solve" in the private solve, "nlp" in the paper's Algorithm 2."""
+    return ("load", "universe", "counts", solve_phase(solve), "sampling", "union")
+
+
+def solve_phase(solve: str) -> str:
+    """The solver node's one phase: aggregating masked verdicts, or solving the transformed NLP."""
+    return "solve" if solve == "private" else "nlp"
 
 
 class SessionProgress:
@@ -30,8 +35,8 @@ class SessionProgress:
 
     def __init__(self, options: SessionOptions, stream: IO[str] | None = None, bars: bool | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.expected = {party: PARTY_PHASES for party in options.parties}
-        self.expected[options.solver] = SOLVER_PHASES
+        self.expected = {party: party_phases(options.solve) for party in options.parties}
+        self.expected[options.solver] = (solve_phase(options.solve),)
         self.initiator = options.initiator
         self.t0 = time.monotonic()
         self.ended: dict[str, dict[str, cels_pb2.StepReport]] = {node: {} for node in self.expected}
@@ -70,7 +75,7 @@ class SessionProgress:
     def step(self, report: cels_pb2.StepReport) -> None:
         """A node finished a phase (RunEvent ``progress``): print it once every earlier phase
         of that node is printed, so each node's lines come in protocol order."""
-        phases = self.expected.setdefault(report.node, PARTY_PHASES)
+        phases = self.expected[report.node]
         self.ended.setdefault(report.node, {})[report.phase] = report
         self.printed.setdefault(report.node, 0)
         if report.phase not in phases:  # a phase outside the protocol order (e.g. control)
@@ -108,7 +113,6 @@ class SessionProgress:
                         node=node, phase=phase, seconds=seconds, bytes_sent=int(entry.get("bytes", {}).get(node, 0))
                     )
         for node in list(self.ended):
-            self.expected.setdefault(node, PARTY_PHASES)
             self.printed.setdefault(node, 0)
             self._flush(node, everything=True)
             for phase, rep in self.ended[node].items():

@@ -33,7 +33,7 @@ import grpc
 
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
-from cels.node.wire import Wire
+from cels.node.wire import PeerPhase, Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
@@ -274,11 +274,17 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             self.call(lambda now: self.host.begin(sid, now), sid)
         except grpc.RpcError as exc:
             self.abort(sid, refusal_origin(exc.details() or "") or target, f"{exc.code().name}: {exc.details()}")
-        while isinstance(event := wire.events.get(), cels_pb2.StepReport) or event.kind not in ("finished", ABORTED):
-            if isinstance(event, cels_pb2.StepReport):
+        while not isinstance(event := wire.events.get(), Event) or event.kind not in ("finished", ABORTED):
+            if isinstance(event, cels_pb2.StepReport):  # a node left a phase (its report)
                 yield cels_pb2.RunEvent(progress=event)
-            elif event.kind == "phase" and event.old not in ("prepared", "done"):
-                yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds))
+            elif isinstance(event, PeerPhase) and event.phase not in ("done", ABORTED):
+                yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=event.node, phase=event.phase, seconds=event.seconds))
+            elif isinstance(event, Event) and event.kind == "phase":  # this node, the initiator
+                if event.old not in ("prepared", "done"):
+                    yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds))
+                if event.phase not in ("done", ABORTED):
+                    since = time.monotonic() - wire.started
+                    yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=me, phase=event.phase, seconds=since))
         if event.kind == ABORTED:
             yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=event.origin, reason=event.reason))
             return

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
@@ -21,6 +22,15 @@ from cels.protocol.wire import cels_pb2
 
 if TYPE_CHECKING:
     from cels.node.service import Node
+
+
+@dataclass
+class PeerPhase:
+    """A peer entered ``phase`` (seen by the initiator's watchdog), ``seconds`` into the session."""
+
+    node: str
+    phase: str
+    seconds: float
 
 
 class Wire:
@@ -37,6 +47,7 @@ class Wire:
         self.busy = False
         self.deadline = options.deadline
         self.probe_timeout = min(self.deadline / 4, 5.0)
+        self.started = time.monotonic()
         for target in (self._send_loop, self._watchdog):
             threading.Thread(target=target, name=f"{target.__name__}-{self.id}", daemon=True).start()
 
@@ -46,6 +57,7 @@ class Wire:
             session_id=self.id, state=state, reason=f"{origin}: {reason}" if state == ABORTED else "",
             bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
             busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
+            phase=self.node.host.role(self.id).phase,
         )  # fmt: skip
 
     def _send_loop(self) -> None:
@@ -77,6 +89,7 @@ class Wire:
         interval = min(1.0, self.deadline / 4)
         unreachable_since: dict[str, float] = {}
         last_total = -1
+        phases: dict[str, str] = {}
         while not self.stopped.wait(interval):
             self.node.expire()
             if self.node.host.state(self.id)[0] != "running":
@@ -97,6 +110,9 @@ class Wire:
                         origin, reason = peer, f"{peer} no longer knows session {self.id} (restarted?)"
                     self.node.abort(self.id, origin or peer, reason)
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
+                if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, "prepared"):
+                    phases[peer] = state.phase  # a peer entered a phase: the initiator streams it (Run)
+                    self.events.put(PeerPhase(peer, state.phase, time.monotonic() - self.started))
             if total != last_total or anyone_busy:
                 last_total = total
                 self.node.host.touch(self.id, time.monotonic())

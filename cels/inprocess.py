@@ -149,11 +149,11 @@ def run_session(
     logs: Sequence[LogSource], options: SessionOptions, *, record_view: str | None = None, **role_options
 ) -> tuple[SearchLog, dict]:
     """Run one session in memory: ``logs[k]`` is party k's log (or its loader);
-    ``record_view=DIR`` records every node's view (cels.protocol.views).  Returns (output, report);
+    ``record_view=DIR`` records every node's view (cels.views).  Returns (output, report);
     raises RuntimeError naming the failing node and its reason if the session aborts."""
     nodes = session_hosts(logs, options, **role_options)
     if record_view is not None:
-        from cels.protocol.views import record_hosts
+        from cels.views import record_hosts
 
         record_hosts({n: node.host for n, node in nodes.items()}, record_view)
     network = InMemoryNetwork(nodes)

@@ -12,7 +12,7 @@ import pytest
 
 from cels.cli import main
 from cels.logs import LoadOptions, load_log, synthetic_log
-from cels.protocol.views import load_views
+from cels.views import load_views
 
 
 @pytest.mark.slow

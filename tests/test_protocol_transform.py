@@ -10,7 +10,8 @@ import scipy.sparse as sp
 from cels.crypto import paillier
 from cels.mechanism.conditions import Conditions
 from cels.mechanism.solvers import solve
-from cels.protocol.leakage import demonstrate, reconstruct_rows
+from cels.attacks.solver_reconstruction import demonstrate, reconstruct_rows
+from cels.logs import synthetic_log
 from cels.protocol.transform import (
     agreed_ell,
     eliminate_slacks,
@@ -82,7 +83,10 @@ def test_shares_fit_the_public_packing_bounds() -> None:
 
 
 def test_the_solver_reconstructs_every_private_row_in_a_real_session() -> None:
-    shown = demonstrate(users=30, parties=3)
+    shown = demonstrate(
+        synthetic_log(seed=5, users=30), 3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024,
+        allow_insecure_key_bits=True,
+    )  # fmt: skip
     assert shown["constraint_rows"] > 0
     assert shown["max_abs_error_ln_t"] < 1e-6
     assert shown["counts_recovered_exactly"]

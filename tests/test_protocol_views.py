@@ -1,7 +1,7 @@
 """Each party's view: what a party sends is ciphertext, permuted ciphertext, hashed ids or the
 public values of the protocol (totals c, the shape m_k, the solution x, the output union) --
 never a plaintext count, constraint row or record of its own.  Read from the recorded views
-(cels.protocol.views) of one in-memory session."""
+(cels.views) of one in-memory session."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cels.logs import synthetic_log
 from cels.protocol.party import encode_item
 from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.protocol.options import SessionOptions
-from cels.protocol.views import load_views, record_hosts
+from cels.views import load_views, record_hosts
 
 PUBLIC_STEPS = {"sum_result", "nlp_solution", "union_result", "step_report", "start_session", "constraint_shape"}
 CIPHER_STEPS = {

@@ -1,4 +1,4 @@
-"""Recorded views (cels.protocol.views, ``cels views``): they parse back, hold what each node
+"""Recorded views (cels.views, ``cels views``): they parse back, hold what each node
 can decode and nothing of another party in a party's view, and give the per-role tables and
 the sequence diagram.  One in-memory session, test-size keys."""
 
@@ -16,7 +16,7 @@ from cels.protocol.roles import ProtocolError
 from cels.inprocess import run_session
 from cels.protocol.party import PartyRole
 from cels.protocol.options import SessionOptions
-from cels.protocol.views import PHASE_ORDER, load_views, mermaid, record_views, summarise
+from cels.views import PHASE_ORDER, load_views, mermaid, record_views, summarise
 from cels.protocol.wire import cels_pb2
 
 

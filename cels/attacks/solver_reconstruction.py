@@ -13,7 +13,7 @@ party each user row belongs to.  Once the output O is published, a column whose 
 x_j is unique among the x matches the one pair of O with that total, which undoes the
 permutation there and links the reconstructed rows to real (query, url) pairs.
 
-Everything here reads P_0's recorded view (:mod:`cels.protocol.views`) and the published output
+Everything here reads P_0's recorded view (:mod:`cels.views`) and the published output
 only; :func:`ground_truth` and :func:`score` use the parties' state to grade the result.
 """
 
@@ -31,11 +31,10 @@ import scipy.sparse as sp
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import Pair, SearchLog
 from cels.mechanism.conditions import dominant_rows, log_t_rows
-from cels.protocol.leakage import reconstruct_rows
 from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.protocol.options import SessionOptions
 from cels.protocol.transform import Recovered
-from cels.protocol.views import load_node_view, record_hosts
+from cels.views import load_node_view, record_hosts
 
 
 @dataclass
@@ -50,6 +49,14 @@ class SolverView:
     at: np.ndarray  # l x n, columns permuted
     counts: np.ndarray  # n, the permuted count row
     x: np.ndarray | None  # the permuted solution P_0 returned
+
+
+def reconstruct_rows(recovered: Recovered, b: float) -> np.ndarray:
+    """P_0's reconstruction of the users' ln t rows in Algorithm 2: AF has full column rank, so
+    (AF)^+ [AT | AB] = F^-1 [T | B]; row j is a user row ln t_j over 1/f_j with right-hand side
+    b / f_j, so G_j * b / h_j is the exact row (permuted columns).  Theorem 4's claim that the
+    transformation hides the constraints does not hold (docs/protocol.md)."""
+    return recovered.G * (b / recovered.h)[:, None]
 
 
 def load_solver_view(root: str | Path) -> SolverView:

@@ -10,7 +10,7 @@ no shuffles), only for this demonstration.  :class:`cels.protocol.secure_union.S
 plaintext it can tie to an owner.
 
 :func:`attribute` is the attack: it reads the coordinator's recorded view
-(:mod:`cels.protocol.views`) and attributes each decrypted set to the owner whose turn it was
+(:mod:`cels.views`) and attributes each decrypted set to the owner whose turn it was
 (Algorithm 3 decrypts O'_1, .., O'_r in order).  Records it cannot attribute it guesses
 uniformly among the other parties (its own records it knows; they are not scored), so chance
 is 1 / (r - 1).
@@ -36,7 +36,7 @@ from cels.inprocess import InMemoryNetwork
 from cels.protocol.party import encode_item
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_union import SecureUnion
-from cels.protocol.views import NodeView, ViewRecorder, load_node_view
+from cels.views import NodeView, ViewRecorder, load_node_view
 from cels.protocol.wire import cels_pb2
 
 

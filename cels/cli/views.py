@@ -1,5 +1,5 @@
 """``cels views DIR``: summarise recorded views (``--record-view DIR``) per role and draw the
-session's sequence diagram (Mermaid text and PNG), see cels.protocol.views."""
+session's sequence diagram (Mermaid text and PNG), see cels.views."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from cels.fileio import atomic_write, atomic_write_json
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.protocol.views import load_views, mermaid, sequence_png, summarise, summary_markdown
+    from cels.views import load_views, mermaid, summarise, summary_markdown
+    from cels.views.draw import sequence_png
 
     sessions = load_views(args.dir)
     for session, views in sorted(sessions.items()):

@@ -101,7 +101,7 @@ class NodeConfig:
     controllers: tuple[str, ...] = (CONTROLLER,)
     min_key_bits: int = MIN_KEY_BITS
     record_view: Path | None = None
-    """Where every session's view of this node is recorded (cels.protocol.views), if anywhere."""
+    """Where every session's view of this node is recorded (cels.views), if anywhere."""
     keys: KeyPolicy = field(default_factory=KeyPolicy)
     """Node key and obfuscator stock (the offline phase)."""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -59,7 +59,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
     def __init__(self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
-        from cels.protocol.views import record_views
+        from cels.views import record_views
 
         self.config, self.output_writer = config, output_writer
         self.peers = PeerClients(config)

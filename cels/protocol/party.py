@@ -116,6 +116,9 @@ class PartyRole(SessionRole):
         self._sum_keypair = paillier.checked_keypair(keypair, options.key_bits)
         self._private = PrivateSolveParty(name, self.parties, self.solver, self.session_id) if options.solve == "private" else None
 
+    def view_keys(self) -> list:
+        return [] if self._sum_keypair is None else [self._sum_keypair[1]]
+
     # -- phase 1: universe -------------------------------------------------------------------
     def _begin(self) -> list[Outgoing]:
         self._enter("load")

@@ -169,6 +169,11 @@ class SessionRole:
             self._enter("aborted")
         return []
 
+    def view_keys(self) -> list:
+        """The Paillier private keys this node holds now, for recording its view (cels.views)
+        in its own process: what it can decrypt is part of what it learns."""
+        return []
+
     def step_reports(self) -> list[cels_pb2.StepReport]:
         """This node's accounting: busy seconds and bytes sent per phase."""
         phases = sorted((set(self.seconds) | set(self.bytes_sent)) - {"prepared", "done", "aborted"})

@@ -66,6 +66,9 @@ class SolverRole(SessionRole):
         self.view: tuple | None = None
         self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
 
+    def view_keys(self) -> list:
+        return [] if self._private_key is None else [self._private_key]
+
     def _begin(self) -> list[Outgoing]:
         self._enter("solve" if self._aggregator is not None else "nlp")
         return []
@@ -157,7 +160,7 @@ class SolverRole(SessionRole):
         except ValueError as exc:
             raise RoleFailure(f"transformed problem unusable: {exc}") from None
         self._private_key = None  # this session decrypts nothing else
-        self.view = (recovered, counts)  # what P_0 learns (cels.protocol.leakage demonstrates it)
+        self.view = (recovered, counts)  # what P_0 learns (cels attack solver-reconstruction shows it)
         params = self.params
         try:
             solution = solve_with_params(cond, params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from cels.baselines.release import ReleasedItem
@@ -22,10 +23,12 @@ class Baseline(Protocol):
         (``privacy``, ``sizes``, ``utility``)."""
 
 
-def add_option(group: Any, prefix: str, name: str, **kwargs: Any) -> None:
-    """``--{prefix}{name}`` with dest ``{prefix}{name}`` (dashes to underscores)."""
-    flag = f"--{prefix}{name}"
-    group.add_argument(flag, dest=flag[2:].replace("-", "_"), **kwargs)
+def add_options(group: Any, prefix: str, options: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """``--{prefix}{name}`` for every (name, argparse keywords), dest ``{prefix}{name}`` with
+    dashes as underscores (a baseline's flags as one table)."""
+    for name, kwargs in options:
+        flag = f"--{prefix}{name}"
+        group.add_argument(flag, dest=flag[2:].replace("-", "_"), **kwargs)
 
 
 def budget(args: argparse.Namespace) -> tuple[float, float]:

@@ -292,3 +292,18 @@ def noise_from_args(args: argparse.Namespace) -> Noise | None:
     if not (args.noise_epsilon > 0 and args.sensitivity > 0):
         raise ValueError("--noise-epsilon and --sensitivity must be positive")
     return Noise(args.noise_epsilon, args.sensitivity)
+
+
+def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data and solver flags every utility figure (Fig. 4, Fig. 5) takes."""
+    add_data_arguments(parser)
+    add_solver_arguments(parser)
+
+
+def figure_inputs(args: argparse.Namespace) -> tuple[list, list[float], dict]:
+    """(datasets, b values, keyword options of ``measure``) from the figure flags."""
+    options = {
+        "noise": noise_from_args(args), "repeats": args.repeats, "seed": args.seed,
+        "integer": args.integer, "time_limit": args.time_limit, "progress": not args.quiet,
+    }  # fmt: skip
+    return datasets_from_args(args), b_values_from_args(args), options

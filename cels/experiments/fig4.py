@@ -92,8 +92,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    common.add_data_arguments(parser)
-    common.add_solver_arguments(parser)
+    common.add_figure_arguments(parser)
     parser.add_argument("--fractions", default="0.1,0.5,0.9", help="|O|/|𝕆| values (comma list)")
     parser.add_argument("--cap", type=int, default=1, help="contribution cap K of the capped curves (0: no capped curves)")
 
@@ -103,10 +102,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
     if any(not 0 < f <= 1 for f in fractions):
         raise ValueError(f"--fractions must lie in (0, 1], got {args.fractions}")
     caps: list[int | None] = [None] + ([args.cap] if args.cap else [])
-    rows = measure(
-        common.datasets_from_args(args), common.b_values_from_args(args), fractions, caps,
-        noise=common.noise_from_args(args), repeats=args.repeats, seed=args.seed,
-        integer=args.integer, time_limit=args.time_limit, progress=not args.quiet,
-    )  # fmt: skip
+    datasets, b_values, options = common.figure_inputs(args)
+    rows = measure(datasets, b_values, fractions, caps, **options)
     plot(rows, out_dir / "fig4.png")
     return rows

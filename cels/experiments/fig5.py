@@ -91,8 +91,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    common.add_data_arguments(parser)
-    common.add_solver_arguments(parser)
+    common.add_figure_arguments(parser)
     parser.add_argument("--parties", default="2,4,8", help="numbers of LS parties r (comma list)")
     parser.add_argument("--fraction", type=float, default=0.5, help="|O|/|𝕆| of CELS; LS shares this |O|")
 
@@ -100,10 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
     if not 0 < args.fraction <= 1:
         raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
-    rows = measure(
-        common.datasets_from_args(args), common.b_values_from_args(args), common.int_list(args.parties, "--parties"),
-        args.fraction, noise=common.noise_from_args(args), repeats=args.repeats, seed=args.seed,
-        integer=args.integer, time_limit=args.time_limit, progress=not args.quiet,
-    )  # fmt: skip
+    datasets, b_values, options = common.figure_inputs(args)
+    rows = measure(datasets, b_values, common.int_list(args.parties, "--parties"), args.fraction, **options)
     plot(rows, out_dir / "fig5.png")
     return rows

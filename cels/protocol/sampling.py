@@ -1,4 +1,4 @@
-"""Distributed sampling of the output given the optimal counts x (spec/protocol.md, phase 4).
+"""Distributed sampling of the output given the optimal counts x (docs/protocol.md, phase 4: sampling).
 
 ``exact`` (default): the staged Poisson protocol.  In a stage every party draws, for each of
 its users holding pair i, Poisson(mu_i * c_ij / c_i); a secure sum reveals only the stage total
@@ -9,7 +9,7 @@ multinomial with sum_j x_ij = x_i.
 
 ``paper``: the paper's local sampling (CELS section 4.2.2): P_k runs x_i * c_i^k / c_i trials
 over its own users, floored so that the union never exceeds x_i.  It is not the global
-multinomial (spec/protocol.md explains why); kept to reproduce the paper's figures.
+multinomial (docs/protocol.md explains why); kept to reproduce the paper's figures.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import numpy as np
 import scipy.sparse as sp
 
 DEFAULT_THETA = 0.7
-"""mu_i = theta * R_i for R_i > 1 (spec/protocol.md: theta a tunable, e.g. 0.7)."""
+"""mu_i = theta * R_i for R_i > 1 (docs/protocol.md: theta a tunable, default 0.7)."""
 
 
 def stage_means(remaining: np.ndarray, theta: float = DEFAULT_THETA) -> np.ndarray:
-    """mu_i of a stage: theta * R_i, and 1 when R_i = 1 (spec/protocol.md, phase 4)."""
+    """mu_i of a stage: theta * R_i, and 1 when R_i = 1 (docs/protocol.md, phase 4: sampling)."""
     if not 0.0 < theta <= 1.0:
         raise ValueError(f"theta must be in (0, 1], got {theta}")
     remaining = np.asarray(remaining, dtype=np.int64)

@@ -27,7 +27,7 @@ size; P_r also learns how many duplicates the pool had.  The origin of an output
 
 Algorithm 3 as printed lets P_1 send each O'_k for decryption separately and get its
 plaintext back, i.e. P_1 learns which party contributed which record; the pooled,
-shuffled decryption above removes that leak (spec/protocol.md).  Records are whole: the
+shuffled decryption above removes that leak (docs/protocol.md).  Records are whole: the
 chunks of a record (``EncryptedRecord.chunks``) are shuffled together, so the number of
 chunks of a record (its length class, 255 bytes per chunk at 2048 bits) is visible and
 could single out the origin of an unusually long record; ``record_chunks=k`` pads every

@@ -4,11 +4,11 @@ Party P_k turns its rows ``T_k x <= b`` into ``T_k x + F_k y = B_k`` with random
 coefficients F_k (eq. 7) and pre-multiplies by its random l x m_k matrix A_k (eq. 8); the sum
 over parties ``A T x + A F y = A B`` reaches the solver P_0.  Algorithm 2 line 6 (a ciphertext
 raised to a ciphertext) is impossible with Paillier, so A_k T_k is computed here in the clear
-inside P_k and encrypted afterwards (spec/protocol.md, phase 3).
+inside P_k and encrypted afterwards (docs/protocol.md, Decisions).
 
 The solver undoes the slacks: AF has full column rank, so ``(AF)^+ [AT | AB] = F^-1 [T | B]``
 and ``F^-1 T x <= F^-1 B`` are the original conditions, every row scaled by an unknown positive
-factor.  This is exactly the leak spec/protocol.md describes (see docs/protocol.md).
+factor.  This is exactly the leak docs/protocol.md describes.
 """
 
 from __future__ import annotations

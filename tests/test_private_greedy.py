@@ -78,3 +78,35 @@ def test_replay_refuses_an_x_the_greedy_cannot_reach() -> None:
     x[np.flatnonzero(~frequent)[0]] = 1  # a pair the rule never proposes
     with pytest.raises(ValueError, match="not the outcome"):
         replay(rule, x)
+
+
+@pytest.mark.parametrize("objective", ["kl", "max-output", "frequent", "diversity"])
+def test_the_noise_pass_stays_feasible_below_its_target_and_replays(objective) -> None:
+    """x'' lies between min(x, x') and x' = max(x + z, 0), keeps every condition, and its
+    transcript is a function of (x, z, x'')."""
+    cond, _ = build_conditions(synthetic_log(seed=6, users=80), np.log(10))
+    shares = [cond.G[k::3] for k in range(3)]
+    frequent = cond.c / cond.c.sum() >= np.median(cond.c / cond.c.sum()) if objective == "frequent" else None
+    rule = ProposalRule(objective, cond.c, batch=8, frequent=frequent)
+    x, _ = central_run(rule, shares, np.log(10))
+    z = np.random.default_rng(1).integers(-3, 4, size=len(x))
+    target = np.maximum(x + z, 0)
+    noisy, transcript = central_run(rule, shares, np.log(10), rule.noise_pass(x, z))
+    assert feasible(cond, noisy)
+    assert np.all(np.minimum(x, target) <= noisy) and np.all(noisy <= target)
+    assert np.any(noisy > x), "no noise unit was added: the test does not exercise the rounds"
+    assert same(replay(rule, noisy, rule.noise_pass(x, z)), transcript)
+
+
+def test_zero_noise_leaves_x_as_it_is() -> None:
+    cond, _ = build_conditions(synthetic_log(seed=5, users=80), np.log(10))
+    rule = ProposalRule("kl", cond.c, batch=8)
+    x, _ = central_run(rule, [cond.G], np.log(10))
+    again, transcript = central_run(rule, [cond.G], np.log(10), rule.noise_pass(x, np.zeros_like(x)))
+    assert np.array_equal(again, x) and transcript == []
+
+
+@pytest.mark.parametrize("size", [0.9, 0, 2.5])
+def test_a_fractional_output_size_is_refused_naming_the_flag(size) -> None:
+    with pytest.raises(ValueError, match="--output-size .*--solve transformed"):
+        ProposalRule("kl", np.ones(3), size=size)

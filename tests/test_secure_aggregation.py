@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate, prg_words
+from cels.crypto.secure_aggregation import NOISE, VERDICTS, MaskError, PairwiseMasks, aggregate, prg_words, signed
 
 
 def parties_with_keys(r: int, session: str = "s1") -> dict[str, PairwiseMasks]:
@@ -50,10 +50,29 @@ def test_a_masked_vector_looks_uniform() -> None:
         assert abs(bits.mean() - 0.5) < 4 * 0.5 / np.sqrt(bits.size)  # 4 sigma
 
 
-def test_rounds_use_independent_streams() -> None:
+def test_rounds_and_streams_use_independent_words() -> None:
     seed = bytes(range(32))
-    a, b = prg_words(seed, 0, 64), prg_words(seed, 1, 64)
+    a, b, c = prg_words(seed, 0, 64), prg_words(seed, 1, 64), prg_words(seed, 0, 64, NOISE)
     assert not np.any(np.isin(a, b)), "round 1 repeats words of round 0"
+    assert not np.any(np.isin(a, c)), "the noise stream repeats words of the verdict stream"
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 5])
+def test_masked_signed_values_sum_exactly(r) -> None:
+    """Noise shares: negative and large values come back exactly as the int64 sum."""
+    masks = parties_with_keys(r)
+    rng = np.random.default_rng(r)
+    values = {n: rng.integers(-(2**40), 2**40, size=33) for n in masks}
+    total = signed(aggregate({n: masks[n].masked_values(values[n]) for n in masks}))
+    np.testing.assert_array_equal(total, np.sum(list(values.values()), axis=0))
+    if r > 1:  # masked, one party's vector is not its values
+        some = next(iter(masks))
+        assert not np.any(signed(masks[some].masked_values(values[some])) == values[some])
+
+
+def test_a_single_party_has_a_zero_mask() -> None:
+    (only,) = parties_with_keys(1).values()
+    assert only.complete and not np.any(only.mask(3, 10, VERDICTS))
 
 
 def test_bad_peer_keys_are_refused() -> None:

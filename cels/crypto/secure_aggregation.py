@@ -8,7 +8,10 @@ ChaCha20 into a vector PRG(s_kl, t) of uint64 words.  Party k's mask is
     mask_k = sum_{l > k} PRG(s_kl, t) - sum_{l < k} PRG(s_lk, t)   (mod 2^64)
 
 so the masks of all r parties cancel in the sum and each masked vector alone is uniform to
-anyone without the seeds (ChaCha20 as a PRF).
+anyone without the seeds (ChaCha20 as a PRF).  Each sum of a session has its own stream (the
+nonce is stream || round), so no mask is ever used twice: VERDICTS for the rounds' verdicts,
+NOISE for the noise shares.  A single party (r = 1) has no peers and a zero mask: the sum is its
+own vector, which it would reveal anyway.
 
 OR-aggregation of verdict bits v_kq in {0, 1}: party k sends w_kq = rho_kq * v_kq + mask_kq
 with rho_kq uniform and non-zero; sum_k w_kq = sum_k rho_kq v_kq is 0 iff no party said 1,
@@ -30,15 +33,20 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 SEED_LABEL = b"cels/pairwise-mask/v1\x00"
 PUBLIC_KEY_BYTES = 32
+VERDICTS = 0
+"""Mask stream of the OR-aggregated verdicts (one round number per round)."""
+NOISE = 1
+"""Mask stream of the summed noise shares."""
 
 
 class MaskError(ValueError):
     """A peer's public key or a vector the aggregation cannot take."""
 
 
-def prg_words(seed: bytes, round_number: int, length: int) -> np.ndarray:
-    """``length`` uint64 words of ChaCha20(seed) with the round number as the nonce."""
-    nonce = bytes(4) + round_number.to_bytes(12, "little")  # `cryptography`: 4-byte block counter, then the 12-byte nonce
+def prg_words(seed: bytes, round_number: int, length: int, stream: int = VERDICTS) -> np.ndarray:
+    """``length`` uint64 words of ChaCha20(seed) with (stream, round number) as the nonce."""
+    # `cryptography`: a 4-byte block counter, then the 12-byte nonce: stream (4 bytes), round (8 bytes)
+    nonce = bytes(4) + stream.to_bytes(4, "little") + round_number.to_bytes(8, "little")
     encryptor = Cipher(algorithms.ChaCha20(seed, nonce), mode=None).encryptor()
     return np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
 
@@ -47,8 +55,8 @@ class PairwiseMasks:
     """Party ``me``'s side of the masks for one session among ``parties`` (in ring order)."""
 
     def __init__(self, me: str, parties: Sequence[str], session_id: str) -> None:
-        if me not in parties or len(set(parties)) != len(parties) or len(parties) < 2:
-            raise MaskError(f"{me!r} must be one of at least two distinct parties {list(parties)}")
+        if me not in parties or len(set(parties)) != len(parties):
+            raise MaskError(f"{me!r} must be one of the distinct parties {list(parties)}")
         self.me, self.parties, self.session_id = me, list(parties), session_id
         self._key = X25519PrivateKey.generate()
         self._seeds: dict[str, bytes] = {}
@@ -77,14 +85,14 @@ class PairwiseMasks:
         info = SEED_LABEL + self.session_id.encode()
         self._seeds[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
-    def mask(self, round_number: int, length: int) -> np.ndarray:
+    def mask(self, round_number: int, length: int, stream: int = VERDICTS) -> np.ndarray:
         """mask_me for one round: + PRG of every later party, - PRG of every earlier one."""
         if not self.complete:
             raise MaskError("mask keys of some parties are missing")
         k = self.parties.index(self.me)
         total = np.zeros(length, dtype=np.uint64)
         for peer, seed in self._seeds.items():
-            words = prg_words(seed, round_number, length)
+            words = prg_words(seed, round_number, length, stream)
             total = total + words if self.parties.index(peer) > k else total - words  # wraps mod 2^64
         return total
 
@@ -96,6 +104,12 @@ class PairwiseMasks:
         rho = uniform_nonzero(len(v))
         return rho * v + self.mask(round_number, len(v))
 
+    def masked_values(self, values: Sequence[int], stream: int = NOISE) -> np.ndarray:
+        """w = values + mask (mod 2^64, two's complement): a signed integer vector whose sum over
+        the parties is read back with :func:`signed`."""
+        v = np.asarray(values, dtype=np.int64).view(np.uint64)
+        return v + self.mask(0, len(v), stream)
+
 
 def uniform_nonzero(length: int) -> np.ndarray:
     """``length`` uniform non-zero uint64 values from :mod:`secrets`."""
@@ -104,6 +118,11 @@ def uniform_nonzero(length: int) -> np.ndarray:
         zero = np.flatnonzero(out == 0)
         out[zero] = np.frombuffer(secrets.token_bytes(8 * len(zero)), dtype="<u8")
     return out
+
+
+def signed(total: np.ndarray) -> np.ndarray:
+    """A sum mod 2^64 read as two's complement int64 (exact while |sum| < 2^63)."""
+    return np.asarray(total, dtype=np.uint64).view(np.int64)
 
 
 def aggregate(shares: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -22,6 +22,14 @@ Rules (one per objective, all deterministic, ties broken by index):
 Output size: an absolute S stops the rounds at sum x = S; without one the rounds run until
 A is empty.  A fractional output size (a share of the LP bound) is refused: no node can compute
 the LP bound without the constraint rows.
+
+Noise pass (end-to-end DP, CELS 3.3 / App. C): after the first pass, the parties' noise shares
+add up to z (discrete Laplace per pair, :func:`cels.mechanism.noise.laplace_share`); the noisy
+target is x' = max(x + z, 0).  Units z removes are dropped (dropping keeps every condition,
+all ln t_ij >= 0); the rounds restart from min(x, x') with every pair below its target active
+and propose its missing units through the same rule (size S no longer applies), so the release
+x'' satisfies min(x, x') <= x'' <= x' and every condition, and its transcript is again a
+function of the public (x, z, x'').
 """
 
 from __future__ import annotations
@@ -39,6 +47,16 @@ LOAD_SLACK = 1e-9
 must still pass the exact check sum_i x_i ln t_ij <= b)."""
 
 
+@dataclass
+class GreedyState:
+    """The public state of the rounds: counts x, active set A, and in the noise pass the noisy
+    target x' (None in the first pass)."""
+
+    x: np.ndarray
+    active: np.ndarray
+    target: np.ndarray | None = None
+
+
 @dataclass(frozen=True)
 class ProposalRule:
     """R(c, x, A, t) for one objective over the active pairs' totals ``c``."""
@@ -54,20 +72,35 @@ class ProposalRule:
             raise ValueError(f"no proposal rule for objective {self.objective!r}")
         if self.batch < 1:
             raise ValueError(f"the round batch must be >= 1, got {self.batch}")
-        if self.size is not None and self.size < 1:
-            raise ValueError(f"the output size must be an absolute count >= 1, got {self.size}")
+        if self.size is not None and (self.size < 1 or self.size != int(self.size)):
+            raise ValueError(
+                f"--output-size {self.size}: the private solve takes an absolute count >= 1; a fraction of the "
+                "LP bound needs every constraint row (use --solve transformed)"
+            )
         if self.objective == "frequent" and self.frequent is None:
             raise ValueError("the frequent rule needs the frequent pairs")
 
-    def start(self) -> tuple[np.ndarray, np.ndarray]:
+    def start(self) -> GreedyState:
         """x = 0 and A = every active pair (the frequent ones for F-UMP)."""
         active = np.ones(len(self.c), dtype=bool) if self.frequent is None else np.asarray(self.frequent, dtype=bool).copy()
-        return np.zeros(len(self.c), dtype=np.int64), active
+        return GreedyState(np.zeros(len(self.c), dtype=np.int64), active)
 
-    def propose(self, x: np.ndarray, active: np.ndarray) -> np.ndarray:
+    def noise_pass(self, x: np.ndarray, noise: np.ndarray) -> GreedyState:
+        """The noise pass's start: target x' = max(x + z, 0), counts min(x, x'), A = the pairs
+        below their target (every pair, whatever the objective: the noise covers them all)."""
+        x = np.asarray(x, dtype=np.int64)
+        noise = np.asarray(noise, dtype=np.int64)
+        if x.shape != (len(self.c),) or noise.shape != x.shape:
+            raise ValueError(f"noise pass over {len(self.c)} pairs: x has shape {x.shape}, z {noise.shape}")
+        target = np.maximum(x + noise, 0)
+        start = np.minimum(x, target)
+        return GreedyState(start, target > start, target)
+
+    def propose(self, state: GreedyState) -> np.ndarray:
         """The round's proposals: up to B active pair indices, best first."""
-        budget = self.batch if self.size is None else min(self.batch, self.size - int(x.sum()))
-        candidates = np.flatnonzero(active)
+        x = state.x
+        budget = self.batch if self.size is None or state.target is not None else min(self.batch, self.size - int(x.sum()))
+        candidates = np.flatnonzero(state.active)
         if budget <= 0 or not len(candidates):
             return np.zeros(0, dtype=np.int64)
         c, xc = self.c[candidates].astype(np.float64), x[candidates]
@@ -80,12 +113,15 @@ class ProposalRule:
         order = np.lexsort((candidates, -key))  # largest key first, then smallest index
         return candidates[order[:budget]]
 
-    def update(self, x: np.ndarray, active: np.ndarray, proposals: np.ndarray, accepted: np.ndarray) -> None:
-        """Accepted: x_i += 1; rejected: i leaves A for good (diversity: every proposal leaves)."""
-        x[proposals[accepted]] += 1
-        active[proposals[~accepted]] = False
-        if self.objective == "diversity":
-            active[proposals[accepted]] = False
+    def update(self, state: GreedyState, proposals: np.ndarray, accepted: np.ndarray) -> None:
+        """Accepted: x_i += 1; rejected: i leaves A for good.  First pass, diversity: every
+        proposal leaves; noise pass: a pair at its target leaves."""
+        state.x[proposals[accepted]] += 1
+        state.active[proposals[~accepted]] = False
+        if state.target is not None:
+            state.active[proposals[state.x[proposals] >= state.target[proposals]]] = False
+        elif self.objective == "diversity":
+            state.active[proposals[accepted]] = False
 
 
 def verdicts(rows: sp.csc_matrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
@@ -112,29 +148,33 @@ class Round:
     accepted: np.ndarray
 
 
-def central_run(rule: ProposalRule, party_rows: Sequence[sp.spmatrix], b: float) -> tuple[np.ndarray, list[Round]]:
+def central_run(
+    rule: ProposalRule, party_rows: Sequence[sp.spmatrix], b: float, state: GreedyState | None = None
+) -> tuple[np.ndarray, list[Round]]:
     """The private solve with every party's rows in one process (the reference the protocol
-    must reproduce exactly): returns x and the transcript."""
-    x, active = rule.start()
+    must reproduce exactly), from ``state`` (default: the first pass's start): returns x and
+    the transcript."""
+    state = state or rule.start()
     rows = [sp.csc_matrix(r, dtype=np.float64) for r in party_rows]
     transcript = []
-    while len(proposals := rule.propose(x, active)):
+    while len(proposals := rule.propose(state)):
         rejected = np.zeros(len(proposals), dtype=bool)
         for r in rows:
-            rejected |= verdicts(r, r @ x.astype(np.float64), proposals, b) != 0
+            rejected |= verdicts(r, r @ state.x.astype(np.float64), proposals, b) != 0
         transcript.append(Round(proposals, ~rejected))
-        rule.update(x, active, proposals, ~rejected)
-    return x, transcript
+        rule.update(state, proposals, ~rejected)
+    return state.x, transcript
 
 
-def replay(rule: ProposalRule, final_x: np.ndarray) -> list[Round]:
-    """The transcript from the public inputs and the published x alone (the simulator)."""
-    x, active = rule.start()
+def replay(rule: ProposalRule, final_x: np.ndarray, state: GreedyState | None = None) -> list[Round]:
+    """The transcript from the public inputs and the published x alone (the simulator), from
+    ``state`` (default: the first pass's start)."""
+    state = state or rule.start()
     transcript = []
-    while len(proposals := rule.propose(x, active)):
-        accepted = final_x[proposals] > x[proposals]
+    while len(proposals := rule.propose(state)):
+        accepted = final_x[proposals] > state.x[proposals]
         transcript.append(Round(proposals, accepted))
-        rule.update(x, active, proposals, accepted)
-    if not np.array_equal(x, final_x):
+        rule.update(state, proposals, accepted)
+    if not np.array_equal(state.x, final_x):
         raise ValueError("this x is not the outcome of the private greedy under this rule")
     return transcript

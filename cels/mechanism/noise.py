@@ -42,8 +42,9 @@ def bernoulli_exp(gamma: Fraction, rng: random.Random) -> bool:
     return k % 2 == 1
 
 
-def discrete_laplace(scale: Fraction, rng: random.Random) -> int:
-    """One exact sample of the discrete Laplace with P(k) ~ exp(-|k|/scale) (CKS Algorithm 2)."""
+def geometric(scale: Fraction, rng: random.Random) -> int:
+    """One exact sample of the geometric P(k) = (1 - q) q^k, k >= 0, q = exp(-1/scale)
+    (the one-sided part of CKS Algorithm 2)."""
     scale = Fraction(scale)
     if scale <= 0:
         raise ValueError("scale must be positive")
@@ -55,11 +56,46 @@ def discrete_laplace(scale: Fraction, rng: random.Random) -> int:
         v = 0
         while bernoulli_exp(Fraction(1), rng):
             v += 1
-        y = (u + t * v) // s
+        return (u + t * v) // s
+
+
+def discrete_laplace(scale: Fraction, rng: random.Random) -> int:
+    """One exact sample of the discrete Laplace with P(k) ~ exp(-|k|/scale) (CKS Algorithm 2)."""
+    while True:
+        y = geometric(scale, rng)
         negative = rng.randrange(2) == 1
         if negative and y == 0:
             continue
         return -y if negative else y
+
+
+def polya(shape: Fraction, scale: Fraction, rng: random.Random) -> int:
+    """One exact sample of the Polya (negative binomial) NB(shape, q), q = exp(-1/scale),
+    0 < shape <= 1: P(k) = (shape)_k / k! (1 - q)^shape q^k.
+
+    Rejection from the geometric: a geometric k is kept with probability
+    (shape)_k / k! = prod_{i=1..k} (i - 1 + shape) / i <= 1 (one exact rational coin per
+    factor), which leaves P(k) proportional to (shape)_k / k! q^k.  Expected tries
+    (1 - q)^(shape - 1)."""
+    shape = Fraction(shape)
+    if not 0 < shape <= 1:
+        raise ValueError(f"the Polya shape must be in (0, 1], got {shape}")
+    while True:
+        k = geometric(scale, rng)
+        if all(_bernoulli((i - 1 + shape) / i, rng) for i in range(1, k + 1)):
+            return k
+
+
+def laplace_share(scale: Fraction, parties: int, rng: random.Random) -> int:
+    """One party's share of a distributed discrete Laplace: the difference of two
+    NB(1/r, q) draws.  NB is infinitely divisible, so the r shares add up to
+    NB(1, q) - NB(1, q), the difference of two geometrics, which is exactly the discrete
+    Laplace of ``scale`` (Goryczka and Xiong, "A comprehensive comparison of multiparty secure
+    additions with differential privacy", the Polya-share geometric mechanism)."""
+    if parties < 1:
+        raise ValueError(f"need at least one party, got {parties}")
+    shape = Fraction(1, parties)
+    return polya(shape, scale, rng) - polya(shape, scale, rng)
 
 
 def discrete_laplace_variance(scale: float) -> float:

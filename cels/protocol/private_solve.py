@@ -8,20 +8,30 @@ run the monotone greedy of :mod:`cels.mechanism.greedy` over secure OR-aggregati
    rows and loads, and sends the masked verdicts to the aggregator (``MaskedVerdicts``);
 3. the aggregator (the solver node) sums them mod 2^64 and sends every party the accepted bits
    (``RoundVerdict``); every party applies the same update to the public x and A;
-4. a round without proposals ends it: every party sends ``MaskedVerdicts(last)``.
+4. a round without proposals ends it: every party sends ``MaskedVerdicts(last)``;
+5. with end-to-end noise (``noise_scale`` = d/eps', CELS App. C), the end of the first pass is
+   instead marked by every party's ``MaskedNoiseShare`` (one masked Polya share per pair,
+   :func:`cels.mechanism.noise.laplace_share`); the aggregator's sum z (one discrete Laplace
+   per pair) goes to every party as ``NoiseTotal``, and the rounds go on (round numbers
+   continue) in the noise pass towards max(x + z, 0) (:meth:`ProposalRule.noise_pass`),
+   which then ends with ``MaskedVerdicts(last)``.
 
 What each node sees: the aggregator sees the rounds, the number of proposals and the accepted
-bits (a function of the published x); a party additionally sees its own rows.  No row, load,
-slack or coefficient leaves its party.
+bits (a function of the published x; with noise, of x, z and the release); a party additionally
+sees its own rows.  No row, load, slack, coefficient or single noise share leaves its party.
 """
 
 from __future__ import annotations
 
+import random
+from fractions import Fraction
+
 import numpy as np
 import scipy.sparse as sp
 
-from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate
-from cels.mechanism.greedy import ProposalRule, verdicts
+from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate, signed
+from cels.mechanism.greedy import GreedyState, ProposalRule, verdicts
+from cels.mechanism.noise import default_rng, laplace_share
 from cels.protocol.roles import Envelope, Outgoing, fail, malformed
 from cels.protocol.wire import cels_pb2
 
@@ -30,16 +40,38 @@ def _envelope(session_id: str, sender: str, **step) -> Envelope:
     return cels_pb2.Envelope(session_id=session_id, sender=sender, **step)
 
 
-class PrivateSolveParty:
-    """P_k's side for one session: its masks, its rows' loads, the public x and A."""
+NOISE_LIMIT = 2**62
+"""Largest |z_i| a party takes from a NoiseTotal (x + z must not overflow int64)."""
 
-    def __init__(self, name: str, parties: list[str], aggregator: str, session_id: str) -> None:
+
+class PrivateSolveParty:
+    """P_k's side for one session: its masks, its rows' loads, the public x and A; with
+    ``noise_scale`` (d/eps') its noise shares, drawn from ``rng`` (default: ``secrets``)."""
+
+    def __init__(
+        self,
+        name: str,
+        parties: list[str],
+        aggregator: str,
+        session_id: str,
+        noise_scale: Fraction | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.name, self.parties, self.aggregator, self.session_id = name, parties, aggregator, session_id
         self.masks = PairwiseMasks(name, parties, session_id)
         self.rule: ProposalRule | None = None
         self.round = 0
         self.proposals = np.zeros(0, dtype=np.int64)
         self.done = False
+        self.noise_scale, self.rng = noise_scale, rng or default_rng()
+        self.first_x: np.ndarray | None = None  # the first pass's x, once the noise shares are sent
+        self.noise_total: np.ndarray | None = None  # z, once received
+        self.own_verdicts = np.zeros(0, dtype=np.uint64)
+
+    @property
+    def x(self) -> np.ndarray:
+        """The public counts (the release once ``done``)."""
+        return self.state.x
 
     def mask_keys(self) -> list[Outgoing]:
         """Step 1: this party's mask key to every other party."""
@@ -56,23 +88,52 @@ class PrivateSolveParty:
     def start(self, rule: ProposalRule, rows: sp.spmatrix, b: float) -> list[Outgoing]:
         """This party's rows are ready: begin the rounds once every mask key is in."""
         self.rule, self.b = rule, b
-        self.x, self.active = rule.start()
+        self.state: GreedyState = rule.start()
         self.rows = sp.csc_matrix(rows, dtype=np.float64)
         self.loads = np.zeros(self.rows.shape[0])
         return self._next_round()
 
     def _next_round(self) -> list[Outgoing]:
-        if self.rule is None or not self.masks.complete or self.done or len(self.proposals):
+        if self.rule is None or not self.masks.complete or self.done or len(self.proposals) or self._awaiting_noise:
             return []
-        self.proposals = self.rule.propose(self.x, self.active)
+        self.proposals = self.rule.propose(self.state)
+        if not len(self.proposals) and self.noise_scale is not None and self.first_x is None:
+            return self._noise_share()
         if not len(self.proposals):
             self.done = True
             msg = cels_pb2.MaskedVerdicts(session_id=self.session_id, round=self.round, last=True)
         else:
-            v = verdicts(self.rows, self.loads, self.proposals, self.b)
-            shares = self.masks.masked_or_shares(self.round, v)
+            self.own_verdicts = verdicts(self.rows, self.loads, self.proposals, self.b)
+            shares = self.masks.masked_or_shares(self.round, self.own_verdicts)
             msg = cels_pb2.MaskedVerdicts(session_id=self.session_id, round=self.round, values=shares.tolist())
         return [(self.aggregator, _envelope(self.session_id, self.name, masked_verdicts=msg))]
+
+    @property
+    def _awaiting_noise(self) -> bool:
+        return self.first_x is not None and self.noise_total is None
+
+    def _noise_share(self) -> list[Outgoing]:
+        """The first pass ended: one masked share of Lap(d/eps') per pair to the aggregator."""
+        self.first_x = self.state.x.copy()
+        r = len(self.parties)
+        shares = [laplace_share(self.noise_scale, r, self.rng) for _ in range(len(self.rule.c))]
+        msg = cels_pb2.MaskedNoiseShare(session_id=self.session_id, values=self.masks.masked_values(shares).tolist())
+        return [(self.aggregator, _envelope(self.session_id, self.name, masked_noise_share=msg))]
+
+    def on_noise_total(self, sender: str, msg: cels_pb2.NoiseTotal) -> list[Outgoing]:
+        """Step 5: z is in; the noise pass starts from min(x, max(x + z, 0))."""
+        if sender != self.aggregator:
+            raise fail(f"{self.name}: noise_total from {sender!r}, expected from {self.aggregator!r}")
+        if not self._awaiting_noise:
+            raise fail(f"{self.name}: noise_total before this party's noise share (or a second one)")
+        if len(msg.noise) != len(self.rule.c):
+            raise malformed(f"{self.name}: noise_total has {len(msg.noise)} values for {len(self.rule.c)} pairs")
+        if len(msg.noise) and max(abs(v) for v in msg.noise) > NOISE_LIMIT:
+            raise malformed(f"{self.name}: noise_total has a value beyond +-2^62")
+        self.noise_total = np.array(msg.noise, dtype=np.int64)
+        self.state = self.rule.noise_pass(self.first_x, self.noise_total)
+        self.loads = self.rows @ self.state.x.astype(np.float64)
+        return self._next_round()
 
     def on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:
         """Step 3: apply the public update, then the next round."""
@@ -83,9 +144,11 @@ class PrivateSolveParty:
         if msg.proposals != len(self.proposals) or len(msg.accepted) != (len(self.proposals) + 7) // 8:
             raise malformed(f"{self.name}: round_verdict for {msg.proposals} proposals, this round has {len(self.proposals)}")
         accepted = np.unpackbits(np.frombuffer(msg.accepted, dtype=np.uint8), bitorder="little")[: len(self.proposals)].astype(bool)
+        if np.any(accepted & (self.own_verdicts != 0)):
+            raise malformed(f"{self.name}: round_verdict {self.round} accepts a proposal this party rejected")
         chosen = self.proposals[accepted]
         self.loads += np.asarray(self.rows[:, chosen].sum(axis=1)).ravel()
-        self.rule.update(self.x, self.active, self.proposals, accepted)
+        self.rule.update(self.state, self.proposals, accepted)
         self.round += 1
         self.proposals = np.zeros(0, dtype=np.int64)
         return self._next_round()
@@ -101,12 +164,16 @@ class PrivateSolveAggregator:
         self.last: set[str] = set()
         self.proposals_total = 0
         self.done = False
+        self.noise_shares: dict[str, np.ndarray] = {}
+        self.noise_total: np.ndarray | None = None  # z, once every share is in
 
     def on_masked_verdicts(self, sender: str, msg: cels_pb2.MaskedVerdicts) -> list[Outgoing]:
         if sender not in self.parties:
             raise fail(f"{self.name}: masked_verdicts from {sender!r}, not a party")
         if msg.round != self.round or sender in self.shares or sender in self.last:
             raise fail(f"{self.name}: masked_verdicts of {sender} for round {msg.round} out of order (round {self.round})")
+        if self.noise_shares:
+            raise fail(f"{self.name}: masked_verdicts of {sender} while the noise shares are being summed")
         if msg.last:
             if msg.values or self.shares:
                 raise malformed(f"{self.name}: {sender} ends the rounds while others go on")
@@ -132,3 +199,22 @@ class PrivateSolveAggregator:
         self.round += 1
         self.shares = {}
         return [(p, _envelope(self.session_id, self.name, round_verdict=verdict)) for p in self.parties]
+
+    def on_masked_noise_share(self, sender: str, msg: cels_pb2.MaskedNoiseShare) -> list[Outgoing]:
+        """Step 5: sum every party's masked share into z and send it to every party."""
+        if sender not in self.parties:
+            raise fail(f"{self.name}: masked_noise_share from {sender!r}, not a party")
+        if sender in self.noise_shares or self.noise_total is not None or self.last:
+            raise fail(f"{self.name}: masked_noise_share of {sender} out of order")
+        if self.shares:
+            raise fail(f"{self.name}: {sender} ends the first pass while others go on with round {self.round}")
+        values = np.asarray(msg.values, dtype=np.uint64)
+        if self.noise_shares and len(values) != len(next(iter(self.noise_shares.values()))):
+            raise malformed(f"{self.name}: masked_noise_share of {sender} has {len(values)} values, the others' differ")
+        self.noise_shares[sender] = values
+        if len(self.noise_shares) < len(self.parties):
+            return []
+        self.noise_total = signed(aggregate(self.noise_shares)).copy()
+        self.noise_shares = {}
+        msg_out = cels_pb2.NoiseTotal(session_id=self.session_id, noise=self.noise_total.tolist())
+        return [(p, _envelope(self.session_id, self.name, noise_total=msg_out)) for p in self.parties]

@@ -108,8 +108,6 @@ class SessionOptions:
                 f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
                 "private solve: give an absolute size (> 1), or --solve transformed"
             )
-        if self.solve == "private" and self.noise_epsilon is not None:
-            raise ValueError("end-to-end noise (--noise-epsilon) runs with --solve transformed; the private solve does not add it yet")
         if self.key_bits < MIN_TEST_KEY_BITS or self.key_bits % 2:
             raise ValueError(f"key_bits must be even and >= {MIN_TEST_KEY_BITS}, got {self.key_bits}")
         if not 0 < self.sampling_theta < 1:

@@ -41,6 +41,7 @@ from cels.mechanism.sanitize import privacy_accounting
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
 from cels.mechanism.greedy import ProposalRule
+from cels.mechanism.noise import noise_scale
 from cels.protocol.private_solve import PrivateSolveParty
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
@@ -114,7 +115,10 @@ class PartyRole(SessionRole):
         self._obfuscator_sources: dict[int, ObfuscatorSource] = {}
         # P_1's key for every secure sum of the session: the node key if given, else fresh
         self._sum_keypair = paillier.checked_keypair(keypair, options.key_bits)
-        self._private = PrivateSolveParty(name, self.parties, self.solver, self.session_id) if options.solve == "private" else None
+        scale = noise_scale(options.noise_epsilon, options.sensitivity) if options.noise_epsilon is not None else None
+        self._private = (
+            PrivateSolveParty(name, self.parties, self.solver, self.session_id, noise_scale=scale) if options.solve == "private" else None
+        )
 
     def view_keys(self) -> list:
         return [] if self._sum_keypair is None else [self._sum_keypair[1]]
@@ -285,6 +289,9 @@ class PartyRole(SessionRole):
     def _on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:
         return self._private_progress(self._private.on_round_verdict(sender, msg))
 
+    def _on_noise_total(self, sender: str, msg: cels_pb2.NoiseTotal) -> list[Outgoing]:
+        return self._private_progress(self._private.on_noise_total(sender, msg))
+
     def _private_progress(self, out: list[Outgoing]) -> list[Outgoing]:
         """Once the rounds ended (no proposal left), x is public: check it and sample."""
         if not self._private.done or self.phase != "solve":
@@ -297,6 +304,18 @@ class PartyRole(SessionRole):
             "integer_total": int(self._private.x.sum()),
             "output_size": self.options.output_size,
         }
+        if self._private.noise_total is not None:  # CELS App. C, from shares no node chose or saw
+            z, first = self._private.noise_total, self._private.first_x
+            report["noise"] = {
+                "noise_epsilon": self.options.noise_epsilon,
+                "sensitivity": self.options.sensitivity,
+                "scale": float(self._private.noise_scale),
+                "how": "sum of every party's Polya share through the masked aggregation (distributed discrete Laplace)",
+                "noise_l1": int(np.abs(z).sum()),
+                "total_before": int(first.sum()),
+                "total_noisy": int(np.maximum(first + z, 0).sum()),
+                "total_after_repair": int(self._private.x.sum()),
+            }
         return out + self._solution(self._private.x.copy(), report)
 
     # -- phase 3, transformed solve (Algorithm 2) ------------------------------------------------
@@ -579,6 +598,7 @@ class PartyRole(SessionRole):
         "nlp_solution": accepts("nlp", _on_nlp_solution),
         "mask_key": accepts(("counts", "solve"), _on_mask_key),
         "round_verdict": accepts("solve", _on_round_verdict),
+        "noise_total": accepts("solve", _on_noise_total),
         "union_encrypt_hop": accepts("union", _on_union, whole=True),
         "union_decrypt_hop": accepts("union", _on_union, whole=True),
         "union_result": accepts("union", _on_union, whole=True),

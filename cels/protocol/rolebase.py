@@ -33,6 +33,8 @@ STEP_PHASE = {
     "mask_key": "solve",
     "masked_verdicts": "solve",
     "round_verdict": "solve",
+    "masked_noise_share": "solve",
+    "noise_total": "solve",
     "union_encrypt_hop": "union",
     "union_decrypt_hop": "union",
     "union_result": "union",

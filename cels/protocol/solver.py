@@ -73,6 +73,10 @@ class SolverRole(SessionRole):
         self._enter("solve" if self._aggregator is not None else "nlp")
         return []
 
+    def _on_masked_noise_share(self, sender: str, msg: cels_pb2.MaskedNoiseShare) -> list[Outgoing]:
+        """The private solve with noise: sum the parties' masked shares into z, send it to all."""
+        return self._aggregator.on_masked_noise_share(sender, msg)
+
     def _on_masked_verdicts(self, sender: str, msg: cels_pb2.MaskedVerdicts) -> list[Outgoing]:
         """The private solve: sum a round's masked verdicts, send the accepted bits."""
         out = self._aggregator.on_masked_verdicts(sender, msg)
@@ -185,5 +189,6 @@ class SolverRole(SessionRole):
         "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
         "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
         "masked_verdicts": accepts("solve", _on_masked_verdicts),
+        "masked_noise_share": accepts("solve", _on_masked_noise_share),
     }
     """Which step message P_0 takes in which phase."""

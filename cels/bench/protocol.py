@@ -250,7 +250,7 @@ def comparison(solves: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Private against transformed in the same run: the solve phase's bytes and the whole session."""
     private, transformed = solves["private"], solves["transformed"]
     online = {mode: s["online"]["wall_seconds"] for mode, s in solves.items()}
-    offline = {mode: s.get("offline", {}).get("seconds", s.get("offline", {}).get("seconds_total")) for mode, s in solves.items()}
+    offline = {mode: (s.get("offline") or {}).get("seconds", (s.get("offline") or {}).get("seconds_total")) for mode, s in solves.items()}
     return {
         "solve_phase_bytes": {"private": private["solve"]["bytes"], "transformed": transformed["solve"]["bytes"]},
         "solve_phase_bytes_ratio": transformed["solve"]["bytes"] / max(private["solve"]["bytes"], 1),

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from cels.baselines import BASELINES, ReleasedItem, make_rng, read_release, write_release
+from cels.baselines import BASELINES, ReleasedItem, baseline_rng, read_release, write_release
 from cels.baselines.clicks import click_candidates, load_candidate_file, navigational_url, parse_candidates
 from cels.baselines.items import distinct_items, limit_user_activity, user_histories
 from cels.baselines.korolova import korolova
@@ -58,7 +58,7 @@ def test_zealous_users_contribute_at_most_m_of_their_own_items():
     rows = [(f"u{j}", f"query {j % 7} {i}", f"http://x/{i}") for j in range(40) for i in range(j % 9)]
     histories = user_histories(records_of(rows))
     for first in (False, True):
-        chosen = choose_items(histories, "query", 3, make_rng(5), first)
+        chosen = choose_items(histories, "query", 3, baseline_rng(5), first)
         for user, items in chosen.items():
             own = distinct_items(histories[user], "query")
             assert len(items) == min(3, len(own)) == len(set(items))
@@ -70,7 +70,7 @@ def test_zealous_users_contribute_at_most_m_of_their_own_items():
 def test_zealous_random_choice_is_uniform():
     histories = user_histories(records_of([("u", f"q{i}", None) for i in range(4)]))
     picks = Counter()
-    rng = make_rng(11)
+    rng = baseline_rng(11)
     for _ in range(4000):
         picks.update(choose_items(histories, "query", 1, rng)["u"])
     assert all(within_binomial(n, 4000, 0.25) for n in picks.values())
@@ -80,7 +80,7 @@ def test_zealous_never_releases_an_item_below_tau():
     # tau' far below tau and large noise: only the first threshold keeps rare items out
     records = crowd(300, 2, "rare") + crowd(300, 6, "common")
     released, histogram = zealous(
-        user_histories(records), "query", 1, tau=5, lam=20.0, tau_prime=-1000, rng=make_rng(1)
+        user_histories(records), "query", 1, tau=5, lam=20.0, tau_prime=-1000, rng=baseline_rng(1)
     )
     assert {histogram[i.key] for i in released} == {6}
     assert len(released) == 300
@@ -89,7 +89,7 @@ def test_zealous_never_releases_an_item_below_tau():
 @pytest.mark.parametrize(("users", "lam", "tau_prime"), [(2, 1.0, 3), (3, 1.0, 3), (4, 1.0, 3), (12, 4.0, 14)])
 def test_zealous_retention_follows_the_discrete_formula(users, lam, tau_prime):
     trials = 1500
-    released, _ = zealous(user_histories(crowd(trials, users)), "click", 1, 1, lam, tau_prime, make_rng(2))
+    released, _ = zealous(user_histories(crowd(trials, users)), "click", 1, 1, lam, tau_prime, baseline_rng(2))
     p = discrete_retention_probability(users, tau_prime, lam)
     assert within_binomial(len(released), trials, p)
     assert all(i.count > tau_prime for i in released)
@@ -98,7 +98,7 @@ def test_zealous_retention_follows_the_discrete_formula(users, lam, tau_prime):
 def test_zealous_run_splits_the_budget_over_item_types():
     records = crowd(50, 30)
     items, report = BASELINES["zealous"].run(
-        records, parsed("zealous", "--zealous-items", "query,click,keyword"), make_rng(3)
+        records, parsed("zealous", "--zealous-items", "query,click,keyword"), baseline_rng(3)
     )
     per_kind = report["privacy"]["per_kind"]
     assert sum(p["epsilon"] for p in per_kind.values()) == pytest.approx(1.0)
@@ -108,7 +108,7 @@ def test_zealous_run_splits_the_budget_over_item_types():
     for kind, params in per_kind.items():
         assert all(i.count > params["tau_prime_run"] for i in items if i.kind == kind)
     with pytest.raises(ValueError, match="unknown item type"):
-        BASELINES["zealous"].run(records, parsed("zealous", "--zealous-items", "urls"), make_rng(3))
+        BASELINES["zealous"].run(records, parsed("zealous", "--zealous-items", "urls"), baseline_rng(3))
 
 
 def test_query_pairs_are_consecutive_distinct_queries():
@@ -131,14 +131,14 @@ def test_user_activity_limits():
 def test_korolova_selection_probability():
     params = {"d": 1, "dc": 1, "K": 6.0, "K_run": 6, "b": 2.0, "bq": 1.0, "bc": 1.0}
     trials = 1200
-    items, counts = korolova(user_histories(crowd(trials, 5)), params, "none", make_rng(8))
+    items, counts = korolova(user_histories(crowd(trials, 5)), params, "none", baseline_rng(8))
     assert within_binomial(counts["released_queries"], trials, discrete_retention_probability(5, 6, 2.0))
     assert {i.kind for i in items} == {"query"} and all(i.count >= 0 for i in items)
 
 
 def test_korolova_run_defaults_meet_the_budget_and_candidates_are_flagged():
     records = crowd(20, 400)
-    items, report = BASELINES["korolova"].run(records, parsed("korolova"), make_rng(4))
+    items, report = BASELINES["korolova"].run(records, parsed("korolova"), baseline_rng(4))
     privacy = report["privacy"]
     assert privacy["epsilon"] <= 1.0 + 1e-9 and privacy["delta"] <= 1e-3
     assert privacy["dp_claim"] is True
@@ -146,7 +146,7 @@ def test_korolova_run_defaults_meet_the_budget_and_candidates_are_flagged():
     assert len(queries) == 20  # 400 users each: Pr[miss] = 1/2 e^{-277/15} per query
     assert all(i.query in queries for i in items if i.kind == "click")
     _, report = BASELINES["korolova"].run(
-        records, parsed("korolova", "--korolova-candidates", "log-top:3"), make_rng(4)
+        records, parsed("korolova", "--korolova-candidates", "log-top:3"), baseline_rng(4)
     )
     assert report["privacy"]["dp_claim"] is False
     assert report["sizes"]["released_clicks"] >= 15  # the true urls, 400 clicks each
@@ -182,18 +182,18 @@ def test_candidate_file(tmp_path):
 
 def test_query_pool_is_drawn_from_the_word_list_afresh():
     words = set(pool_words(500))
-    pool = draw_query_pool(2000, make_rng(1), vocabulary=500, max_n=2)
+    pool = draw_query_pool(2000, baseline_rng(1), vocabulary=500, max_n=2)
     assert len(pool) > 1990
     assert all(1 <= len(q.split()) <= 2 and set(q.split()) <= words for q in pool)
-    assert draw_query_pool(2000, make_rng(1), 500, 2) == pool
-    assert len(pool & draw_query_pool(2000, make_rng(2), 500, 2)) < 20
+    assert draw_query_pool(2000, baseline_rng(1), 500, 2) == pool
+    assert len(pool & draw_query_pool(2000, baseline_rng(2), 500, 2)) < 20
     assert domain_size(500, 2) == 500 + 500**2
     assert inclusion_probability(2000, 500, 2) == pytest.approx(1 - (1 - 1 / 250_500) ** 2000, rel=1e-9)
 
 
 def test_zero_count_survivors_follow_the_tail_probability():
     p = discrete_retention_probability(0, 10, 10.0)
-    rng = make_rng(9)
+    rng = baseline_rng(9)
     runs = [zero_count_survivors(2000, 10, 10.0, rng) for _ in range(10)]
     assert within_binomial(sum(map(len, runs)), 20000, p)
     assert all(len(set(r)) == len(r) and all(0 <= i < 2000 for i in r) for r in runs)
@@ -201,9 +201,9 @@ def test_zero_count_survivors_follow_the_tail_probability():
 
 def test_safelog_pool_queries_appear_at_the_release_probability():
     params = {"qf": 2, "cf": 1, "K": 10.0, "K_run": 10, "b": 10.0, "bq": 10.0, "bc": 10.0}
-    pool = draw_query_pool(20000, make_rng(3), vocabulary=2000, max_n=2)
+    pool = draw_query_pool(20000, baseline_rng(3), vocabulary=2000, max_n=2)
     histories = user_histories(crowd(30, 1))
-    items, counts = safelog(histories, params, 1, pool, "none", make_rng(4))
+    items, counts = safelog(histories, params, 1, pool, "none", baseline_rng(4))
     released_pool = [i for i in items if i.query in pool]
     assert len(released_pool) == counts["released_pool_queries"]
     assert within_binomial(
@@ -214,7 +214,7 @@ def test_safelog_pool_queries_appear_at_the_release_probability():
 def test_safelog_prefilter_and_transitions():
     rows = [(f"u{j}", q, None) for j in range(40) for q in ("alpha", "beta", "gamma")] + [("v", "rare", None)]
     params = {"qf": 3, "cf": 0, "K": 5.0, "K_run": 5, "b": 1.0, "bq": 1.0, "bc": 1.0, "bt": 1.0}
-    items, counts = safelog(user_histories(records_of(rows)), params, 5, set(), "none", make_rng(5), transitions=True)
+    items, counts = safelog(user_histories(records_of(rows)), params, 5, set(), "none", baseline_rng(5), transitions=True)
     assert "rare" not in {i.query for i in items}
     assert counts["queries_after_prefilter"] == 3
     pairs = {(i.query, i.next_query) for i in items if i.kind == "query_pair"}
@@ -230,7 +230,7 @@ def test_transition_threshold_expects_about_one_noise_row():
 
 def test_noise_only_transitions_are_released_at_the_tail_rate():
     released = [f"q{i}" for i in range(60)]
-    rows = release_transitions(released, Counter({("q0", "q1"): 1000}), 3.0, 4, make_rng(6))
+    rows = release_transitions(released, Counter({("q0", "q1"): 1000}), 3.0, 4, baseline_rng(6))
     fake = [r for r in rows if (r.query, r.next_query) != ("q0", "q1")]
     assert within_binomial(len(fake), 60 * 59 - 1, discrete_retention_probability(0, 4, 3.0))
     assert all(r.query != r.next_query and r.count > 4 for r in fake)
@@ -240,7 +240,7 @@ def test_noise_only_transitions_are_released_at_the_tail_rate():
 def test_safelog_run_report():
     records = crowd(10, 60)
     items, report = BASELINES["safelog"].run(
-        records, parsed("safelog", "--safelog-pool-size", "3000", "--safelog-transitions"), make_rng(7)
+        records, parsed("safelog", "--safelog-pool-size", "3000", "--safelog-transitions"), baseline_rng(7)
     )
     privacy = report["privacy"]
     assert privacy["epsilon"] == pytest.approx(1.0)
@@ -251,7 +251,7 @@ def test_safelog_run_report():
     assert privacy["pool"]["p_g"] < 1e-6 and privacy["pool"]["epsilon_at_pool_p_g"] > privacy["epsilon"]
     assert set(report["utility"]) == {"query", "click", "query_pair"}
     _, report = BASELINES["safelog"].run(
-        records, parsed("safelog", "--safelog-tau", "1", "--safelog-pool-size", "10"), make_rng(7)
+        records, parsed("safelog", "--safelog-tau", "1", "--safelog-pool-size", "10"), baseline_rng(7)
     )
     assert report["privacy"]["dp_claim"] is True
 
@@ -281,11 +281,11 @@ def test_release_round_trip_and_errors(tmp_path):
 
 
 def test_utility_report_known_answer():
-    from cels.baselines.utility import utility_report
+    from cels.baselines.utility import item_utility
 
     totals = Counter({("query", "a", None, None): 3, ("query", "b", None, None): 1})
     released = [ReleasedItem("query", "a", None, None, 3), ReleasedItem("query", "pool words", None, None, 2)]
-    report = utility_report(released, totals)
+    report = item_utility(released, totals)
     # CELS eq. 2 over the log's items: |O| = 3, n = 2
     kl = 0.75 * math.log(0.75 * 5 / 4) + 0.25 * math.log(0.25 * 5 / 1)
     assert report["kl"] == pytest.approx(kl)

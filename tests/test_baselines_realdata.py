@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from cels.baselines import BASELINES, make_rng, read_release, write_release
+from cels.baselines import BASELINES, baseline_rng, read_release, write_release
 from cels.baselines.items import item_totals, user_histories
 from cels.baselines.pool import pool_words
 from cels.logs import LoadOptions, iter_records
@@ -23,7 +23,7 @@ def run(method: str, records, *argv: str):
     parser.add_argument("--epsilon", type=float, default=2.0)  # 500 users: small budgets release nothing
     parser.add_argument("--delta", type=float, default=1e-3)
     BASELINES[method].add_arguments(parser.add_argument_group(method))
-    return BASELINES[method].run(records, parser.parse_args(list(argv)), make_rng(None))
+    return BASELINES[method].run(records, parser.parse_args(list(argv)), baseline_rng(None))
 
 
 @pytest.mark.realdata

@@ -11,9 +11,9 @@ from cels.baselines.base import Baseline
 from cels.baselines.korolova import Korolova
 from cels.baselines.release import KINDS, ReleasedItem, read_release, write_release
 from cels.baselines.safelog import Safelog
-from cels.baselines.sampling import make_rng
+from cels.baselines.sampling import baseline_rng
 from cels.baselines.zealous import Zealous
 
 BASELINES: dict[str, Baseline] = {b.name: b for b in (Zealous(), Korolova(), Safelog())}
 
-__all__ = ["BASELINES", "KINDS", "Baseline", "ReleasedItem", "make_rng", "read_release", "write_release"]
+__all__ = ["BASELINES", "KINDS", "Baseline", "ReleasedItem", "baseline_rng", "read_release", "write_release"]

@@ -27,7 +27,7 @@ from cels.baselines.params import discrete_retention_probability
 from cels.mechanism.noise import discrete_laplace
 
 
-def make_rng(seed: int | None = None) -> random.Random:
+def baseline_rng(seed: int | None = None) -> random.Random:
     """SystemRandom by default; a seeded :class:`random.Random` for reproducible tests."""
     return random.SystemRandom() if seed is None else random.Random(seed)
 

@@ -17,7 +17,7 @@ from cels.metrics import kl_divergence, recall, top_j
 TOP_J = 100
 
 
-def utility_report(released: list[ReleasedItem], totals: Counter[ItemKey]) -> dict:
+def item_utility(released: list[ReleasedItem], totals: Counter[ItemKey]) -> dict:
     """KL (CELS eq. 2), recall of distinct items and the top-100 measures of one item kind."""
     noisy = {item.key: item.count for item in released}
     report = {
@@ -32,5 +32,5 @@ def utility_report(released: list[ReleasedItem], totals: Counter[ItemKey]) -> di
 
 
 def utility_by_kind(items: list[ReleasedItem], histories: dict[str, list[LogRecord]], kinds: tuple[str, ...]) -> dict:
-    """:func:`utility_report` for each kind in ``kinds``."""
-    return {kind: utility_report([i for i in items if i.kind == kind], item_totals(histories, kind)) for kind in kinds}
+    """:func:`item_utility` for each kind in ``kinds``."""
+    return {kind: item_utility([i for i in items if i.kind == kind], item_totals(histories, kind)) for kind in kinds}

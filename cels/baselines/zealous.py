@@ -26,7 +26,7 @@ from cels.baselines.params import (
 )
 from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import integer_threshold, noisy
-from cels.baselines.utility import utility_report
+from cels.baselines.utility import item_utility
 from cels.logs.model import LogRecord
 
 MODES = ("probabilistic", "indistinguishability")
@@ -161,7 +161,7 @@ class Zealous:
                 "released": len(released),
                 "released_total_count": sum(i.count for i in released),
             }
-            utility[kind] = utility_report(released, item_totals(histories, kind))
+            utility[kind] = item_utility(released, item_totals(histories, kind))
         probabilistic = args.zealous_mode == "probabilistic"
         privacy = {
             "method": "ZEALOUS (Götz et al.)",

@@ -38,10 +38,10 @@ from cels.crypto.obfuscators import ObfuscatorPool, obfuscators
 from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
+from cels.protocol.party import COUNT_BOUND
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2, codec
 
-COUNT_BOUND = 2**32  # counts are bounded by 2^32 (the protocol's counts-sum bound)
 VALUE_RANGE = 2**20  # benchmark counts are uniform in [0, 2^20)
 
 

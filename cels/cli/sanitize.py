@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.fileio import atomic_write_json, check_output_paths
-from cels.baselines import BASELINES, make_rng, write_release as write_baseline_release
+from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
 from cels.mechanism.conditions import BOUNDS
@@ -84,7 +84,7 @@ def baseline_method(baseline: Baseline) -> Method:
 
     def run(args: argparse.Namespace) -> Release:
         records = list(iter_records(args.input, input_options(args)))
-        items, report = baseline.run(records, args, make_rng(args.seed))
+        items, report = baseline.run(records, args, baseline_rng(args.seed))
         return Release(report, lambda path: write_baseline_release(items, path))
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:

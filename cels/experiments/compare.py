@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cels import metrics
-from cels.baselines import BASELINES, make_rng
+from cels.baselines import BASELINES, baseline_rng
 from cels.baselines.local import local_sanitize, pair_counts
 from cels.experiments import common
 from cels.experiments.common import Dataset, Noise, UnionSolver, panels, save_figure, utility
@@ -69,7 +69,7 @@ def baseline_args(epsilon: float, delta: float) -> argparse.Namespace:
 
 def baseline_row(name: str, records: list[LogRecord], dataset: Dataset, epsilon: float, delta: float, seed: int) -> dict:
     """Run one baseline; x = its noisy click counts on the input's pairs (0 when not released)."""
-    items, report = BASELINES[name].run(records, baseline_args(epsilon, delta), make_rng(seed))
+    items, report = BASELINES[name].run(records, baseline_args(epsilon, delta), baseline_rng(seed))
     clicks = {(i.query, i.url): i.count for i in items if i.kind == "click"}
     queries = {i.query: i.count for i in items if i.kind == "query"}
     x = np.array([clicks.get(p, 0) for p in dataset.log.pairs], dtype=np.int64)

@@ -130,3 +130,12 @@ def test_a_role_refuses_a_step_it_does_not_take_and_stays_unchanged() -> None:
     with pytest.raises(ProtocolError, match="does not take constraint_shape"):
         host.deliver("party-1", shape, now=1.0)
     assert role.phase == before and role.aborted is None and step_name(shape) == "constraint_shape"
+
+
+def test_mechanism_options_invert_params() -> None:
+    from cels.protocol.options import mechanism_options
+
+    options = SessionOptions.create(3, epsilon=2.0, delta=0.3, objective="frequent", cap=4, min_count=2, support=0.01, solve="transformed",
+                                    noise_epsilon=0.5, sensitivity=3.0)  # fmt: skip
+    again = SessionOptions.create(3, session_id=options.session_id, solve="transformed", **mechanism_options(options.params))
+    assert again == options

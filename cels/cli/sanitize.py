@@ -64,7 +64,7 @@ def params_from_args(args: argparse.Namespace) -> SanitizeParams:
         sensitivity=args.sensitivity,
         preprocess=args.preprocess,
         keep_user_ids=args.keep_user_ids,
-        seed=args.seed,
+        seed=getattr(args, "seed", None),  # cels simulate has no seed: its parties draw from `secrets`
         breakpoints=args.breakpoints,
         support=args.support,
         time_limit=args.time_limit,

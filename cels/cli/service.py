@@ -23,7 +23,7 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
-from cels.cli.sanitize import _optimal_arguments, delimiter, guarantee_word, load_input
+from cels.cli.sanitize import _optimal_arguments, params_from_args, delimiter, guarantee_word, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json, check_output_paths
@@ -32,7 +32,7 @@ from cels.node.client import (
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import Number, check_tables, load_toml
-from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions
+from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
 from cels.protocol.wire import cels_pb2
 
 DEFAULT_TIMEOUT = 4 * 3600.0
@@ -241,22 +241,10 @@ def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
         raise ValueError("the solver node rounds with the MIP (--integer mip)")
     return SessionOptions.create(
         parties,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        bound=args.bound,
-        objective=args.objective,
-        output_size=args.output_size,
-        min_count=args.min_count,
-        cap=args.cap,
-        noise_epsilon=args.noise_epsilon,
-        sensitivity=args.sensitivity,
+        **mechanism_options(params_from_args(args)),
         sampling=args.sampling,
         key_bits=args.key_bits,
         universe_cipher=getattr(args, "universe_cipher", None),
-        keep_user_ids=args.keep_user_ids,
-        support=args.support,
-        breakpoints=args.breakpoints,
-        solver_time_limit=args.time_limit,
         deadline=getattr(args, "deadline", None),
         solve=args.solve,
         round_batch=args.round_batch,

@@ -253,6 +253,26 @@ class SessionOptions:
         return replace(self, addresses=tuple(addresses.items()))
 
 
+def mechanism_options(params: SanitizeParams) -> dict[str, Any]:
+    """The SessionOptions fields of ``cels sanitize``'s parameters (the inverse of
+    :attr:`SessionOptions.params`; the single-holder-only ones stay out)."""
+    return {
+        "epsilon": params.epsilon,
+        "delta": params.delta,
+        "bound": params.bound,
+        "objective": params.objective,
+        "output_size": params.output_size,
+        "min_count": params.min_count,
+        "cap": params.cap,
+        "noise_epsilon": params.noise_epsilon,
+        "sensitivity": params.sensitivity,
+        "keep_user_ids": params.keep_user_ids,
+        "breakpoints": params.breakpoints,
+        "support": params.support,
+        "solver_time_limit": params.time_limit,
+    }
+
+
 def _one_of(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

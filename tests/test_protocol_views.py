@@ -8,11 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cels.crypto.ec_hash import hash_to_u
-from cels.logs import synthetic_log
 from cels.protocol.party import encode_item
-from cels.inprocess import InMemoryNetwork, session_hosts, start_session
-from cels.protocol.options import SessionOptions
-from cels.views import load_views, record_hosts
 
 PUBLIC_STEPS = {"sum_result", "nlp_solution", "union_result", "step_report", "start_session", "constraint_shape"}
 CIPHER_STEPS = {
@@ -22,17 +18,11 @@ CIPHER_STEPS = {
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    log = synthetic_log(seed=3, users=36)
-    logs = log.split_by_user(3)
-    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, solve="transformed")
-    root = tmp_path_factory.mktemp("views")
-    hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=True), root)
-    roles = start_session(InMemoryNetwork(hosts), config)
-    assert roles["party-1"].finished
-    views = load_views(root)[config.session_id]
-    sent = [(node, e) for node, view in views.items() for e in view.entries if e["direction"] == "sent"]
-    return log, config, sent
+def session(recorded_session):
+    s = recorded_session
+    assert s.roles["party-1"].finished
+    sent = [(node, e) for node, view in s.views.items() for e in view.entries if e["direction"] == "sent"]
+    return s.log, s.options, sent
 
 
 def test_parties_send_only_ciphertexts_or_public_values(session) -> None:

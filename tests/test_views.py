@@ -13,7 +13,6 @@ import scipy.sparse as sp
 from cels.cli import main
 from cels.logs import synthetic_log
 from cels.protocol.roles import ProtocolError
-from cels.inprocess import run_session
 from cels.protocol.party import PartyRole
 from cels.protocol.options import SessionOptions
 from cels.views import PHASE_ORDER, load_views, mermaid, record_views, summarise
@@ -21,13 +20,9 @@ from cels.protocol.wire import cels_pb2
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    log = synthetic_log(seed=11, users=36)
-    logs = log.split_by_user(3)
-    config = SessionOptions.create(3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, solve="transformed")
-    root = tmp_path_factory.mktemp("recorded")
-    output, _report = run_session(logs, config, record_view=str(root), allow_insecure_key_bits=True)
-    return root, config, logs, output, load_views(root)[config.session_id]
+def recorded(recorded_session):
+    s = recorded_session
+    return s.root, s.options, s.logs, s.roles[s.options.initiator].output, s.views
 
 
 def test_every_message_is_recorded_once_on_each_side(recorded) -> None:

@@ -282,7 +282,7 @@ def int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def add_data_arguments(parser: argparse.ArgumentParser, aol: str = DEFAULT_AOL_USERS, msnbc: str = DEFAULT_MSNBC_USERS) -> None:
+def add_dataset_arguments(parser: argparse.ArgumentParser, aol: str = DEFAULT_AOL_USERS, msnbc: str = DEFAULT_MSNBC_USERS) -> None:
     """--data, the input sizes (first N users; 0 = all, empty = skip the dataset)."""
     parser.add_argument("--data", default=None, metavar="DIR", help="directory of the real logs (default $CELS_DATA or ../shared/data)")
     parser.add_argument("--aol-users", default=aol, metavar="N,..", help=f"AOL inputs: first N users, 0 = all (default {aol}; '' = none)")
@@ -347,7 +347,7 @@ def noise_from_args(args: argparse.Namespace) -> Noise | None:
 
 def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
     """The data and solver flags every utility figure (Fig. 4, Fig. 5) takes."""
-    add_data_arguments(parser)
+    add_dataset_arguments(parser)
     add_solver_arguments(parser)
 
 

@@ -169,7 +169,7 @@ def parse_budgets(text: str) -> list[tuple[float, float]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    common.add_data_arguments(parser, aol="0", msnbc="40829")
+    common.add_dataset_arguments(parser, aol="0", msnbc="40829")
     common.add_solver_arguments(parser, grid=False)
     parser.add_argument("--budgets", default="1:0.001,10:0.01,10:0.5", metavar="E:D,..", help="(epsilon, delta) pairs")
     parser.add_argument("--fraction", type=float, default=0.5, help="|O|/|𝕆| of CELS; LS shares this |O|")

@@ -4,7 +4,9 @@ beside the repository) and fail, not skip, when they are missing."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,14 +36,25 @@ def msnbc_path(shared_data: Path) -> Path:
     return shared_data / "msnbc990928.seq.gz"
 
 
+@dataclass
+class RecordedSession:
+    """One finished in-memory session with every node's view recorded."""
+
+    root: Path  # the views' directory
+    options: Any  # SessionOptions
+    log: Any  # the whole synthetic log
+    logs: list  # party k's share
+    roles: dict  # node -> role
+    views: dict  # node -> NodeView
+
+
 @pytest.fixture(scope="session")
-def recorded_session(tmp_path_factory):
-    """One recorded in-memory session of the paper's Algorithm 2 (test-size keys) shared by the
-    view tests: (root, options, log, logs, output, views of that session by node)."""
-    from cels.inprocess import run_session
+def recorded_session(tmp_path_factory) -> RecordedSession:
+    """3 parties over a 36-user synthetic log, the transformed solve, max-output, test-size keys
+    (256-bit Paillier, 1024-bit group); read by tests/test_views.py and tests/test_protocol_views.py."""
     from cels.logs import synthetic_log
     from cels.protocol.options import SessionOptions
-    from cels.views import load_views
+    from cels.views import load_views, record_session
 
     log = synthetic_log(seed=11, users=36)
     logs = log.split_by_user(3)
@@ -49,5 +62,5 @@ def recorded_session(tmp_path_factory):
         3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, solve="transformed"
     )
     root = tmp_path_factory.mktemp("recorded")
-    output, _report = run_session(logs, options, record_view=str(root), allow_insecure_key_bits=True)
-    return root, options, log, logs, output, load_views(root)[options.session_id]
+    roles = record_session(logs, options, root, allow_insecure_key_bits=True)
+    return RecordedSession(root, options, log, logs, roles, load_views(root)[options.session_id])

@@ -1,4 +1,5 @@
-"""Known answers of spec/baselines.md for the baselines' parameter calculations."""
+"""Known answers for the baselines' parameter calculations: ZEALOUS Prop. 4 and Tables 1-2,
+Korolova et al.'s optimal K and b, Safelog Table 3 (docs/baselines.md, "What was measured")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Known answers on the real logs (spec/mechanism.md, issue 2), every condition checked."""
+"""Known answers on the real logs (docs/mechanism.md, "Measured"), every condition checked."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exact staged Poisson sampling (spec/protocol.md phase 4) and the paper's local trials.
+"""The exact staged Poisson sampling (docs/protocol.md, "Decisions": Sampling) and the paper's local trials.
 
 The parties' StagedSamplers are driven with plaintext stage sums here (the secure sum only
 hides the summands; tests/test_protocol_session.py runs the same code over the protocol).

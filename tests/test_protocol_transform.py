@@ -1,5 +1,5 @@
 """The secure NLP's transformation (eqs. 7-8) and the solver's slack elimination, and the
-demonstration of what the solver learns (spec/protocol.md)."""
+demonstration of what the solver learns (docs/protocol.md, "What each role sees")."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_slack_elimination_recovers_every_row_up_to_its_slack_scale() -> None:
     recovered = eliminate_slacks(at, af, ab)
     assert recovered.residual < 1e-10
     true = sp.vstack(rows).toarray()
-    # the leak: G_j b / h_j is the exact ln t row (spec/protocol.md, "what the solver can learn")
+    # the leak: G_j b / h_j is the exact ln t row (docs/protocol.md, "What each role sees")
     np.testing.assert_allclose(reconstruct_rows(recovered, B), true, atol=1e-8)
     # and the transformed problem has the original optimum
     c = np.arange(1, 10, dtype=float)

@@ -19,9 +19,10 @@ CIPHER_STEPS = {
 
 @pytest.fixture(scope="module")
 def session(recorded_session):
-    _root, config, log, _logs, _output, views = recorded_session
-    sent = [(node, e) for node, view in views.items() for e in view.entries if e["direction"] == "sent"]
-    return log, config, sent
+    s = recorded_session
+    assert s.roles["party-1"].finished
+    sent = [(node, e) for node, view in s.views.items() for e in view.entries if e["direction"] == "sent"]
+    return s.log, s.options, sent
 
 
 def test_parties_send_only_ciphertexts_or_public_values(session) -> None:

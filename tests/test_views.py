@@ -21,8 +21,8 @@ from cels.protocol.wire import cels_pb2
 
 @pytest.fixture(scope="module")
 def recorded(recorded_session):
-    root, config, _log, logs, output, views = recorded_session
-    return root, config, logs, output, views
+    s = recorded_session
+    return s.root, s.options, s.logs, s.roles[s.options.initiator].output, s.views
 
 
 def test_every_message_is_recorded_once_on_each_side(recorded) -> None:

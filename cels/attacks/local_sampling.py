@@ -33,7 +33,8 @@ from cels.logs.model import SearchLog
 from cels.mechanism.conditions import build_conditions, privacy_bound
 from cels.mechanism.sampling import multinomial_sample
 from cels.mechanism.solvers import solve
-from cels.protocol.sampling import DEFAULT_THETA, StagedSampler, paper_trials
+from cels.protocol.options import DEFAULT_THETA
+from cels.protocol.sampling import StagedSampler, paper_trials
 
 PAIR = ("flu symptoms", "http://health.example.org/flu")
 TIGHTNESS = 1e-9

@@ -31,10 +31,9 @@ import scipy.sparse as sp
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import Pair, SearchLog
 from cels.mechanism.conditions import dominant_rows, log_t_rows
-from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.protocol.options import SessionOptions
 from cels.protocol.transform import Recovered
-from cels.views import load_node_view, record_hosts
+from cels.views import load_node_view, record_session
 
 
 @dataclass
@@ -247,11 +246,7 @@ def demonstrate(
     )
     with tempfile.TemporaryDirectory(prefix="cels-views-") as tmp:
         root = Path(view_dir or tmp)
-        hosts = record_hosts(session_hosts(logs, config, allow_insecure_key_bits=allow_insecure_key_bits), root)
-        roles = start_session(InMemoryNetwork(hosts), config)
-        failed = [r.aborted for r in roles.values() if r.aborted is not None]
-        if failed:
-            raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+        roles = record_session(logs, config, root, allow_insecure_key_bits=allow_insecure_key_bits)
         published = root / config.session_id / "output.tsv"  # the release, as anyone reads it
         write_log(roles[config.initiator].output, published, {"format": "histogram"})
         output = load_log(published, LoadOptions("histogram"))

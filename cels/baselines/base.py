@@ -23,6 +23,10 @@ class Baseline(Protocol):
         (``privacy``, ``sizes``, ``utility``)."""
 
 
+Options = tuple[tuple[str, dict[str, Any]], ...]
+"""A baseline's flags as one table: (name, argparse keywords) in ``--help`` order."""
+
+
 def add_options(group: Any, prefix: str, options: Iterable[tuple[str, dict[str, Any]]]) -> None:
     """``--{prefix}{name}`` for every (name, argparse keywords), dest ``{prefix}{name}`` with
     dashes as underscores (a baseline's flags as one table)."""
@@ -40,3 +44,13 @@ def budget(args: argparse.Namespace) -> tuple[float, float]:
     if delta is None or not 0 < delta < 1:
         raise ValueError(f"--delta must lie in (0, 1), got {delta!r}")
     return float(epsilon), float(delta)
+
+
+class TabledBaseline:
+    """A :class:`Baseline` whose flags are the table ``options``: ``--{name}-{option}``."""
+
+    name: str
+    options: Options
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        add_options(group, f"{self.name}-", self.options)

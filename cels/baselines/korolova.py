@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from cels.baselines.base import add_options, budget
+from cels.baselines.base import Options, TabledBaseline, budget
 from cels.baselines.clicks import CANDIDATE_HELP, click_candidates, parse_candidates, release_clicks
 from cels.baselines.items import limit_user_activity, user_histories
 from cels.baselines.params import korolova_optimum, korolova_privacy
@@ -83,25 +83,19 @@ def korolova(
     }
 
 
-OPTIONS = (
-    ("d", {"type": int, "default": 5, "help": "query events kept per user (default 5)"}),
-    ("dc", {"type": int, "default": 5, "help": "clicks kept per user (default 5)"}),
-    ("K", {"type": float, "default": None, "help": "selection threshold (default: optimum for epsilon/3)"}),
-    ("b", {"type": float, "default": None, "help": "selection noise scale (default: optimum d/(epsilon/3))"}),
-    ("bq", {"type": float, "default": None, "help": "query count noise scale (default 3d/epsilon)"}),
-    ("bc", {"type": float, "default": None, "help": "click count noise scale (default 3dc/epsilon)"}),
-    ("candidates", {"default": "navigational", "help": CANDIDATE_HELP}),
-)
-"""``--korolova-*`` flags of ``cels sanitize --method korolova``."""
-
-
-class Korolova:
+class Korolova(TabledBaseline):
     """The Korolova et al. baseline for ``cels sanitize --method korolova``."""
 
     name = "korolova"
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        add_options(group, "korolova-", OPTIONS)
+    options: Options = (
+        ("d", {"type": int, "default": 5, "help": "query events kept per user (default 5)"}),
+        ("dc", {"type": int, "default": 5, "help": "clicks kept per user (default 5)"}),
+        ("K", {"type": float, "default": None, "help": "selection threshold (default: optimum for epsilon/3)"}),
+        ("b", {"type": float, "default": None, "help": "selection noise scale (default: optimum d/(epsilon/3))"}),
+        ("bq", {"type": float, "default": None, "help": "query count noise scale (default 3d/epsilon)"}),
+        ("bc", {"type": float, "default": None, "help": "click count noise scale (default 3dc/epsilon)"}),
+        ("candidates", {"default": "navigational", "help": CANDIDATE_HELP}),
+    )
 
     def run(
         self, records: list[LogRecord], args: argparse.Namespace, rng: random.Random

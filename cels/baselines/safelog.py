@@ -17,7 +17,7 @@ import math
 import random
 from collections import Counter
 
-from cels.baselines.base import add_options
+from cels.baselines.base import Options, TabledBaseline
 from cels.baselines.clicks import CANDIDATE_HELP, click_candidates, release_clicks
 from cels.baselines.items import limit_user_activity, query_events, user_histories
 from cels.baselines.params import korolova_privacy, safelog_epsilon, safelog_turning_point
@@ -147,37 +147,31 @@ def safelog(
     return items, counts
 
 
-OPTIONS = (
-    ("tau", {"type": int, "default": 5, "help": "pre-filter: drop queries seen fewer than tau times (paper: 5; outside the proof; 1 = off)"}),
-    ("qf", {"type": int, "default": 5, "help": "queries kept per user (default 5)"}),
-    ("cf", {"type": int, "default": 5, "help": "clicks kept per user (default 5)"}),
-    *(
-        (name, {"type": float, "default": None, "help": f"{what} (default derived from --epsilon)"})
-        for name, what in (
-            ("K", "selection threshold (default: turning point for b)"),
-            ("b", "selection noise scale"),
-            ("bq", "query count noise scale"),
-            ("bc", "click count noise scale"),
-            ("bt", "transition noise scale"),
-        )
-    ),
-    ("pg", {"type": float, "default": 1.0, "help": "assumed pool inclusion probability p_g in the paper's epsilon (default 1, as its Table 3)"}),
-    ("transitions", {"action": "store_true", "help": "also release query transitions (+ (q_f - 1)/b_t to epsilon)"}),
-    ("pool-size", {"type": int, "default": 100_000, "help": "draws for the query pool (default 100000)"}),
-    ("pool-vocabulary", {"type": int, "default": 5000, "help": "pool words: the most frequent English words of wordfreq (default 5000)"}),
-    ("pool-max-n", {"type": int, "default": 3, "help": "pool queries are 1..N-grams (default 3)"}),
-    ("candidates", {"default": "navigational", "help": CANDIDATE_HELP}),
-)
-"""``--safelog-*`` flags of ``cels sanitize --method safelog``."""
-
-
-class Safelog:
+class Safelog(TabledBaseline):
     """The Safelog baseline for ``cels sanitize --method safelog``."""
 
     name = "safelog"
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        add_options(group, "safelog-", OPTIONS)
+    options: Options = (
+        ("tau", {"type": int, "default": 5, "help": "pre-filter: drop queries seen fewer than tau times (paper: 5; outside the proof; 1 = off)"}),
+        ("qf", {"type": int, "default": 5, "help": "queries kept per user (default 5)"}),
+        ("cf", {"type": int, "default": 5, "help": "clicks kept per user (default 5)"}),
+        *(
+            (name, {"type": float, "default": None, "help": f"{what} (default derived from --epsilon)"})
+            for name, what in (
+                ("K", "selection threshold (default: turning point for b)"),
+                ("b", "selection noise scale"),
+                ("bq", "query count noise scale"),
+                ("bc", "click count noise scale"),
+                ("bt", "transition noise scale"),
+            )
+        ),
+        ("pg", {"type": float, "default": 1.0, "help": "assumed pool inclusion probability p_g in the paper's epsilon (default 1, as its Table 3)"}),
+        ("transitions", {"action": "store_true", "help": "also release query transitions (+ (q_f - 1)/b_t to epsilon)"}),
+        ("pool-size", {"type": int, "default": 100_000, "help": "draws for the query pool (default 100000)"}),
+        ("pool-vocabulary", {"type": int, "default": 5000, "help": "pool words: the most frequent English words of wordfreq (default 5000)"}),
+        ("pool-max-n", {"type": int, "default": 3, "help": "pool queries are 1..N-grams (default 3)"}),
+        ("candidates", {"default": "navigational", "help": CANDIDATE_HELP}),
+    )
 
     def run(
         self, records: list[LogRecord], args: argparse.Namespace, rng: random.Random

@@ -16,7 +16,7 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from cels.baselines.base import add_options, budget
+from cels.baselines.base import Options, TabledBaseline, budget
 from cels.baselines.items import ITEM_KINDS, distinct_items, item_totals, user_histories
 from cels.baselines.params import (
     zealous_indistinguishability,
@@ -98,24 +98,18 @@ def zealous(
     return released, histogram
 
 
-OPTIONS = (
-    ("items", {"default": "click", "help": f"comma-separated item types from {', '.join(ITEM_KINDS)} (default click)"}),
-    ("m", {"type": int, "default": 1, "help": "items chosen per user (default 1: best coverage, Götz et al. 6.2)"}),
-    ("mode", {"choices": MODES, "default": "probabilistic", "help": "probabilistic DP (Theorem 3) or indistinguishability (Theorem 2)"}),
-    ("tau", {"type": int, "default": None, "help": "first threshold (default: better of floor/ceil of lambda, Prop. 4)"}),
-    ("lambda", {"type": float, "default": None, "help": "Laplace scale (default 2m/epsilon per item type)"}),
-    ("first-m", {"action": "store_true", "help": "choose each user's first m items in log order instead of a random m"}),
-)
-"""``--zealous-*`` flags of ``cels sanitize --method zealous``."""
-
-
-class Zealous:
+class Zealous(TabledBaseline):
     """The ZEALOUS baseline for ``cels sanitize --method zealous``."""
 
     name = "zealous"
-
-    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
-        add_options(group, "zealous-", OPTIONS)
+    options: Options = (
+        ("items", {"default": "click", "help": f"comma-separated item types from {', '.join(ITEM_KINDS)} (default click)"}),
+        ("m", {"type": int, "default": 1, "help": "items chosen per user (default 1: best coverage, Götz et al. 6.2)"}),
+        ("mode", {"choices": MODES, "default": "probabilistic", "help": "probabilistic DP (Theorem 3) or indistinguishability (Theorem 2)"}),
+        ("tau", {"type": int, "default": None, "help": "first threshold (default: better of floor/ceil of lambda, Prop. 4)"}),
+        ("lambda", {"type": float, "default": None, "help": "Laplace scale (default 2m/epsilon per item type)"}),
+        ("first-m", {"action": "store_true", "help": "choose each user's first m items in log order instead of a random m"}),
+    )
 
     def run(
         self, records: list[LogRecord], args: argparse.Namespace, rng: random.Random

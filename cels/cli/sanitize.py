@@ -171,7 +171,7 @@ def report_path(args: argparse.Namespace) -> str:
     return args.report if args.report is not None else f"{args.out}.report.json"
 
 
-def write_release(release: Release, out: str, report_path: str) -> None:
+def write_release_and_report(release: Release, out: str, report_path: str) -> None:
     """OUT then REPORT, each atomic; if the report cannot be written, OUT is removed again."""
     existed = os.path.exists(out)
     release.write(out)
@@ -215,7 +215,7 @@ def execute(args: argparse.Namespace) -> Release:
     """Check OUT and REPORT, load, run the chosen method, write OUT and REPORT; returns the release."""
     check_output_paths({"--out": args.out, "--report": report_path(args)}, inputs=(args.input,))
     release = METHODS[args.method].run(args)
-    write_release(release, args.out, report_path(args))
+    write_release_and_report(release, args.out, report_path(args))
     return release
 
 

@@ -14,7 +14,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,19 +146,30 @@ class UnionSolver:
         return out, sol.max_output_lp
 
 
-def sanitize_params(
-    epsilon: float, delta: float, noise: Noise | None, *, integer: str, time_limit: float, seed: int | None
-) -> SanitizeParams:
-    """The single-holder mechanism's parameters of an experiment run (LS parties use them)."""
-    return SanitizeParams(
-        epsilon=epsilon,
-        delta=delta,
-        noise_epsilon=noise.noise_epsilon if noise else None,
-        sensitivity=noise.sensitivity if noise else None,
-        integer=integer,
-        time_limit=time_limit,
-        seed=seed,
-    )
+@dataclass(frozen=True)
+class SolveOptions:
+    """How an experiment solves and samples: the end-to-end noise (None: none), noise draws
+    averaged per point, the seed of the party split and the noise, the integer method, the
+    MIP time limit per solve and whether a progress bar shows."""
+
+    noise: Noise | None = None
+    repeats: int = 5
+    seed: int = 0
+    integer: str = "mip"
+    time_limit: float = 2.0
+    progress: bool = True
+
+    def single_holder_params(self, epsilon: float, delta: float, seed: int | None) -> SanitizeParams:
+        """The single-holder mechanism's parameters at (epsilon, delta) (LS parties use them)."""
+        return SanitizeParams(
+            epsilon=epsilon,
+            delta=delta,
+            noise_epsilon=self.noise.noise_epsilon if self.noise else None,
+            sensitivity=self.noise.sensitivity if self.noise else None,
+            integer=self.integer,
+            time_limit=self.time_limit,
+            seed=seed,
+        )
 
 
 def utility(totals: np.ndarray, draws: Sequence[np.ndarray]) -> dict:
@@ -213,12 +224,37 @@ def panels(n: int, rows: int = 1, width: float = 4.2, height: float = 3.2) -> tu
     return fig, axes
 
 
-def label_utility_axes(ax: plt.Axes, dataset: str, metric: str) -> None:
-    """Log-scale b on x, KL or recall on y, the input in the title (Fig. 4 and 5 panels)."""
-    ax.set_xscale("log")
-    ax.set_xlabel("b")
-    ax.set_ylabel("KL divergence" if metric == "kl" else "recall of distinct pairs")
-    ax.set_title(f"{dataset} ({metric})", fontsize=9)
+Curve = tuple[list[dict], dict]
+"""One line of a utility panel: its rows in b order and its matplotlib style."""
+
+
+def plot_utility_vs_b(
+    rows: list[dict],
+    path: Path,
+    curves: Callable[[list[dict]], Iterable[Curve]],
+    title: str,
+    *,
+    legend_fontsize: int = 7,
+    shade_b_max: float | None = None,
+) -> None:
+    """KL (top) and recall (bottom) vs log-scale b, one column per dataset (Fig. 4 and 5);
+    ``curves(rows of one dataset)`` gives its lines; ``shade_b_max`` shades b up to it grey."""
+    labels = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = panels(len(labels), rows=2)
+    for col, label in enumerate(labels):
+        lines = list(curves([r for r in rows if r["dataset"] == label]))
+        for metric, ax in zip(("kl", "recall"), axes[:, col]):
+            for sel, style in lines:
+                ax.plot([r["b"] for r in sel], [r[metric] for r in sel], markersize=3, **style)
+            if shade_b_max is not None:
+                ax.axvspan(min(r["b"] for r in rows), shade_b_max, color="0.92", zorder=0)
+            ax.set_xscale("log")
+            ax.set_xlabel("b")
+            ax.set_ylabel("KL divergence" if metric == "kl" else "recall of distinct pairs")
+            ax.set_title(f"{label} ({metric})", fontsize=9)
+    axes[0, 0].legend(fontsize=legend_fontsize)
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
 
 
 def meta(command: str, params: dict, started: float) -> dict:
@@ -246,7 +282,7 @@ def int_list(text: str, flag: str) -> list[int]:
     return values
 
 
-def add_data_arguments(parser: argparse.ArgumentParser, aol: str = DEFAULT_AOL_USERS, msnbc: str = DEFAULT_MSNBC_USERS) -> None:
+def add_dataset_arguments(parser: argparse.ArgumentParser, aol: str = DEFAULT_AOL_USERS, msnbc: str = DEFAULT_MSNBC_USERS) -> None:
     """--data, the input sizes (first N users; 0 = all, empty = skip the dataset)."""
     parser.add_argument("--data", default=None, metavar="DIR", help="directory of the real logs (default $CELS_DATA or ../shared/data)")
     parser.add_argument("--aol-users", default=aol, metavar="N,..", help=f"AOL inputs: first N users, 0 = all (default {aol}; '' = none)")
@@ -282,6 +318,21 @@ def b_values_from_args(args: argparse.Namespace) -> np.ndarray:
     return b_grid(args.b_min, args.b_max, args.per_decade)
 
 
+def fraction_from_args(value: float, flag: str) -> float:
+    """An |O|/|𝕆| value, checked to lie in (0, 1]."""
+    if not 0 < value <= 1:
+        raise ValueError(f"{flag} must lie in (0, 1], got {value}")
+    return value
+
+
+def solve_options_from_args(args: argparse.Namespace) -> SolveOptions:
+    """The noise, --repeats, --seed, --integer, --time-limit and -q of a run."""
+    return SolveOptions(
+        noise=noise_from_args(args), repeats=args.repeats, seed=args.seed, integer=args.integer,
+        time_limit=args.time_limit, progress=not args.quiet,
+    )  # fmt: skip
+
+
 def noise_from_args(args: argparse.Namespace) -> Noise | None:
     if (args.noise_epsilon is None) != (args.sensitivity is None):
         raise ValueError("--noise-epsilon and --sensitivity go together (noise Lap(d/eps'))")
@@ -296,14 +347,10 @@ def noise_from_args(args: argparse.Namespace) -> Noise | None:
 
 def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
     """The data and solver flags every utility figure (Fig. 4, Fig. 5) takes."""
-    add_data_arguments(parser)
+    add_dataset_arguments(parser)
     add_solver_arguments(parser)
 
 
-def figure_inputs(args: argparse.Namespace) -> tuple[list, list[float], dict]:
-    """(datasets, b values, keyword options of ``measure``) from the figure flags."""
-    options = {
-        "noise": noise_from_args(args), "repeats": args.repeats, "seed": args.seed,
-        "integer": args.integer, "time_limit": args.time_limit, "progress": not args.quiet,
-    }  # fmt: skip
-    return datasets_from_args(args), b_values_from_args(args), options
+def figure_inputs(args: argparse.Namespace) -> tuple[list[Dataset], np.ndarray, SolveOptions]:
+    """(datasets, b values, solve options of ``measure``) from the figure flags."""
+    return datasets_from_args(args), b_values_from_args(args), solve_options_from_args(args)

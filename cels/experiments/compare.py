@@ -21,7 +21,7 @@ from cels import metrics
 from cels.baselines import BASELINES, baseline_rng
 from cels.baselines.local import local_sanitize, pair_counts
 from cels.experiments import common
-from cels.experiments.common import Dataset, Noise, UnionSolver, panels, save_figure, utility
+from cels.experiments.common import Dataset, SolveOptions, UnionSolver, panels, save_figure, utility
 from cels.logs import LogRecord, iter_records
 from cels.logs.options import LoadOptions
 from cels.mechanism.conditions import privacy_bound
@@ -90,28 +90,25 @@ def baseline_row(name: str, records: list[LogRecord], dataset: Dataset, epsilon:
 def measure(
     datasets: list[tuple[Dataset, list[LogRecord]]],
     budgets: list[tuple[float, float]],
+    options: SolveOptions,
     *,
     fraction: float = 0.5,
     parties: int = 4,
-    noise: Noise | None = None,
-    seed: int = 0,
-    integer: str = "mip",
-    time_limit: float = 2.0,
-    progress: bool = True,
 ) -> list[dict]:
-    """One row per (dataset, budget, method)."""
+    """One row per (dataset, budget, method) (``options.repeats`` unused: one draw per run)."""
+    noise, seed = options.noise, options.seed
     methods = ["CELS", f"LS-{parties}", *BASELINE_NAMES]
     grid = [(d, rec, eps, dl, m) for d, rec in datasets for eps, dl in budgets for m in methods]
     rows = []
     solvers: dict[str, UnionSolver] = {}
-    for dataset, records, epsilon, delta, method in tqdm(grid, desc="compare", unit="run", disable=not progress):
+    for dataset, records, epsilon, delta, method in tqdm(grid, desc="compare", unit="run", disable=not options.progress):
         b = privacy_bound(epsilon, delta)
         head = {**dataset.facts(), "epsilon": epsilon, "delta": delta, "b": b}
         if method in BASELINE_NAMES:
             rows.append({**head, **baseline_row(method, records, dataset, epsilon, delta, seed)})
             continue
-        solver = solvers.setdefault(dataset.label, UnionSolver(dataset.log, integer=integer, time_limit=time_limit))
-        params = common.sanitize_params(epsilon, delta, noise, integer=integer, time_limit=time_limit, seed=seed)
+        solver = solvers.setdefault(dataset.label, UnionSolver(dataset.log, integer=options.integer, time_limit=options.time_limit))
+        params = options.single_holder_params(epsilon, delta, seed)
         if method == "CELS":
             draws, _ = solver.counts(b, fraction, noise, 1, random.Random(seed))
             x, users = draws[0], None
@@ -172,7 +169,7 @@ def parse_budgets(text: str) -> list[tuple[float, float]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    common.add_data_arguments(parser, aol="0", msnbc="40829")
+    common.add_dataset_arguments(parser, aol="0", msnbc="40829")
     common.add_solver_arguments(parser, grid=False)
     parser.add_argument("--budgets", default="1:0.001,10:0.01,10:0.5", metavar="E:D,..", help="(epsilon, delta) pairs")
     parser.add_argument("--fraction", type=float, default=0.5, help="|O|/|𝕆| of CELS; LS shares this |O|")
@@ -180,17 +177,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
-    if not 0 < args.fraction <= 1:
-        raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
+    fraction = common.fraction_from_args(args.fraction, "--fraction")
     budgets = parse_budgets(args.budgets)
     datasets = []
     for dataset in common.datasets_from_args(args):
         records = dataset_records(args.data, dataset, dataset.max_users)
         datasets.append((dataset, records))
-    rows = measure(
-        datasets, budgets, fraction=args.fraction, parties=args.parties,
-        noise=common.noise_from_args(args), seed=args.seed, integer=args.integer,
-        time_limit=args.time_limit, progress=not args.quiet,
-    )  # fmt: skip
+    rows = measure(datasets, budgets, common.solve_options_from_args(args), fraction=fraction, parties=args.parties)
     plot(rows, out_dir / "compare.png")
     return rows

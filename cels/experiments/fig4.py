@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cels.experiments import common
-from cels.experiments.common import Dataset, Noise, UnionSolver, label_utility_axes, panels, save_figure, utility
+from cels.experiments.common import Curve, Dataset, SolveOptions, UnionSolver, plot_utility_vs_b, utility
 
 PAPER_B_MAX = 1e-1  # the paper's b range is [1e-5, 1e-1]
 
@@ -24,28 +24,19 @@ HELP = "KL and recall vs b for several |O|/|𝕆|, with and without the cap (CEL
 
 
 def measure(
-    datasets: list[Dataset],
-    b_values: np.ndarray,
-    fractions: list[float],
-    caps: list[int | None],
-    *,
-    noise: Noise | None = None,
-    repeats: int = 5,
-    seed: int = 0,
-    integer: str = "mip",
-    time_limit: float = 2.0,
-    progress: bool = True,
+    datasets: list[Dataset], b_values: np.ndarray, fractions: list[float], caps: list[int | None], options: SolveOptions
 ) -> list[dict]:
     """One row per (dataset, cap, b, |O|/|𝕆|): KL, recall, top-100 coverage, |𝕆| and |O|."""
-    rng = random.Random(seed)
+    rng = random.Random(options.seed)
+    noise = options.noise
     grid = [(d, cap, b, f) for d in datasets for cap in caps for b in b_values for f in fractions]
     rows: list[dict] = []
     solvers: dict[tuple[str, int | None], UnionSolver] = {}
-    for dataset, cap, b, fraction in tqdm(grid, desc="fig4", unit="point", disable=not progress):
+    for dataset, cap, b, fraction in tqdm(grid, desc="fig4", unit="point", disable=not options.progress):
         key = (dataset.label, cap)
         if key not in solvers:
-            solvers[key] = UnionSolver(dataset.log, cap=cap, integer=integer, time_limit=time_limit)
-        draws, max_output = solvers[key].counts(float(b), fraction, noise, repeats, rng)
+            solvers[key] = UnionSolver(dataset.log, cap=cap, integer=options.integer, time_limit=options.time_limit)
+        draws, max_output = solvers[key].counts(float(b), fraction, noise, options.repeats, rng)
         rows.append(
             {
                 **dataset.facts(),
@@ -64,31 +55,27 @@ def measure(
 
 def plot(rows: list[dict], path: Path) -> None:
     """KL (top) and recall (bottom) vs b, one column per dataset; colour = |O|/|𝕆|, dashed = cap."""
-    labels = list(dict.fromkeys(r["dataset"] for r in rows))
     fractions = sorted({r["fraction"] for r in rows})
     caps = list(dict.fromkeys(r["cap"] for r in rows))
-    fig, axes = panels(len(labels), rows=2)
     colours = dict(zip(fractions, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
-    for col, label in enumerate(labels):
-        for metric, ax in zip(("kl", "recall"), axes[:, col]):
-            for cap in caps:
-                for f in fractions:
-                    sel = [r for r in rows if r["dataset"] == label and r["cap"] == cap and r["fraction"] == f]
-                    ax.plot(
-                        [r["b"] for r in sel],
-                        [r[metric] for r in sel],
-                        color=colours.get(f),
-                        linestyle="-" if cap is None else "--",
-                        marker="o" if cap is None else "x",
-                        markersize=3,
-                        label=f"|O|/|𝕆|={f:g}" + ("" if cap is None else f", cap {cap}"),
-                    )
-            ax.axvspan(min(r["b"] for r in rows), PAPER_B_MAX, color="0.92", zorder=0)
-            label_utility_axes(ax, label, metric)
-    axes[0, 0].legend(fontsize=6)
-    noise = rows[0]["noise"]
-    fig.suptitle(f"Fig. 4: CELS utility vs b (noise: {noise}; grey = the paper's b range)", fontsize=10)
-    save_figure(fig, path)
+
+    def curves(sel: list[dict]) -> list[Curve]:
+        return [
+            (
+                [r for r in sel if r["cap"] == cap and r["fraction"] == f],
+                {
+                    "color": colours.get(f),
+                    "linestyle": "-" if cap is None else "--",
+                    "marker": "o" if cap is None else "x",
+                    "label": f"|O|/|𝕆|={f:g}" + ("" if cap is None else f", cap {cap}"),
+                },
+            )
+            for cap in caps
+            for f in fractions
+        ]
+
+    title = f"Fig. 4: CELS utility vs b (noise: {rows[0]['noise']}; grey = the paper's b range)"
+    plot_utility_vs_b(rows, path, curves, title, legend_fontsize=6, shade_b_max=PAPER_B_MAX)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,11 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
-    fractions = [float(v) for v in args.fractions.split(",")]
-    if any(not 0 < f <= 1 for f in fractions):
-        raise ValueError(f"--fractions must lie in (0, 1], got {args.fractions}")
+    fractions = [common.fraction_from_args(float(v), "--fractions") for v in args.fractions.split(",")]
     caps: list[int | None] = [None] + ([args.cap] if args.cap else [])
     datasets, b_values, options = common.figure_inputs(args)
-    rows = measure(datasets, b_values, fractions, caps, **options)
+    rows = measure(datasets, b_values, fractions, caps, options)
     plot(rows, out_dir / "fig4.png")
     return rows

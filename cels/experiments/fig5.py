@@ -19,53 +19,44 @@ from tqdm import tqdm
 
 from cels.baselines.local import local_sanitize, pair_counts
 from cels.experiments import common
-from cels.experiments.common import Dataset, Noise, UnionSolver, label_utility_axes, panels, save_figure, utility
+from cels.experiments.common import Curve, Dataset, SolveOptions, UnionSolver, plot_utility_vs_b, utility
 from cels.mechanism.sanitize import SanitizeParams
 
 HELP = "CELS vs Local Sanitization at r = 2, 4, 8, same b and |O| (CELS Fig. 5)"
 
 
-def params_for_b(b: float, noise: Noise | None, *, integer: str, time_limit: float, seed: int | None) -> SanitizeParams:
+def params_for_b(b: float, options: SolveOptions, seed: int | None) -> SanitizeParams:
     """Parameters whose CELS bound min{eps/2, ln 1/(1-delta)} is b: eps = 2b, delta = 1 - e^-b."""
-    return common.sanitize_params(2 * b, -math.expm1(-b), noise, integer=integer, time_limit=time_limit, seed=seed)
+    return options.single_holder_params(2 * b, -math.expm1(-b), seed)
 
 
 def measure(
-    datasets: list[Dataset],
-    b_values: np.ndarray,
-    parties: list[int],
-    fraction: float,
-    *,
-    noise: Noise | None = None,
-    repeats: int = 5,
-    seed: int = 0,
-    integer: str = "mip",
-    time_limit: float = 2.0,
-    progress: bool = True,
+    datasets: list[Dataset], b_values: np.ndarray, parties: list[int], fraction: float, options: SolveOptions
 ) -> list[dict]:
     """One row per (dataset, b, method): method ``CELS`` or ``LS-r``."""
-    rng = random.Random(seed)
-    draws_per_point = repeats if noise else 1
+    rng = random.Random(options.seed)
+    noise, seed = options.noise, options.seed
+    draws_per_point = options.repeats if noise else 1
     grid = [(d, b, r) for d in datasets for b in b_values for r in [0, *parties]]
     rows: list[dict] = []
     solvers: dict[str, UnionSolver] = {}
     splits: dict[tuple[str, int], list] = {}
-    for dataset, b, r in tqdm(grid, desc="fig5", unit="point", disable=not progress):
+    for dataset, b, r in tqdm(grid, desc="fig5", unit="point", disable=not options.progress):
         if dataset.label not in solvers:
-            solvers[dataset.label] = UnionSolver(dataset.log, integer=integer, time_limit=time_limit)
+            solvers[dataset.label] = UnionSolver(dataset.log, integer=options.integer, time_limit=options.time_limit)
         solver = solvers[dataset.label]
         totals = dataset.log.pair_totals()
         max_output = solver.max_output(float(b))
         row = {**dataset.facts(), "b": float(b), "fraction": fraction, "noise": noise.label if noise else "none", "max_output": max_output}
         if r == 0:
-            draws, _ = solver.counts(float(b), fraction, noise, repeats, rng)
+            draws, _ = solver.counts(float(b), fraction, noise, options.repeats, rng)
             rows.append({**row, "method": "CELS", "parties": None, **utility(totals, draws)})
             continue
         if (dataset.label, r) not in splits:
             splits[(dataset.label, r)] = dataset.log.split_by_user(r, seed)
         draws, clipped = [], 0
         for k in range(draws_per_point):
-            params = params_for_b(float(b), noise, integer=integer, time_limit=time_limit, seed=(seed * 1000 + k) * 1000)
+            params = params_for_b(float(b), options, seed=(seed * 1000 + k) * 1000)
             out, report = local_sanitize(splits[(dataset.label, r)], params, total_output=fraction * max_output)
             draws.append(pair_counts(out, dataset.log.pairs))
             clipped = sum(p.get("share_clipped", False) for p in report["party_reports"])
@@ -75,19 +66,16 @@ def measure(
 
 def plot(rows: list[dict], path: Path) -> None:
     """KL (top) and recall (bottom) vs b per dataset; one line per method."""
-    labels = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = panels(len(labels), rows=2)
-    for col, label in enumerate(labels):
-        for metric, ax in zip(("kl", "recall"), axes[:, col]):
-            for method in methods:
-                sel = [r for r in rows if r["dataset"] == label and r["method"] == method]
-                ax.plot([r["b"] for r in sel], [r[metric] for r in sel], marker="o", markersize=3,
-                        linewidth=2.2 if method == "CELS" else 1.2, label=method)  # fmt: skip
-            label_utility_axes(ax, label, metric)
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"Fig. 5: CELS vs local sanitization, |O|/|𝕆| = {rows[0]['fraction']:g}, noise: {rows[0]['noise']}", fontsize=10)
-    save_figure(fig, path)
+
+    def curves(sel: list[dict]) -> list[Curve]:
+        return [
+            ([r for r in sel if r["method"] == m], {"marker": "o", "linewidth": 2.2 if m == "CELS" else 1.2, "label": m})
+            for m in methods
+        ]
+
+    title = f"Fig. 5: CELS vs local sanitization, |O|/|𝕆| = {rows[0]['fraction']:g}, noise: {rows[0]['noise']}"
+    plot_utility_vs_b(rows, path, curves, title)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,9 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
-    if not 0 < args.fraction <= 1:
-        raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
+    fraction = common.fraction_from_args(args.fraction, "--fraction")
     datasets, b_values, options = common.figure_inputs(args)
-    rows = measure(datasets, b_values, common.int_list(args.parties, "--parties"), args.fraction, **options)
+    rows = measure(datasets, b_values, common.int_list(args.parties, "--parties"), fraction, options)
     plot(rows, out_dir / "fig5.png")
     return rows

@@ -19,7 +19,7 @@ from cels.experiments.common import Dataset, panels, save_figure
 from cels.inprocess import run_session
 from cels.protocol.options import SessionOptions
 
-DEFAULT_KEY_BITS = 512  # the paper's Paillier key for Fig. 6 / Table 5; NOT a secure size
+FIG6_KEY_BITS = 512  # the paper's Paillier key for Fig. 6 / Table 5; NOT a secure size
 FIXED_R = 6  # the paper's "fixed number of parties (e.g., 6 parties)"
 
 HELP = "session time vs parties r and vs input size, in-memory protocol (CELS Fig. 6)"
@@ -30,7 +30,7 @@ def measure(
     *,
     epsilon: float,
     delta: float,
-    key_bits: int = DEFAULT_KEY_BITS,
+    key_bits: int = FIG6_KEY_BITS,
     group_bits: int = 2048,
     universe_cipher: str = "x25519",
     seed: int = 0,
@@ -95,7 +95,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, metavar="DIR", help="directory of the real logs (default $CELS_DATA or ../shared/data)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sessions (default 1; cost hardly depends on it)")
     parser.add_argument("--delta", type=float, default=0.5, help="delta of the sessions (default 0.5: b = 0.5)")
-    parser.add_argument("--key-bits", type=int, default=DEFAULT_KEY_BITS, help="Paillier key bits (default 512 as the paper; 2048 is secure)")
+    parser.add_argument("--key-bits", type=int, default=FIG6_KEY_BITS, help="Paillier key bits (default 512 as the paper; 2048 is secure)")
     parser.add_argument("--group-bits", type=int, default=2048, choices=(2048, 3072), help="Pohlig-Hellman group bits")
     parser.add_argument("--universe-cipher", default="x25519", choices=("x25519", "pohlig-hellman"), help="commutative hash of the pair ids")
     parser.add_argument("--parties", default="2,4,6,8,10", help="numbers of parties r (comma list)")

@@ -58,8 +58,8 @@ else:  # pragma: no cover
 from cels.certs import CONTROLLER
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
+from cels.protocol.options import DEFAULT_DEADLINE
 
-DEFAULT_DEADLINE = 600.0
 MIN_KEY_BITS = 2048
 DEFAULT_NICE = 10
 """Niceness increment of the obfuscator workers: an idle node fills its stock without

@@ -17,8 +17,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-DEFAULT_THETA = 0.7
-"""mu_i = theta * R_i for R_i > 1 (docs/protocol.md: theta a tunable, default 0.7)."""
+from cels.protocol.options import DEFAULT_THETA
 
 
 def stage_means(remaining: np.ndarray, theta: float = DEFAULT_THETA) -> np.ndarray:

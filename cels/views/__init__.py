@@ -12,9 +12,9 @@ from cels.views.read import (
     summarise,
     summary_markdown,
 )
-from cels.views.record import ViewRecorder, describe, record_hosts, record_views
+from cels.views.record import ViewRecorder, describe, record_hosts, record_session, record_views
 
 __all__ = [
     "PHASE_ORDER", "NodeView", "ViewEntry", "ViewRecorder", "describe", "load_node_view", "load_views", "mermaid",
-    "record_hosts", "record_views", "summarise", "summary_markdown",
+    "record_hosts", "record_session", "record_views", "summarise", "summary_markdown",
 ]  # fmt: skip

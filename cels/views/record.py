@@ -19,8 +19,9 @@ therefore as sensitive as the logs: it is what an honest-but-curious P_0 keeps.
 
 Wiring: ``record_views(factory, DIR)`` wraps a role factory (``factory(options)``, as a
 SessionHost calls it); ``record_hosts`` does it for hosts and ``run_session(...,
-record_view=DIR)`` for every node of an in-memory session.  :mod:`cels.views.read` reads the
-views back, :mod:`cels.views.draw` draws them (``cels views DIR``).
+record_view=DIR)`` for every node of an in-memory session; :func:`record_session` runs one and
+returns its roles.  :mod:`cels.views.read` reads the views back, :mod:`cels.views.draw` draws
+them (``cels views DIR``).
 """
 
 from __future__ import annotations
@@ -29,16 +30,20 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from cels.crypto import paillier
 from cels.fileio import atomic_write, atomic_write_json
+from cels.inprocess import InMemoryNetwork, session_hosts, start_session
+from cels.logs.model import SearchLog
+from cels.protocol.options import SessionOptions
 from cels.protocol.rolebase import phase_of
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError, step_name
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2, codec
 from cels.views.read import SESSION_FILE, VIEW_FILE
 
@@ -251,3 +256,12 @@ def record_hosts(hosts: dict, directory: str | Path) -> dict:
     return hosts
 
 
+def record_session(logs: Sequence[SearchLog], options: SessionOptions, directory: str | Path, **role_options: Any) -> dict[str, Role]:
+    """Run one session in memory (party k over ``logs[k]``; ``role_options`` go to every role)
+    with every node's view recorded under ``directory``; returns the session's role on every
+    node.  Raises RuntimeError naming the node and its reason if the session aborts."""
+    roles = start_session(InMemoryNetwork(record_hosts(session_hosts(logs, options, **role_options), directory)), options)
+    failed = [role.aborted for role in roles.values() if role.aborted is not None]
+    if failed:
+        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    return roles

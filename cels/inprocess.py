@@ -145,17 +145,11 @@ def _session_host(node: Receiver) -> SessionHost:
     return node
 
 
-def run_session(
-    logs: Sequence[LogSource], options: SessionOptions, *, record_view: str | None = None, **role_options
-) -> tuple[SearchLog, dict]:
-    """Run one session in memory: ``logs[k]`` is party k's log (or its loader);
-    ``record_view=DIR`` records every node's view (cels.views).  Returns (output, report);
-    raises RuntimeError naming the failing node and its reason if the session aborts."""
+def run_session(logs: Sequence[LogSource], options: SessionOptions, **role_options) -> tuple[SearchLog, dict]:
+    """Run one session in memory: ``logs[k]`` is party k's log (or its loader).  Returns
+    (output, report); raises RuntimeError naming the failing node and its reason if the session
+    aborts.  (cels.views.record_session runs one that records every node's view.)"""
     nodes = session_hosts(logs, options, **role_options)
-    if record_view is not None:
-        from cels.views import record_hosts
-
-        record_hosts({n: node.host for n, node in nodes.items()}, record_view)
     network = InMemoryNetwork(nodes)
     started = time.perf_counter()
     roles = start_session(network, options)

@@ -45,7 +45,7 @@ from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
 
-RoleFactory = Callable[[SessionOptions, NodeKeys], Role]
+NodeRoleFactory = Callable[[SessionOptions, NodeKeys], Role]
 """This node's role for a session; ``keys``: the node key pair and obfuscators (cels.node.keys)."""
 OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
@@ -58,7 +58,7 @@ REORDER_WINDOW = 5.0
 class Node(cels_pb2_grpc.CelsNodeServicer):
     """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
-    def __init__(self, config: NodeConfig, factory: RoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
+    def __init__(self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
         from cels.views import record_views
 
         self.config, self.output_writer = config, output_writer

@@ -18,9 +18,8 @@ keys over through ``view_keys()`` in its own process; they are never written.  A
 therefore as sensitive as the logs: it is what an honest-but-curious P_0 keeps.
 
 Wiring: ``record_views(factory, DIR)`` wraps a role factory (``factory(options)``, as a
-SessionHost calls it); ``record_hosts`` does it for hosts and ``run_session(...,
-record_view=DIR)`` for every node of an in-memory session; :func:`record_session` runs one and
-returns its roles.  :mod:`cels.views.read` reads the views back, :mod:`cels.views.draw` draws
+SessionHost calls it); ``record_hosts`` does it for hosts, and :func:`record_session` runs an
+in-memory session with every node recorded and returns its roles.  :mod:`cels.views.read` reads the views back, :mod:`cels.views.draw` draws
 them (``cels views DIR``).
 """
 

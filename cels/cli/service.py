@@ -387,7 +387,8 @@ def summary(report: dict[str, Any]) -> str:
     """One human line about a distributed release."""
     s, u, p = report["solver"], report["utility"], report["privacy"]
     return (
-        f"released |O| = {s.get('integer_total')} (LP bound {s.get('max_output_lp', float('nan')):.1f}), "
-        f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
+        f"released |O| = {s.get('integer_total')} "
+        + (f"(LP bound {s['max_output_lp']:.1f}), " if "max_output_lp" in s else f"(private solve, {s.get('rounds')} rounds), ")
+        + f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
         f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages ({report['wire']['bytes_total'] / 1e6:.2f} MB on the wire)"
     )

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test venv proto bench clean
+.PHONY: demo test faults venv proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ demo: $(STAMP)
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## make faults: the whole fault suite (tests/faults: kill matrix, fuzzing with 10,000 messages,
+## load, slow network, bad logs, restart) on real node processes; prints the kill table and a
+## JSON summary line (FAULTS-SUMMARY; CELS_FAULTS_SUMMARY=FILE also writes it to FILE)
+faults: $(STAMP)
+	CELS_FAULTS_FUZZ=10000 $(PY) -m pytest -q -p no:cacheprovider \
+		-m "faults_long or not faults_long" tests/faults
 
 ## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
 proto: $(STAMP)

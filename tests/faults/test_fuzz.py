@@ -269,13 +269,21 @@ def test_raw_bytes_fuzz(cluster: FaultCluster, corpus: Corpus) -> None:
         else:
             rpc = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
             call = lambda: rpc(data, timeout=CALL_DEADLINE)  # noqa: E731
-        classify(f"{method}(raw)", call, set())
+        classify(f"{method}(raw)", call, {"OK"} if method == "Signal" and parses_as_probe(data) else set())
 
     fuzz()
     assert count["n"] >= budget
     replies = FAULTS.replies - before
     assert not cluster.crashed()
     assert not replies["Deliver(raw):unexpected"] and not replies["Signal(raw):unexpected"], dict(replies)
+
+
+def parses_as_probe(data: bytes) -> bool:
+    """Random bytes that happen to be a valid PROBE (a read: OK is its answer)."""
+    try:
+        return cels_pb2.SessionSignal.FromString(data).kind == cels_pb2.SessionSignal.PROBE
+    except DecodeError:
+        return False
 
 
 def _varint(n: int) -> bytes:
@@ -306,6 +314,30 @@ def test_out_of_order_into_a_live_session(cluster: FaultCluster, corpus: Corpus)
         stub = cluster.stub(target, sender)
         codes[classify("Deliver(live)", lambda: stub.Deliver(iter(frames_of(options.session_id, envelope.SerializeToString())), timeout=CALL_DEADLINE), set())] += 1
     assert sum(codes.values()) >= 8 and set(codes) <= ACCEPTED, codes
+
+
+def test_a_frame_over_the_grpc_limit_is_resource_exhausted(cluster: FaultCluster, corpus: Corpus) -> None:
+    """The one stated exception: a single gRPC message over 4 MB (CHANNEL_OPTIONS' limit) is
+    refused by gRPC itself with RESOURCE_EXHAUSTED, before any node code runs; the node is
+    unaffected.  (Envelopes of any size travel as 1 MiB Frames.)"""
+    target, sender, data = corpus.messages[0]
+    frame = cels_pb2.Frame(session_id=corpus.sessions[0], message_id=1, index=0, last=True, data=data + bytes(5 << 20))
+    code = classify("Deliver(over 4 MB)", lambda: cluster.stub(target, sender).Deliver(iter([frame]), timeout=CALL_DEADLINE), {"RESOURCE_EXHAUSTED"})
+    assert code == "RESOURCE_EXHAUSTED"
+    assert cluster.state(target, corpus.sessions[0]).state == "done"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 (item 11's kin, found by this suite): a refusal quotes the peer's session id "
+                   "unbounded; with over 16 KB of details the reply becomes RESOURCE_EXHAUSTED 'received metadata size exceeds hard limit'")  # fmt: skip
+def test_an_overlong_session_id_is_refused_as_invalid(cluster: FaultCluster, corpus: Corpus) -> None:
+    long_id = "s" * 50_000
+    target, sender, data = corpus.messages[0]
+    envelope = cels_pb2.Envelope.FromString(data)
+    envelope.session_id = long_id
+    deliver = classify("Deliver(long id)", lambda: cluster.stub(target, sender).Deliver(iter(frames_of(long_id, envelope.SerializeToString())), timeout=CALL_DEADLINE), set())
+    begin = cels_pb2.SessionSignal(session_id=long_id, kind=cels_pb2.SessionSignal.BEGIN)
+    signal = classify("Signal(long id)", lambda: cluster.stub(target, sender).Signal(begin, timeout=CALL_DEADLINE), set())
+    assert {deliver, signal} <= ACCEPTED, (deliver, signal)
 
 
 def test_nodes_serve_a_session_after_fuzzing(cluster: FaultCluster, corpus: Corpus, tmp_path: Path) -> None:

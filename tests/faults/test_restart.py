@@ -1,11 +1,12 @@
 """Restart (issue 13): a node that is SIGKILLed and restarted serves the next session within N
 seconds; the suite measures N (printed under "restart", and in the JSON summary).
 
-A node is killed while idle, stays down for DOWN seconds during which one session is tried
-(and fails, naming it: its peers' channels to it see refused connections), then restarts on
-the same port.  N is the time from the restart until a session completes; the first session
-is started as soon as the restarted node answers Status, and it must complete: a stale channel
-still backing off after refused connections must not refuse the next session.
+A node is killed while idle and stays down for DOWN seconds, during which sessions are tried
+every RETRY seconds (each fails, naming it; its peers' channels see refused connections and back
+off); then it restarts on the same port.  N is the time from the restart until a session
+completes, trying again every RETRY seconds; it must stay below RESTART_BOUND.  After a long
+outage the first session started once the restarted node answers Status must complete too: a
+stale channel still backing off must not refuse it (issue 13 item 10).
 """
 
 from __future__ import annotations
@@ -22,17 +23,22 @@ from fault_harness import FAULTS, PARTIES, SOLVER, FaultCluster
 CLUSTER = {"users": 150, "pairs": 120, "deadline": 8.0}
 RESTART_BOUND = 30.0
 """N must stay below this many seconds (a node's start-up is a few seconds of it)."""
+RETRY = 0.5
+ITEM_10 = ("issue 13 item 10: after an outage with sessions tried, the peers' stale channels back off; the first "
+           "sessions after the restart fail UNAVAILABLE 'Connection refused' although the node answers Status")  # fmt: skip
 
 
 def restart_after_down(cluster: FaultCluster, tmp_path: Path, victim: str, down: float) -> dict:
     cluster.signal(victim, signal.SIGKILL)
     cluster.wait_exit(victim)
     FAULTS.add("kills")
-    killed = time.monotonic()
-    with pytest.raises(SessionAborted) as aborted:
-        cluster.run(cluster.options(), tmp_path / "while-down", timeout=60)
-    assert aborted.value.origin == victim, aborted.value
-    time.sleep(max(0.0, down - (time.monotonic() - killed)))
+    killed, tries = time.monotonic(), 0
+    while time.monotonic() - killed < down:
+        tries += 1
+        with pytest.raises(SessionAborted) as aborted:
+            cluster.run(cluster.options(), tmp_path / f"while-down-{tries}", timeout=60)
+        assert aborted.value.origin == victim, aborted.value
+        time.sleep(RETRY)
     cluster.start_node(victim)
     restarted = time.monotonic()
     cluster.forget_channels(victim)
@@ -46,28 +52,22 @@ def restart_after_down(cluster: FaultCluster, tmp_path: Path, victim: str, down:
         except SessionAborted as exc:
             first_error = first_error or exc
             assert time.monotonic() - restarted < 120, exc
-            time.sleep(0.5)
+            time.sleep(RETRY)
     seconds = time.monotonic() - restarted
     FAULTS.restarts.append({"node": victim, "how": f"SIGKILL idle, down {down:g} s", "seconds": seconds, "attempts": attempts, "serving": serving})
     return {"seconds": seconds, "attempts": attempts, "first_error": first_error}
 
 
-@pytest.mark.parametrize(
-    "victim, down",
-    [
-        pytest.param(SOLVER, 2.0, id="solver-down-2s"),
-        pytest.param(PARTIES[1], 2.0, id="party-down-2s"),
-        pytest.param(
-            SOLVER, 20.0, id="solver-down-20s",
-            marks=[pytest.mark.faults_long, pytest.mark.xfail(strict=True, reason="issue 13 item 10: after a longer outage the peers' stale channels back off; the first sessions after the restart fail UNAVAILABLE")],
-        ),
-        pytest.param(
-            PARTIES[1], 20.0, id="party-down-20s",
-            marks=[pytest.mark.faults_long, pytest.mark.xfail(strict=True, reason="issue 13 item 10: after a longer outage the peers' stale channels back off; the first sessions after the restart fail UNAVAILABLE")],
-        ),
-    ],
-)  # fmt: skip
-def test_restarted_node_serves_the_next_session(cluster: FaultCluster, tmp_path: Path, victim: str, down: float) -> None:
-    result = restart_after_down(cluster, tmp_path, victim, down)
+@pytest.mark.parametrize("victim", [SOLVER, PARTIES[1]])
+def test_restarted_node_serves_a_session_within_the_bound(cluster: FaultCluster, tmp_path: Path, victim: str) -> None:
+    result = restart_after_down(cluster, tmp_path, victim, down=2.0)
+    assert result["seconds"] < RESTART_BOUND, result
+
+
+@pytest.mark.faults_long
+@pytest.mark.xfail(strict=True, reason=ITEM_10)
+@pytest.mark.parametrize("victim", [SOLVER, PARTIES[1]])
+def test_first_session_after_a_restart_succeeds(cluster: FaultCluster, tmp_path: Path, victim: str) -> None:
+    result = restart_after_down(cluster, tmp_path, victim, down=20.0)
     assert result["attempts"] == 1, f"first session after the restart failed: {result['first_error']}"
     assert result["seconds"] < RESTART_BOUND, result

@@ -55,8 +55,8 @@ ROLES = {"initiator": PARTIES[0], "party": PARTIES[1], "solver": SOLVER}
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 FINISH_DELAY = 0.3
 DRAG = 0.3
-BOUNDED = {("solver", "counts", "SIGKILL"), ("party", "union", "SIGTERM"), ("initiator", "sampling", "SIGKILL")}
-"""The trials ``make test`` runs; ``make faults`` runs all 42."""
+BOUNDED = {("solver", "counts", "SIGKILL")}
+"""The trial ``make test`` runs (its fault-suite part stays near a minute); ``make faults`` runs all 42."""
 
 
 def known_defects(role: str, phase: str, sig: str) -> list[str]:

@@ -20,6 +20,7 @@ import pytest
 from cels.node.client import SessionAborted
 from fault_harness import FAULTS, PARTIES, SOLVER, FaultCluster
 
+pytestmark = pytest.mark.faults_long
 CLUSTER = {"users": 150, "pairs": 120, "deadline": 8.0}
 RESTART_BOUND = 30.0
 """N must stay below this many seconds (a node's start-up is a few seconds of it)."""
@@ -64,7 +65,6 @@ def test_restarted_node_serves_a_session_within_the_bound(cluster: FaultCluster,
     assert result["seconds"] < RESTART_BOUND, result
 
 
-@pytest.mark.faults_long
 @pytest.mark.xfail(strict=True, reason=ITEM_10)
 @pytest.mark.parametrize("victim", [SOLVER, PARTIES[1]])
 def test_first_session_after_a_restart_succeeds(cluster: FaultCluster, tmp_path: Path, victim: str) -> None:

@@ -4,12 +4,12 @@ leaves no process behind (the party nodes' obfuscator workers, the solver's decr
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import pytest
 
 from fault_harness import FAULTS, PARTIES, SOLVER, FaultCluster, reap, session_members
 
+pytestmark = pytest.mark.faults_long
 CLUSTER = {"users": 120, "pairs": 100, "deadline": 8.0}
 
 

@@ -158,3 +158,6 @@ def test_bench_crypto_writes_the_issue_json(tmp_path, capsys) -> None:
     assert paillier["bytes_ratio"] == pytest.approx(paillier["naive"]["bytes_per_value"] / paillier["packed"]["bytes_per_value"])
     assert paillier["bytes_ratio"] > 5
     assert set(result["commutative"]) >= {"group_bits", "encrypt_per_s", "ec_hash_per_s"}
+    obf = paillier["obfuscator_modes"]
+    assert obf["djn_exponent_bits"] == 256 and obf["table_bytes"] == 32 * 256 * 128  # 32 windows of 256 residues mod N^2
+    assert obf["textbook_over_djn_table"] == pytest.approx(obf["textbook_ms"] / obf["djn_table_ms"])

@@ -8,10 +8,13 @@ Measures, in one run:
   (b) with the packed engine: the real :class:`~cels.protocol.secure_sum.SecureSum` roles over
   the in-memory network (every message serialised), obfuscators precomputed by an
   :class:`~cels.crypto.obfuscators.ObfuscatorPool` (offline) before the online run;
+* one obfuscator (a fresh encryption of zero) three ways: textbook r^N mod N^2 by powmod,
+  DJN h_s^a by powmod, and DJN from the fixed-base table (with the table's build seconds and
+  bytes), and their ratios (docs/crypto.md, "Obfuscators");
 * Pohlig-Hellman encryptions per second (2048-bit group) and X25519 commutative-hash
   operations per second;
-* the GMP floor: a raw gmpy2 2048-bit modexp, one r^N mod N^2 and one CRT decryption, and
-  how far the packed engine is from the work it cannot avoid.
+* the GMP floor: a raw gmpy2 2048-bit modexp, one obfuscator (DJN, the default) and one CRT
+  decryption, and how far the packed engine is from the work it cannot avoid.
 
 Key generation is timed separately and excluded from both sides.  Prints the JSON and writes
 it atomically to FILE.
@@ -34,7 +37,7 @@ from tqdm import tqdm
 from cels.crypto.commutative_cipher import PohligHellman, encode_record
 from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
-from cels.crypto.obfuscators import ObfuscatorPool, obfuscators
+from cels.crypto.obfuscators import FixedBaseTable, ObfuscatorPool, djn_exponent_bits, obfuscators
 from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
@@ -103,7 +106,7 @@ def packed_sum(public_key, private_key, data: list[np.ndarray], workers: int | N
     packing = Packing.for_values(public_key, COUNT_BOUND, parties)
     ciphertexts = packing.blocks(values)
     needed = ciphertexts * parties  # one encryption by P_1, one re-randomisation per later hop
-    with ObfuscatorPool(int(public_key.n), workers=workers) as pool:
+    with ObfuscatorPool(int(public_key.n), hs=int(public_key.hs), workers=workers) as pool:
         start = time.perf_counter()
         pool.prefetch(needed)
         with tqdm(total=needed, desc="offline obfuscators", unit="r^N", file=sys.stderr) as bar:
@@ -144,8 +147,8 @@ def gmp_floor(public_key, private_key, packed: dict, parties: int, values: int) 
     base, exp, mod = (gmpy2.mpz(rnd.getrandbits(2048)) for _ in range(3))
     mod |= 1 | (1 << 2047)
     modexp = _per_op(lambda: gmpy2.powmod(base, exp, mod), 50)
-    obfuscator = _per_op(lambda: obfuscators(public_key.n, 1), 20)
-    c = obfuscators(public_key.n, 1)[0]
+    c = obfuscators(public_key.n, public_key.hs, 1)[0]  # builds the key's fixed-base table (timed apart)
+    obfuscator = _per_op(lambda: obfuscators(public_key.n, public_key.hs, 1), 50)
     crt = _per_op(lambda: private_key.decrypt_raw(c), 50)
     n_ct = packed["ciphertexts_per_hop"]
     floor = n_ct * (parties * obfuscator + crt)  # R obfuscators + 1 CRT decryption per ciphertext
@@ -160,8 +163,35 @@ def gmp_floor(public_key, private_key, packed: dict, parties: int, values: int) 
         "engine_cpu_seconds": engine_cpu,
         "engine_over_floor": engine_cpu / floor,
         "floor_seconds_per_value": floor / values,
-        "note": "floor = ciphertexts x (R obfuscators r^N mod N^2 + 1 CRT decryption), raw gmpy2 on one core; "
+        "note": "floor = ciphertexts x (R DJN obfuscators + 1 CRT decryption), raw gmpy2 on one core; "
         "engine_cpu = online seconds + obfuscators x one-core obfuscator cost",
+    }
+
+
+def obfuscator_modes(public_key, samples: int = 50) -> dict:
+    """Milliseconds per obfuscator on one core, in one run: textbook r^N (powmod), DJN h_s^a
+    by powmod, DJN h_s^a from the 8-bit fixed-base table (built here, timed and sized)."""
+    n, hs, nsq = public_key.n, public_key.hs, public_key.nsquare
+    bits = djn_exponent_bits(n)
+    textbook = _per_op(lambda: obfuscators(n, hs, 1, "textbook"), samples)
+    djn_powmod = _per_op(lambda: gmpy2.powmod(hs, secrets.randbits(bits), nsq), samples)
+    start = time.perf_counter()
+    table = FixedBaseTable(hs, nsq, bits)
+    table_seconds = time.perf_counter() - start
+    djn_table = _per_op(lambda: table.pow(secrets.randbits(bits)), 4 * samples)
+    return {
+        "key_bits": public_key.bits,
+        "djn_exponent_bits": bits,
+        "textbook_ms": 1e3 * textbook,
+        "djn_powmod_ms": 1e3 * djn_powmod,
+        "djn_table_ms": 1e3 * djn_table,
+        "table_seconds": table_seconds,
+        "table_bytes": table.nbytes,
+        "textbook_over_djn_powmod": textbook / djn_powmod,
+        "djn_powmod_over_djn_table": djn_powmod / djn_table,
+        "textbook_over_djn_table": textbook / djn_table,
+        "note": "one core, gmpy2; textbook r^N mod N^2 (r uniform in Z_N^*), DJN h_s^a mod N^2 "
+        f"(a of {bits} bits) by powmod and by the fixed-base table of 8-bit windows",
     }
 
 
@@ -216,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
             "bytes_ratio": naive["bytes_per_value"] / packed["bytes_per_value"],
             "key_generation_seconds": {"engine": keygen, "naive": naive_keygen},
             "gmp": gmp,
+            "obfuscator_modes": obfuscator_modes(public_key),
         },
         "commutative": commutative(args.group_bits),
         "machine": {"cpu_count": os.cpu_count(), "note": "speedup_with_offline counts the pool's wall time; "

@@ -11,6 +11,8 @@ Measures, in one run:
 * one obfuscator (a fresh encryption of zero) three ways: textbook r^N mod N^2 by powmod,
   DJN h_s^a by powmod, and DJN from the fixed-base table (with the table's build seconds and
   bytes), and their ratios (docs/crypto.md, "Obfuscators");
+* the key holder's CRT decryptions of one hop, in its own process and on a process pool
+  (``SecureSum(decryption_pool=...)``);
 * Pohlig-Hellman encryptions per second (2048-bit group) and X25519 commutative-hash
   operations per second;
 * the GMP floor: a raw gmpy2 2048-bit modexp, one obfuscator (DJN, the default) and one CRT
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import secrets
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import gmpy2
 import numpy as np
@@ -38,7 +42,15 @@ from cels.crypto.commutative_cipher import PohligHellman, encode_record
 from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.obfuscators import FixedBaseTable, ObfuscatorPool, djn_exponent_bits, obfuscators
-from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
+from cels.crypto.paillier import (
+    DECRYPT_CHUNK,
+    PAPER_KEY_BITS,
+    EncryptedMatrix,
+    Packing,
+    check_key_bits,
+    decrypt_raw_many,
+    generate_keypair,
+)
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.party import COUNT_BOUND
@@ -195,6 +207,32 @@ def obfuscator_modes(public_key, samples: int = 50) -> dict:
     }
 
 
+def decryption(private_key, ciphertexts: int, workers: int | None) -> dict:
+    """The key holder's CRT decryptions of one hop (at least 4 x DECRYPT_CHUNK, so that the
+    pool is used): in its own process, then on a process pool of ``workers`` (warmed up
+    first: spawning is a one-off per node)."""
+    public_key = private_key.public_key
+    values = obfuscators(public_key.n, public_key.hs, max(ciphertexts, 4 * DECRYPT_CHUNK))  # encryptions of 0
+    start = time.perf_counter()
+    decrypt_raw_many(private_key, values)
+    in_process = time.perf_counter() - start
+    workers = workers or os.cpu_count() or 1
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        decrypt_raw_many(private_key, values, pool)
+        start = time.perf_counter()
+        plain = decrypt_raw_many(private_key, values, pool)
+        pooled = time.perf_counter() - start
+    assert not any(plain), "decryption of encryptions of zero is wrong"
+    return {
+        "ciphertexts": len(values),
+        "in_process_seconds": in_process,
+        "pool_seconds": pooled,
+        "pool_workers": workers,
+        "pool_speedup": in_process / pooled,
+        "note": f"at least {4 * DECRYPT_CHUNK} ciphertexts; a hop of fewer than {2 * DECRYPT_CHUNK} stays in process",
+    }
+
+
 def commutative(group_bits: int) -> dict:
     group = group_for_bits(group_bits)
     cipher = PohligHellman(group)
@@ -247,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
             "key_generation_seconds": {"engine": keygen, "naive": naive_keygen},
             "gmp": gmp,
             "obfuscator_modes": obfuscator_modes(public_key),
+            "decryption": decryption(private_key, packed["ciphertexts_per_hop"], args.workers),
         },
         "commutative": commutative(args.group_bits),
         "machine": {"cpu_count": os.cpu_count(), "note": "speedup_with_offline counts the pool's wall time; "

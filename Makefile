@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test venv proto bench clean
+.PHONY: demo test venv proto bench clean compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## make compose-test: docker-compose.yml run for real (deploy/compose-test.sh): a Docker engine
+## (installed and started if missing; root), the image built offline, 3 party nodes + a solver
+## in containers on 127.0.0.1 sanitize 200 AOL users ($$CELS_DATA), the release audited, all torn down
+compose-test: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash deploy/compose-test.sh
 
 ## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
 proto: $(STAMP)

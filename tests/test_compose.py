@@ -66,7 +66,7 @@ class ComposeAsProcesses:
     def argv(self, service: str) -> list[str]:
         command = self.services[service]["command"]
         program, *args = [self.remap(str(a), service) for a in command]
-        return [str(BIN / program), *args]
+        return [str(BIN / program) if (BIN / program).exists() else program, *args]
 
     def healthcheck_argv(self, service: str) -> list[str]:
         kind, program, *args = [self.remap(str(a), service) for a in self.services[service]["healthcheck"]["test"]]
@@ -115,9 +115,13 @@ def test_compose_services_and_dependencies() -> None:
 
 def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
     compose = ComposeAsProcesses(tmp_path)
-    env = {**os.environ, **ENV}
+    env = {**os.environ, **ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     certs = subprocess.run(compose.argv("certs"), env=env, capture_output=True, text=True, timeout=60)
     assert certs.returncode == 0, certs.stderr
+    # a second `up` keeps the CA: nodes that still run hold the first one's certificates
+    ca = (tmp_path / "certs" / "ca.pem").read_bytes()
+    again = subprocess.run(compose.argv("certs"), env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "kept" in again.stdout and (tmp_path / "certs" / "ca.pem").read_bytes() == ca, again
     (tmp_path / "data").mkdir()
     (tmp_path / "out").mkdir()
     for k, share in enumerate(synthetic_log(users=90, pairs=40).split_by_user(3), start=1):

@@ -29,6 +29,7 @@ BASE_IMAGE=python:3.11-slim
 DEBIAN_BASE=cels-base:bookworm
 COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml)
 STARTED_DOCKERD=
+NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
 TIMES=()
 
 say() { printf 'compose-test: %s\n' "$*" >&2; }
@@ -66,8 +67,9 @@ need_root() {
 engine() {
     if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null; then
         need_root "installing docker.io and docker-compose"
-        apt-get update -q >"$WORK/logs/apt.log" 2>&1
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose >>"$WORK/logs/apt.log" 2>&1
+        if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose; } >"$WORK/logs/apt.log" 2>&1; then
+            say "installing the engine failed:"; tail -20 "$WORK/logs/apt.log" >&2; exit "$NO_ENGINE"
+        fi
     fi
     if ! docker info >/dev/null 2>&1; then
         need_root "starting dockerd"
@@ -76,7 +78,7 @@ engine() {
         local waited=0
         until docker info >/dev/null 2>&1; do
             if ! kill -0 "$STARTED_DOCKERD" 2>/dev/null || [ $waited -ge 60 ]; then
-                say "dockerd did not come up in 60 s:"; tail -20 "$WORK/logs/dockerd.log" >&2; exit 1
+                say "dockerd did not come up in 60 s:"; tail -20 "$WORK/logs/dockerd.log" >&2; exit "$NO_ENGINE"
             fi
             sleep 1; waited=$((waited + 1))
         done

@@ -1,15 +1,31 @@
-# One image for every CELS node (cels-party, cels-solver) and the `cels` CLI (certs, run).
-FROM python:3.11-slim
+# One image for every CELS node (cels-party, cels-solver), the `cels` CLI (certs, run) and the
+# readiness probe (python -m cels.node.health); docs/deployment.md.
+#
+#   docker build -t cels:dev .                    # base python:3.11-slim, packages from PyPI
+#   docker build -t cels:dev --build-arg BASE_IMAGE=cels-base:bookworm \
+#       --build-arg WHEELHOUSE=build/compose-test/wheelhouse .   # offline (make compose-test)
+#
+# BASE_IMAGE: any image with python3 (>= 3.10) and its venv module.  WHEELHOUSE: a directory
+# in the build context holding wheels of every dependency plus setuptools and wheel
+# (`pip wheel . setuptools wheel -w DIR`); pip then installs with --no-index from it.  The
+# project is installed into the virtual environment /opt/cels in a build stage, so the
+# wheelhouse never reaches the final image.
+ARG BASE_IMAGE=python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY protos ./protos
-COPY cels ./cels
-COPY party_node ./party_node
-COPY solver_node ./solver_node
-RUN pip install --no-cache-dir . \
-    && useradd --create-home --uid 1000 cels \
-    && mkdir -p /certs /out && chown cels /certs /out
+FROM ${BASE_IMAGE} AS install
+ARG WHEELHOUSE=
+ENV PYTHONDONTWRITEBYTECODE=1
+COPY . /src
+RUN python3 -m venv /opt/cels \
+    && /opt/cels/bin/pip install --no-cache-dir ${WHEELHOUSE:+--no-index --find-links=/src/${WHEELHOUSE}} /src
+
+FROM ${BASE_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/cels/bin:${PATH}
+COPY --from=install /opt/cels /opt/cels
+# the cels user (uid 1000) owns the mount points: a named volume mounted there starts with
+# this ownership, so the nodes can write certificates and outputs without root
+RUN useradd --create-home --uid 1000 --user-group cels \
+    && mkdir -p /certs /out /data \
+    && chown cels:cels /certs /out
 USER cels
 WORKDIR /home/cels

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test faults venv proto bench clean
+.PHONY: demo test faults venv proto bench clean compose-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(STAMP)
 faults: $(STAMP)
 	CELS_FAULTS_FUZZ=10000 $(PY) -m pytest -q -p no:cacheprovider \
 		-m "faults_long or not faults_long" tests/faults
+
+## make compose-test: docker-compose.yml run for real (deploy/compose-test.sh): a Docker engine
+## (installed and started if missing; root), the image built offline, 3 party nodes + a solver
+## in containers on 127.0.0.1 sanitize 200 AOL users ($$CELS_DATA), the release audited, all torn down
+compose-test: $(STAMP)
+	PYTHON=$(abspath $(PY)) bash deploy/compose-test.sh
 
 ## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
 proto: $(STAMP)

@@ -1,8 +1,10 @@
-"""docker-compose.yml cannot rot: its commands run here as local processes.
+"""docker-compose.yml's commands and healthchecks as local processes (no Docker engine needed).
 
-No Docker engine runs on these machines, so the test reads the compose file and starts every
-service's command with the same arguments and environment, with the container ports remapped
-to free ports on 127.0.0.1 and the volumes mapped to temporary directories.  Test-only change:
+The test reads the compose file and starts every service's command with the same arguments and
+environment, with the container ports remapped to free ports on 127.0.0.1 and the volumes
+mapped to temporary directories; it waits, as compose does, until every node's healthcheck
+(the gRPC health service, cels.node.health) passes.  tests/test_compose_docker.py runs the file
+in containers (make compose-test).  Test-only change:
 the session uses 512-bit keys (CELS_MIN_KEY_BITS=512 and CELS_KEY_BITS=512 for the nodes, key_bits = 512 in the copied
 session.toml) to keep the run short.
 """
@@ -14,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -63,7 +66,23 @@ class ComposeAsProcesses:
     def argv(self, service: str) -> list[str]:
         command = self.services[service]["command"]
         program, *args = [self.remap(str(a), service) for a in command]
+        return [str(BIN / program) if (BIN / program).exists() else program, *args]
+
+    def healthcheck_argv(self, service: str) -> list[str]:
+        kind, program, *args = [self.remap(str(a), service) for a in self.services[service]["healthcheck"]["test"]]
+        assert kind == "CMD", kind
         return [str(BIN / program), *args]
+
+    def wait_healthy(self, cluster: LocalCluster, services: list[str], timeout: float) -> None:
+        """Run each service's healthcheck until it passes, as compose's ``service_healthy``."""
+        limit = time.monotonic() + timeout
+        for service in services:
+            while (probe := subprocess.run(self.healthcheck_argv(service), capture_output=True, text=True, timeout=30)).returncode != 0:
+                node = cluster.nodes[service]
+                assert node.process.poll() is None, f"{service} exited with {node.process.returncode}:\n{node.log_text()}"
+                assert time.monotonic() < limit, f"{service} not healthy after {timeout:g} s: {probe.stderr}"
+                time.sleep(0.5)
+            assert probe.stdout.strip().endswith("SERVING"), probe.stdout
 
     def address(self, service: str) -> str:
         (port,) = [local for (name, _), local in self.ports.items() if name == service]
@@ -78,17 +97,31 @@ def test_compose_services_and_dependencies() -> None:
         assert services[node]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
         assert services[node]["command"][0] == ("cels-solver" if node == "solver" else "cels-party")
         assert not any("insecure" in str(a) for a in services[node]["command"])  # mutual TLS by default
-    assert set(services["run"]["depends_on"]) == {"solver", "party-1", "party-2", "party-3"}
-    dockerfile = (REPO / "Dockerfile").read_text()
-    for path in ("pyproject.toml", "cels", "party_node", "solver_node", "protos"):
-        assert re.search(rf"^COPY .*\b{path} ", dockerfile, re.M), path
+    # the run trigger waits for every node's healthcheck: the gRPC health service, probed
+    # with the node's own certificate at the address its peers use
+    assert {name: dep["condition"] for name, dep in services["run"]["depends_on"].items()} == dict.fromkeys(("solver", "party-1", "party-2", "party-3"), "service_healthy")
+    for node in ("solver", "party-1", "party-2", "party-3"):
+        port = services[node]["expose"][0]
+        assert f"--listen={node}:{port}" in services[node]["command"]
+        assert services[node]["healthcheck"]["test"] == [
+            "CMD", "python", "-m", "cels.node.health", f"--name={node}", "--ca=/certs/ca.pem",
+            f"--cert=/certs/{node}.pem", f"--key=/certs/{node}.key", f"{node}:{port}",
+        ]  # fmt: skip
+    # the image's build context holds everything pip needs to build the project
+    ignored = (REPO / ".dockerignore").read_text().split()
+    for path in ("pyproject.toml", "README.md", "cels", "party_node", "solver_node", "protos"):
+        assert path not in ignored, path
 
 
 def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
     compose = ComposeAsProcesses(tmp_path)
-    env = {**os.environ, **ENV}
+    env = {**os.environ, **ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     certs = subprocess.run(compose.argv("certs"), env=env, capture_output=True, text=True, timeout=60)
     assert certs.returncode == 0, certs.stderr
+    # a second `up` keeps the CA: nodes that still run hold the first one's certificates
+    ca = (tmp_path / "certs" / "ca.pem").read_bytes()
+    again = subprocess.run(compose.argv("certs"), env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "kept" in again.stdout and (tmp_path / "certs" / "ca.pem").read_bytes() == ca, again
     (tmp_path / "data").mkdir()
     (tmp_path / "out").mkdir()
     for k, share in enumerate(synthetic_log(users=90, pairs=40).split_by_user(3), start=1):
@@ -100,7 +133,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
     with LocalCluster(tmp_path / "logs") as cluster:
         for service in ("solver", "party-1", "party-2", "party-3"):
             cluster.start(service, compose.address(service), compose.argv(service), env=ENV)
-        cluster.wait_ready(timeout=60)
+        compose.wait_healthy(cluster, ["solver", "party-1", "party-2", "party-3"], timeout=120)
         # the offline phase with the compose defaults: every party learns the node keys of its
         # peers through Status and stocks obfuscators for them (4096 per key) before the session
         certs = tmp_path / "certs"

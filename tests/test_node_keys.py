@@ -29,7 +29,7 @@ def two_keys():
 
 
 def is_obfuscator(value, private_key) -> bool:
-    """r^N mod N^2 encrypts 0, and (r^N)^lambda = 1 mod N^2 (the group's exponent divides N lambda)."""
+    """An obfuscator encrypts 0 and is an N-th residue: s^lambda = 1 mod N^2 (the group's exponent divides N lambda)."""
     p, q = private_key.p, private_key.q
     n = p * q
     lam = gmpy2.lcm(p - 1, q - 1)
@@ -47,8 +47,8 @@ def test_stock_fills_each_key_to_its_target_only_while_idle(two_keys) -> None:
     (pk_a, sk_a), (pk_b, sk_b) = two_keys
     with ObfuscatorStock({"a": 12, "b": 5}, workers=2, batch=4) as stock:
         stock.pause()  # a session runs: nothing is queued
-        stock.add_key(int(pk_a.n), "a")
-        stock.add_key(int(pk_b.n), "b")
+        stock.add_key(pk_a, "a")
+        stock.add_key(pk_b, "b")
         time.sleep(1.0)
         assert [(lv.owner, lv.ready) for lv in stock.levels()] == [("a", 0), ("b", 0)]
         assert not stock.full()
@@ -56,24 +56,24 @@ def test_stock_fills_each_key_to_its_target_only_while_idle(two_keys) -> None:
         wait_until(stock.full)
         levels = {lv.owner: lv for lv in stock.levels()}
         assert (levels["a"].ready, levels["b"].ready) == (12, 5)  # exactly the targets, no more
-        got = stock.source(int(pk_a.n)).take(15)  # 12 from the stock, 3 computed on the workers
+        got = stock.source(int(pk_a.n)).take(pk_a, 15)  # 12 from the stock, 3 computed on the workers
         assert len(set(got)) == 15 and all(is_obfuscator(v, sk_a) for v in got)
         assert stock.levels()[0].handed_out == 15
         wait_until(lambda: stock.levels()[0].ready == 12)  # refilled once idle
-        assert all(is_obfuscator(v, sk_b) for v in stock.source(int(pk_b.n)).take(5))
+        assert all(is_obfuscator(v, sk_b) for v in stock.source(int(pk_b.n)).take(pk_b, 5))
 
 
 def test_stock_serves_unknown_keys_from_its_workers_and_replaces_changed_keys(two_keys) -> None:
     (pk_a, sk_a), (pk_b, sk_b) = two_keys
     with ObfuscatorStock({"a": 3}, workers=1, batch=2) as stock:
         source = stock.source(int(pk_b.n))  # a fresh session key: a pool on the same workers
-        assert isinstance(source, ObfuscatorPool) and all(is_obfuscator(v, sk_b) for v in source.take(3))
+        assert isinstance(source, ObfuscatorPool) and all(is_obfuscator(v, sk_b) for v in source.take(pk_b, 3))
         assert stock.levels() == []
-        stock.add_key(int(pk_a.n), "a")
-        stock.add_key(int(pk_b.n), "a")  # the owner restarted with a new key
+        stock.add_key(pk_a, "a")
+        stock.add_key(pk_b, "a")  # the owner restarted with a new key
         assert [lv.n for lv in stock.levels()] == [int(pk_b.n)]
         with pytest.raises(ValueError, match="no stock target"):
-            stock.add_key(int(pk_a.n), "mallory")
+            stock.add_key(pk_a, "mallory")
     with pytest.raises(ValueError, match=">= 0"):
         ObfuscatorStock({"a": -1})
 
@@ -114,7 +114,7 @@ def test_node_learns_peer_keys_and_stocks_them(two_keys) -> None:
         entries = {e.owner: e for e in status.stock}
         assert set(entries) == {"solver", "party-1"}  # party-2's key is not stocked (0)
         assert int.from_bytes(entries["solver"].n, "big") == solver_pk.n and entries["solver"].ready == 4
-        assert all(is_obfuscator(v, solver_sk) for v in keys.obfuscators(int(solver_pk.n)).take(4))
+        assert all(is_obfuscator(v, solver_sk) for v in keys.obfuscators(int(solver_pk.n)).take(solver_pk, 4))
         assert keys.keypair_for(512) is keys.keypair and keys.keypair_for(2048) is None  # other sizes: fresh keys
         peer_view = keys.status(running_sessions=2, with_stock=False)  # what a peer's Status gets
         assert peer_view.key.n == status.key.n and list(peer_view.stock) == [] and peer_view.running_sessions == 0

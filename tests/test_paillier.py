@@ -1,4 +1,5 @@
-"""Packed Paillier: homomorphic correctness, packing limits, wire validation, key policy.
+"""Packed Paillier: homomorphic correctness, packing limits, wire validation, key policy,
+DJN and textbook obfuscators.
 
 Small keys (512 bits) only through the explicit ``allow_insecure_key_bits=True`` test
 setting; one test uses a real 2048-bit key.
@@ -7,6 +8,8 @@ setting; one test uses a real 2048-bit key.
 from __future__ import annotations
 
 import multiprocessing
+import secrets
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 import gmpy2
@@ -17,8 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorPool
-from cels.protocol.wire import codec
+from cels.crypto.obfuscators import (
+    OBFUSCATOR_MODES,
+    FixedBaseTable,
+    InlineObfuscators,
+    ObfuscatorPool,
+    djn_exponent_bits,
+    obfuscators,
+)
 from cels.crypto.paillier import (
     DECRYPT_CHUNK,
     CiphertextError,
@@ -30,6 +39,7 @@ from cels.crypto.paillier import (
     encrypt,
     generate_keypair,
 )
+from cels.protocol.wire import codec
 
 SMALL = dict(allow_insecure_key_bits=True)
 
@@ -130,13 +140,82 @@ def test_column_permutation_moves_whole_ciphertexts(keys) -> None:
         enc.permute_columns([0] * 9)
 
 
-def test_rerandomised_ciphertexts_differ_but_decrypt_equal(keys) -> None:
-    public_key, private_key, obf = keys
+@pytest.mark.parametrize("mode", OBFUSCATOR_MODES)
+def test_rerandomised_ciphertexts_differ_but_decrypt_equal(keys, mode) -> None:
+    public_key, private_key, _ = keys
+    obf = InlineObfuscators(public_key.n, mode)
     values = np.arange(-20, 20)
     enc = encrypt(public_key, values, Packing.for_values(public_key, 20, 1), obf)
     fresh = enc.rerandomize(obf)
     assert all(a != b for a, b in zip(enc.ciphertexts, fresh.ciphertexts))
     np.testing.assert_array_equal(decrypt(private_key, fresh), decrypt(private_key, enc))
+
+
+def test_djn_and_textbook_encryptions_decrypt_the_same(keys) -> None:
+    public_key, private_key, _ = keys
+    djn, textbook = InlineObfuscators(public_key.n, "djn"), InlineObfuscators(public_key.n, "textbook")
+    values = np.arange(-300, 300).reshape(-1, 3) * 7
+    packing = Packing.for_values(public_key, 2100, 3)
+    a, b = encrypt(public_key, values, packing, djn), encrypt(public_key, values, packing, textbook)
+    assert all(x != y for x, y in zip(a.ciphertexts, b.ciphertexts))
+    np.testing.assert_array_equal(decrypt(private_key, a), values)
+    np.testing.assert_array_equal(decrypt(private_key, b), values)
+    # a ring may mix the modes: each party's obfuscators only multiply in encryptions of zero
+    mixed = a.add(b).rerandomize(textbook).add_plain(values).rerandomize(djn)
+    np.testing.assert_array_equal(decrypt(private_key, mixed), 3 * values)
+
+
+def lam(private_key):
+    return gmpy2.lcm(private_key.p - 1, private_key.q - 1)
+
+
+@pytest.mark.parametrize("mode", OBFUSCATOR_MODES)
+def test_obfuscators_are_fresh_nth_residues(keys, mode) -> None:
+    """Each obfuscator encrypts 0 and is an N-th residue: s^lambda = 1 mod N^2 (h_s = h^N is
+    one, so every h_s^a is one too)."""
+    public_key, private_key, _ = keys
+    got = obfuscators(public_key.n, public_key.hs, 40, mode)
+    assert len(set(got)) == 40
+    assert all(private_key.decrypt_raw(s) == 0 and gmpy2.powmod(s, lam(private_key), public_key.nsquare) == 1 for s in got)
+    assert gmpy2.powmod(public_key.hs, lam(private_key), public_key.nsquare) == 1
+
+
+def test_djn_key_and_fixed_base_table(keys) -> None:
+    public_key, private_key, _ = keys
+    p, q = int(private_key.p), int(private_key.q)
+    assert p % 4 == 3 and q % 4 == 3 and gmpy2.gcd(p - 1, q - 1) == 2  # DJN's admissible modulus
+    bits = djn_exponent_bits(public_key.n)
+    assert bits == 256  # ceil(|N| / 2) for the 512-bit test key
+    table = FixedBaseTable(public_key.hs, public_key.nsquare, bits)
+    assert table.windows == 32 and table.nbytes == 32 * 256 * public_key.ciphertext_bytes
+    for e in (0, 1, 255, 256, 2**bits - 1, *(secrets.randbits(bits) for _ in range(20))):
+        assert table.pow(e) == gmpy2.powmod(public_key.hs, e, public_key.nsquare)
+
+
+def test_malformed_hs_is_refused(keys) -> None:
+    public_key, private_key, _ = keys
+    n, nsq = int(public_key.n), int(public_key.nsquare)
+    width = public_key.ciphertext_bytes
+    minus_one = next(y for y in range(2, 1000) if gmpy2.jacobi(y, n) == -1)
+
+    def refused(hs: bytes, match: str, n_bytes: bytes | None = None) -> None:
+        msg = codec.public_key_message(public_key)
+        msg.hs = hs
+        if n_bytes is not None:
+            msg.n = n_bytes
+        with pytest.raises(CiphertextError, match=match):
+            codec.public_key_of(msg, **SMALL)
+
+    refused(b"", "h_s is missing")
+    refused(bytes(width), "2..N")
+    refused((1).to_bytes(width, "big"), "2..N")
+    refused(b"\xff" * width, "2..N")
+    refused(int(private_key.p).to_bytes(width, "big"), "not invertible")
+    refused((1 + 5 * n).to_bytes(width, "big"), r"\+-1 mod N")  # an encryption of 5 with r = 1
+    refused((nsq - 1).to_bytes(width, "big"), r"\+-1 mod N")
+    refused(minus_one.to_bytes(width, "big"), "Jacobi")
+    refused(public_key.hs_bytes(), "not 1 mod 4", (n + 2).to_bytes(len(public_key.modulus_bytes()), "big"))
+    assert codec.public_key_of(codec.public_key_message(public_key), **SMALL) == public_key
 
 
 def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
@@ -168,13 +247,38 @@ def test_wire_round_trip_and_corrupt_ciphertexts(keys) -> None:
         codec.matrix_of(msg, other)  # the packing does not fit a smaller key
 
 
-def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys) -> None:
+@pytest.mark.parametrize("mode", OBFUSCATOR_MODES)
+def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys, mode) -> None:
     public_key, private_key, _ = keys
-    with ObfuscatorPool(int(public_key.n), workers=2, batch=3) as pool:
+    with ObfuscatorPool(int(public_key.n), hs=int(public_key.hs), mode=mode, workers=2, batch=3) as pool:
         pool.prefetch(4)
-        got = pool.take(7)  # 4 prefetched + 3 computed on demand
+        got = pool.take(public_key, 7)  # 4 prefetched + 3 computed on demand
     assert len(set(got)) == 7
     assert all(private_key.decrypt_raw(r) == 0 for r in got)
+
+
+def test_concurrent_takers_on_one_pool_both_get_obfuscators(keys) -> None:
+    """Issue 13 item 7: the second taker saw the first one's queued batch as its own and
+    waited for a prefetch that nobody made.  Both threads start while the worker process
+    is still spawning, so both find the first taker's batch queued and not ready."""
+    public_key, private_key, _ = keys
+    got: dict[int, list] = {}
+    with ObfuscatorPool(int(public_key.n), workers=1, batch=5) as pool:
+        start = threading.Barrier(2)
+
+        def taker(k: int) -> None:
+            start.wait()
+            got[k] = pool.take(public_key, 5)
+
+        threads = [threading.Thread(target=taker, args=(k,), daemon=True) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a taker is still waiting for obfuscators"
+        assert pool.handed_out == 10 and pool.available == 0
+    values = got[0] + got[1]
+    assert len(set(values)) == 10 and all(private_key.decrypt_raw(s) == 0 for s in values)
 
 
 def test_decryption_in_a_process_pool_equals_in_process(keys) -> None:

@@ -6,11 +6,13 @@ Small keys only through the explicit ``allow_insecure_key_bits=True`` test setti
 from __future__ import annotations
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
 
-from cels.crypto.paillier import PackingOverflowError, decrypt, generate_keypair
+from cels.crypto.paillier import DECRYPT_CHUNK, PackingOverflowError, decrypt, generate_keypair
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.protocol.secure_sum import SecureSum
@@ -62,6 +64,28 @@ def test_every_party_learns_the_integer_sum(r) -> None:
         assert ring_hops == [(ring[k], ring[(k + 1) % r]) for k in range(r)]
         assert sum(1 for *_, step in steps if step == "sum_key") == r - 1
         assert sum(1 for *_, step in steps if step == "sum_result") == r - 1
+
+
+class CountingPool(ProcessPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(2, mp_context=multiprocessing.get_context("spawn"))
+        self.tasks = 0
+
+    def submit(self, *args, **kwargs):
+        self.tasks += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_key_holder_decrypts_on_a_process_pool() -> None:
+    ring = ["party-1", "party-2"]
+    rng = np.random.default_rng(11)
+    values = {p: rng.integers(0, 10**6, size=12 * 2 * DECRYPT_CHUNK) for p in ring}  # 12 slots: 512 ciphertexts
+    with CountingPool() as pool:
+        roles = make(ring, values, keypair=KEYPAIR, decryption_pool=pool)
+        run(roles, ring)
+        assert pool.tasks == 2  # the key holder's 512 decryptions went to the pool, in 2 chunks
+    for p in ring:
+        np.testing.assert_array_equal(roles[p].result, values["party-1"] + values["party-2"])
 
 
 def test_float_matrix_sum_with_negative_values() -> None:
@@ -158,3 +182,7 @@ def test_bench_crypto_writes_the_issue_json(tmp_path, capsys) -> None:
     assert paillier["bytes_ratio"] == pytest.approx(paillier["naive"]["bytes_per_value"] / paillier["packed"]["bytes_per_value"])
     assert paillier["bytes_ratio"] > 5
     assert set(result["commutative"]) >= {"group_bits", "encrypt_per_s", "ec_hash_per_s"}
+    obf = paillier["obfuscator_modes"]
+    assert obf["djn_exponent_bits"] == 256 and obf["table_bytes"] == 32 * 256 * 128  # 32 windows of 256 residues mod N^2
+    assert obf["textbook_over_djn_table"] == pytest.approx(obf["textbook_ms"] / obf["djn_table_ms"])
+    assert paillier["decryption"]["ciphertexts"] == 4 * DECRYPT_CHUNK

@@ -6,7 +6,9 @@ one change made by it: StartSession now carries every resolved option explicitly
 with the solve mode and round batch, was 167 with zeros for "the receiver's default") and goes
 to the r other nodes only (the initiator creates its own session without a message):
 3 x 222 = 666 bytes, was 4 x 167 = 668; and a node's last StepReport says so (2 bytes), so
-that the initiator waits for all of them.
+that the initiator waits for all of them.  Since DJN obfuscators (issue 14), every Paillier
+public key carries h_s (64 bytes at the golden's 256-bit keys): SumKey 2288 -> 3896 bytes
+(24 messages), NlpKey 270 -> 468 (3 messages).
 Each party's generator (A_k, sampling draws) is seeded by its ring position and the
 permutations and universe hash keys by fixed seeds; everything
 else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.

@@ -8,10 +8,15 @@ Measures, in one run:
   (b) with the packed engine: the real :class:`~cels.protocol.secure_sum.SecureSum` roles over
   the in-memory network (every message serialised), obfuscators precomputed by an
   :class:`~cels.crypto.obfuscators.ObfuscatorPool` (offline) before the online run;
+* one obfuscator (a fresh encryption of zero) three ways: textbook r^N mod N^2 by powmod,
+  DJN h_s^a by powmod, and DJN from the fixed-base table (with the table's build seconds and
+  bytes), and their ratios (docs/crypto.md, "Obfuscators");
+* the key holder's CRT decryptions of one hop, in its own process and on a process pool
+  (``SecureSum(decryption_pool=...)``);
 * Pohlig-Hellman encryptions per second (2048-bit group) and X25519 commutative-hash
   operations per second;
-* the GMP floor: a raw gmpy2 2048-bit modexp, one r^N mod N^2 and one CRT decryption, and
-  how far the packed engine is from the work it cannot avoid.
+* the GMP floor: a raw gmpy2 2048-bit modexp, one obfuscator (DJN, the default) and one CRT
+  decryption, and how far the packed engine is from the work it cannot avoid.
 
 Key generation is timed separately and excluded from both sides.  Prints the JSON and writes
 it atomically to FILE.
@@ -21,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import secrets
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import gmpy2
 import numpy as np
@@ -34,8 +41,16 @@ from tqdm import tqdm
 from cels.crypto.commutative_cipher import PohligHellman, encode_record
 from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
-from cels.crypto.obfuscators import ObfuscatorPool, obfuscators
-from cels.crypto.paillier import PAPER_KEY_BITS, EncryptedMatrix, Packing, check_key_bits, generate_keypair
+from cels.crypto.obfuscators import FixedBaseTable, ObfuscatorPool, djn_exponent_bits, obfuscators
+from cels.crypto.paillier import (
+    DECRYPT_CHUNK,
+    PAPER_KEY_BITS,
+    EncryptedMatrix,
+    Packing,
+    check_key_bits,
+    decrypt_raw_many,
+    generate_keypair,
+)
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.party import COUNT_BOUND
@@ -103,7 +118,7 @@ def packed_sum(public_key, private_key, data: list[np.ndarray], workers: int | N
     packing = Packing.for_values(public_key, COUNT_BOUND, parties)
     ciphertexts = packing.blocks(values)
     needed = ciphertexts * parties  # one encryption by P_1, one re-randomisation per later hop
-    with ObfuscatorPool(int(public_key.n), workers=workers) as pool:
+    with ObfuscatorPool(int(public_key.n), hs=int(public_key.hs), workers=workers) as pool:
         start = time.perf_counter()
         pool.prefetch(needed)
         with tqdm(total=needed, desc="offline obfuscators", unit="r^N", file=sys.stderr) as bar:
@@ -144,8 +159,8 @@ def gmp_floor(public_key, private_key, packed: dict, parties: int, values: int) 
     base, exp, mod = (gmpy2.mpz(rnd.getrandbits(2048)) for _ in range(3))
     mod |= 1 | (1 << 2047)
     modexp = _per_op(lambda: gmpy2.powmod(base, exp, mod), 50)
-    obfuscator = _per_op(lambda: obfuscators(public_key.n, 1), 20)
-    c = obfuscators(public_key.n, 1)[0]
+    c = obfuscators(public_key.n, public_key.hs, 1)[0]  # builds the key's fixed-base table (timed apart)
+    obfuscator = _per_op(lambda: obfuscators(public_key.n, public_key.hs, 1), 50)
     crt = _per_op(lambda: private_key.decrypt_raw(c), 50)
     n_ct = packed["ciphertexts_per_hop"]
     floor = n_ct * (parties * obfuscator + crt)  # R obfuscators + 1 CRT decryption per ciphertext
@@ -160,8 +175,61 @@ def gmp_floor(public_key, private_key, packed: dict, parties: int, values: int) 
         "engine_cpu_seconds": engine_cpu,
         "engine_over_floor": engine_cpu / floor,
         "floor_seconds_per_value": floor / values,
-        "note": "floor = ciphertexts x (R obfuscators r^N mod N^2 + 1 CRT decryption), raw gmpy2 on one core; "
+        "note": "floor = ciphertexts x (R DJN obfuscators + 1 CRT decryption), raw gmpy2 on one core; "
         "engine_cpu = online seconds + obfuscators x one-core obfuscator cost",
+    }
+
+
+def obfuscator_modes(public_key, samples: int = 50) -> dict:
+    """Milliseconds per obfuscator on one core, in one run: textbook r^N (powmod), DJN h_s^a
+    by powmod, DJN h_s^a from the 8-bit fixed-base table (built here, timed and sized)."""
+    n, hs, nsq = public_key.n, public_key.hs, public_key.nsquare
+    bits = djn_exponent_bits(n)
+    textbook = _per_op(lambda: obfuscators(n, hs, 1, "textbook"), samples)
+    djn_powmod = _per_op(lambda: gmpy2.powmod(hs, secrets.randbits(bits), nsq), samples)
+    start = time.perf_counter()
+    table = FixedBaseTable(hs, nsq, bits)
+    table_seconds = time.perf_counter() - start
+    djn_table = _per_op(lambda: table.pow(secrets.randbits(bits)), 4 * samples)
+    return {
+        "key_bits": public_key.bits,
+        "djn_exponent_bits": bits,
+        "textbook_ms": 1e3 * textbook,
+        "djn_powmod_ms": 1e3 * djn_powmod,
+        "djn_table_ms": 1e3 * djn_table,
+        "table_seconds": table_seconds,
+        "table_bytes": table.nbytes,
+        "textbook_over_djn_powmod": textbook / djn_powmod,
+        "djn_powmod_over_djn_table": djn_powmod / djn_table,
+        "textbook_over_djn_table": textbook / djn_table,
+        "note": "one core, gmpy2; textbook r^N mod N^2 (r uniform in Z_N^*), DJN h_s^a mod N^2 "
+        f"(a of {bits} bits) by powmod and by the fixed-base table of 8-bit windows",
+    }
+
+
+def decryption(private_key, ciphertexts: int, workers: int | None) -> dict:
+    """The key holder's CRT decryptions of one hop (at least 4 x DECRYPT_CHUNK, so that the
+    pool is used): in its own process, then on a process pool of ``workers`` (warmed up
+    first: spawning is a one-off per node)."""
+    public_key = private_key.public_key
+    values = obfuscators(public_key.n, public_key.hs, max(ciphertexts, 4 * DECRYPT_CHUNK))  # encryptions of 0
+    start = time.perf_counter()
+    decrypt_raw_many(private_key, values)
+    in_process = time.perf_counter() - start
+    workers = workers or os.cpu_count() or 1
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        decrypt_raw_many(private_key, values, pool)
+        start = time.perf_counter()
+        plain = decrypt_raw_many(private_key, values, pool)
+        pooled = time.perf_counter() - start
+    assert not any(plain), "decryption of encryptions of zero is wrong"
+    return {
+        "ciphertexts": len(values),
+        "in_process_seconds": in_process,
+        "pool_seconds": pooled,
+        "pool_workers": workers,
+        "pool_speedup": in_process / pooled,
+        "note": f"at least {4 * DECRYPT_CHUNK} ciphertexts; a hop of fewer than {2 * DECRYPT_CHUNK} stays in process",
     }
 
 
@@ -216,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
             "bytes_ratio": naive["bytes_per_value"] / packed["bytes_per_value"],
             "key_generation_seconds": {"engine": keygen, "naive": naive_keygen},
             "gmp": gmp,
+            "obfuscator_modes": obfuscator_modes(public_key),
+            "decryption": decryption(private_key, packed["ciphertexts_per_hop"], args.workers),
         },
         "commutative": commutative(args.group_bits),
         "machine": {"cpu_count": os.cpu_count(), "note": "speedup_with_offline counts the pool's wall time; "

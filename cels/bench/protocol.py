@@ -1,7 +1,7 @@
 """``cels bench protocol``: seconds and bytes of a whole CELS session, per phase and per node.
 
 ``--runner inmemory`` (default) runs the roles in one process over the in-memory network
-(cels.inprocess); every party's obfuscators r^N mod N^2 are computed inline and timed,
+(cels.inprocess); every party's obfuscators (encryptions of zero) are computed inline and timed,
 which splits each node's time into *offline* (obfuscators: what an ObfuscatorPool computes
 ahead of time) and *online* (everything else).  ``--runner processes`` runs the same session
 as ``cels simulate`` does (R party node processes and a solver node over gRPC with mutual TLS
@@ -40,9 +40,9 @@ class TimedObfuscators:
         self.n = n
         self._ledger = ledger
 
-    def take(self, count: int) -> list:
+    def take(self, public_key, count: int) -> list:
         start = time.perf_counter()
-        values = self._inner.take(count)
+        values = self._inner.take(public_key, count)
         self._ledger["seconds"] += time.perf_counter() - start
         self._ledger["obfuscators"] += count
         return values
@@ -116,7 +116,7 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
         "report": lead.report,
         "wall_seconds": wall,
         "offline": {
-            "what": "obfuscators r^N mod N^2 (an ObfuscatorPool computes them ahead of time)",
+            "what": "obfuscators h_s^a mod N^2 (an ObfuscatorPool computes them ahead of time)",
             "seconds_by_node": offline,
             "obfuscators_by_node": {name: int(ledgers[name]["obfuscators"]) for name in hosts},
             "seconds_total": sum(offline.values()),

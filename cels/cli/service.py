@@ -344,7 +344,7 @@ def offline_report(offline: dict[str, Any], after: dict[str, cels_pb2.NodeStatus
             if e.owner in before
         }
     return {
-        "what": "obfuscators r^N mod N^2 for the node keys, computed before the session (cels.node.keys)",
+        "what": "obfuscators h_s^a mod N^2 for the node keys, computed before the session (cels.node.keys)",
         "seconds": offline["seconds"],
         "by_node": used,
         "computed_online": sum(max(0, u["used"] - u["stocked"]) for node in used.values() for u in node.values()),

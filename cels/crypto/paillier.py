@@ -2,8 +2,10 @@
 
 Used by the secure counts sum (CELS Algorithm 1) and the secure NLP (Algorithm 2).
 
-Keys come from :func:`phe.paillier.generate_paillier_keypair` (no home-made key generation);
-g = N + 1, so Enc(m; r) = (1 + mN) r^N mod N^2.  Everything else is gmpy2 arithmetic:
+Keys: N = pq from phe's prime generator, with p = q = 3 mod 4 and gcd(p - 1, q - 1) = 2 (an
+admissible modulus for Damgard-Jurik-Nielsen); g = N + 1, and the public key also carries
+h_s = h^N mod N^2 with h = -x^2 mod N, so that Enc(m) = (1 + mN) s mod N^2 with a fresh
+encryption of zero s = h_s^a (DJN, the default) or r^N (textbook).  Everything else is gmpy2:
 
 * **Packing.**  A value v becomes the integer round(v 2^scale_bits) + B, where B (the
   ``offset``) bounds |round(v 2^scale_bits)|; it lies in [0, 2B].  ``slots`` such values of
@@ -16,20 +18,20 @@ g = N + 1, so Enc(m; r) = (1 + mN) r^N mod N^2.  Everything else is gmpy2 arithm
   matrix is ceil(rows / slots) ciphertexts, stored consecutively (column-major blocks).  A
   permutation of the columns (variables x_i, Algorithm 2 lines 10-11) therefore moves whole
   ciphertexts.  A 1-D vector is encrypted as one column, so its entries are packed together.
-* **Operations.**  Encrypt (one multiplication by a precomputed obfuscator r^N, see
+* **Operations.**  Encrypt (one multiplication by a precomputed obfuscator s, see
   :mod:`cels.crypto.obfuscators`), add two encrypted matrices (c1 c2 mod N^2), add a
-  plaintext matrix ((1 + mN) c mod N^2, no encryption), re-randomise (c r^N mod N^2),
-  decrypt with CRT (mod p^2 and q^2), and big-endian bytes for protobuf (never pickle).
+  plaintext matrix ((1 + mN) c mod N^2, no encryption), re-randomise (c s mod N^2),
+  decrypt with CRT (mod p^2 and q^2), and big-endian bytes for the wire (never pickle).
 * **Key sizes.**  2048 bits by default, 3072 allowed; 512 and 1024 (the paper's tables) and
   smaller test keys only with ``allow_insecure_key_bits=True``.
 
-Not implemented: the Damgard-Jurik-Nielsen short-exponent obfuscators (an extra hardness
-assumption); obfuscators here are full r^N with r uniform in Z_N^*.
+The DJN obfuscators rest on an assumption beyond DCR (docs/crypto.md, "Obfuscators").
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 import gmpy2
 import numpy as np
 import phe
+import phe.util
 
 from cels.crypto.obfuscators import ObfuscatorSource
 
@@ -52,7 +55,8 @@ class KeySizeError(ValueError):
 
 
 class CiphertextError(ValueError):
-    """Malformed ciphertext bytes or an encrypted matrix inconsistent with its key/packing."""
+    """Malformed ciphertext bytes, an encrypted matrix inconsistent with its key/packing, or a
+    malformed public key (N or h_s)."""
 
 
 class PackingOverflowError(ValueError):
@@ -72,15 +76,38 @@ def check_key_bits(key_bits: int, *, allow_insecure_key_bits: bool = False) -> N
         raise KeySizeError(f"Paillier key of {key_bits} bits: need an even size >= {MIN_TEST_KEY_BITS}")
 
 
+def check_hs(n, hs) -> None:
+    """Refuse an h_s that cannot be DJN's h^N mod N^2 for h = -x^2 mod N and an admissible N.
+
+    Checked: N = 1 mod 4 (p = q = 3 mod 4); 1 < h_s < N^2 and gcd(h_s, N) = 1 (h_s in
+    Z*_{N^2}); h_s mod N not +-1 (h_s = +-(1 + kN) would make every h_s^a a plain shift of the
+    plaintext, hiding nothing); Jacobi(h_s mod N, N) = +1 (h_s = h^N = h mod N up to an odd
+    power, and Jacobi(-x^2, N) = Jacobi(-1, N) = +1 for such N).  That h_s is an N-th residue
+    of large order is the key holder's promise: only the factorisation can check it."""
+    n, hs = gmpy2.mpz(n), gmpy2.mpz(hs)
+    if n % 4 != 1:
+        raise CiphertextError("Paillier public key: N is not 1 mod 4 (not a product of primes = 3 mod 4)")
+    if not 1 < hs < n * n:
+        raise CiphertextError("Paillier public key: h_s must lie in 2..N^2 - 1")
+    if gmpy2.gcd(hs, n) != 1:
+        raise CiphertextError("Paillier public key: h_s is not invertible mod N^2")
+    if hs % n in (1, n - 1):
+        raise CiphertextError("Paillier public key: h_s = +-1 mod N (its powers would not hide the plaintext)")
+    if gmpy2.jacobi(hs % n, n) != 1:
+        raise CiphertextError("Paillier public key: h_s mod N has Jacobi symbol -1 (not DJN's h^N for h = -x^2)")
+
+
 @dataclass(frozen=True)
 class PublicKey:
-    """A Paillier public key N (g = N + 1)."""
+    """A Paillier public key: N (g = N + 1) and DJN's h_s = h^N mod N^2 (h = -x^2 mod N)."""
 
     n: gmpy2.mpz
+    hs: gmpy2.mpz
     nsquare: gmpy2.mpz = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n", gmpy2.mpz(self.n))
+        object.__setattr__(self, "hs", gmpy2.mpz(self.hs))
         object.__setattr__(self, "nsquare", self.n * self.n)
 
     @property
@@ -96,14 +123,22 @@ class PublicKey:
         """N, big-endian (its wire form)."""
         return int(self.n).to_bytes((self.bits + 7) // 8, "big")
 
+    def hs_bytes(self) -> bytes:
+        """h_s, big-endian at the ciphertext width (its wire form)."""
+        return int(self.hs).to_bytes(self.ciphertext_bytes, "big")
+
     @classmethod
-    def from_modulus(cls, n_bytes: bytes, *, allow_insecure_key_bits: bool = False) -> PublicKey:
-        """Parse and check a received key (size policy, odd modulus)."""
+    def from_bytes(cls, n_bytes: bytes, hs_bytes: bytes, *, allow_insecure_key_bits: bool = False) -> PublicKey:
+        """Parse and check a received key: size policy, odd N, and h_s (:func:`check_hs`)."""
         n = int.from_bytes(n_bytes, "big")
         check_key_bits(n.bit_length(), allow_insecure_key_bits=allow_insecure_key_bits)
         if n % 2 == 0:
             raise CiphertextError("Paillier public key: modulus N is even")
-        return cls(gmpy2.mpz(n))
+        if not hs_bytes:
+            raise CiphertextError("Paillier public key: h_s is missing")
+        hs = int.from_bytes(hs_bytes, "big")
+        check_hs(n, hs)
+        return cls(gmpy2.mpz(n), gmpy2.mpz(hs))
 
 
 @dataclass(frozen=True, repr=False)
@@ -130,14 +165,39 @@ class PrivateKey:
         return mq + q * ((mp - mq) * self.q_inverse % p)
 
 
+def _prime_3_mod_4(bits: int) -> int:
+    while True:
+        p = phe.util.getprimeover(bits)
+        if p % 4 == 3:
+            return p
+
+
+def admissible_primes(key_bits: int) -> tuple[int, int]:
+    """p, q from phe's prime generator (random.SystemRandom + gmpy2.next_prime) with
+    p = q = 3 mod 4, gcd(p - 1, q - 1) = 2 and N = pq of exactly ``key_bits`` bits: DJN's
+    admissible modulus, as in libdjn and HEU's DJN Paillier."""
+    while True:
+        p, q = _prime_3_mod_4(key_bits // 2), _prime_3_mod_4(key_bits // 2)
+        if p != q and (p * q).bit_length() == key_bits and math.gcd(p - 1, q - 1) == 2:
+            return p, q
+
+
 def generate_keypair(
     key_bits: int = DEFAULT_KEY_BITS, *, allow_insecure_key_bits: bool = False
 ) -> tuple[PublicKey, PrivateKey]:
-    """A fresh key pair from phe's generator (primes from random.SystemRandom + gmpy2)."""
+    """A fresh key pair: N from :func:`admissible_primes`, h = -x^2 mod N for x uniform in
+    Z_N^* (:mod:`secrets`), h_s = h^N mod N^2; phe computes the CRT decryption constants."""
     check_key_bits(key_bits, allow_insecure_key_bits=allow_insecure_key_bits)
-    phe_public, phe_private = phe.paillier.generate_paillier_keypair(n_length=key_bits)
-    public_key = PublicKey(gmpy2.mpz(phe_public.n))
-    return public_key, PrivateKey.from_phe(public_key, phe_private)
+    p, q = admissible_primes(key_bits)
+    n = gmpy2.mpz(p) * q
+    while True:
+        x = gmpy2.mpz(secrets.randbelow(int(n) - 2) + 2)
+        if gmpy2.gcd(x, n) == 1:
+            break
+    hs = gmpy2.powmod(-x * x % n, n, n * n)
+    public_key = PublicKey(n, hs)
+    phe_public = phe.PaillierPublicKey(int(n))
+    return public_key, PrivateKey.from_phe(public_key, phe.PaillierPrivateKey(phe_public, p, q))
 
 
 def checked_keypair(
@@ -326,10 +386,10 @@ class EncryptedMatrix:
         return self._with([c for j in perm for c in self.ciphertexts[j * b : (j + 1) * b]])
 
     def rerandomize(self, obfuscators: ObfuscatorSource) -> EncryptedMatrix:
-        """Multiply every ciphertext by a fresh encryption of zero r^N (single-use obfuscators)."""
+        """Multiply every ciphertext by a fresh encryption of zero (single-use obfuscators)."""
         _check_source(self.public_key, obfuscators)
         nsq = self.public_key.nsquare
-        fresh = obfuscators.take(len(self.ciphertexts))
+        fresh = obfuscators.take(self.public_key, len(self.ciphertexts))
         return self._with([c * r % nsq for c, r in zip(self.ciphertexts, fresh)])
 
     def ciphertext_bytes(self) -> list[bytes]:
@@ -379,13 +439,13 @@ def _check_source(public_key: PublicKey, obfuscators: ObfuscatorSource) -> None:
 
 def encrypt(public_key: PublicKey, values: np.ndarray, packing: Packing, obfuscators: ObfuscatorSource) -> EncryptedMatrix:
     """Encrypt a matrix (or a 1-D vector, as one column) packed down its columns:
-    Enc(m) = (1 + mN) r^N mod N^2 with one precomputed obfuscator per ciphertext."""
+    Enc(m) = (1 + mN) s mod N^2 with one precomputed obfuscator s per ciphertext."""
     packing.check_key(public_key)
     _check_source(public_key, obfuscators)
     matrix = _as_matrix(values)
     n, nsq = public_key.n, public_key.nsquare
     plain = packing.encode(matrix)
-    fresh = obfuscators.take(len(plain))
+    fresh = obfuscators.take(public_key, len(plain))
     ciphertexts = [(1 + m * n) * r % nsq for m, r in zip(plain, fresh)]
     return EncryptedMatrix(public_key, matrix.shape[0], matrix.shape[1], packing, 1, ciphertexts)
 
@@ -399,10 +459,11 @@ def int_bytes(x) -> bytes:
     return int(x).to_bytes((int(x).bit_length() + 7) // 8 or 1, "big")
 
 
-def _decrypt_chunk(n: bytes, p: bytes, q: bytes, ciphertexts: list[bytes]) -> list[bytes]:
-    """Worker-process entry: CRT decryption of big-endian ciphertexts under the key (N, p, q)."""
+def _decrypt_chunk(n: bytes, hs: bytes, p: bytes, q: bytes, ciphertexts: list[bytes]) -> list[bytes]:
+    """Worker-process entry: CRT decryption of big-endian ciphertexts under the key (N, h_s, p, q)."""
     public = phe.PaillierPublicKey(int.from_bytes(n, "big"))
-    key = PrivateKey.from_phe(PublicKey(public.n), phe.PaillierPrivateKey(public, int.from_bytes(p, "big"), int.from_bytes(q, "big")))
+    public_key = PublicKey(public.n, int.from_bytes(hs, "big"))
+    key = PrivateKey.from_phe(public_key, phe.PaillierPrivateKey(public, int.from_bytes(p, "big"), int.from_bytes(q, "big")))
     return [int_bytes(key.decrypt_raw(gmpy2.mpz(int.from_bytes(c, "big")))) for c in ciphertexts]
 
 
@@ -411,7 +472,8 @@ def decrypt_raw_many(private_key: PrivateKey, ciphertexts: Sequence, executor: E
     The key's factors and the ciphertexts reach the workers as big-endian bytes."""
     if executor is None or len(ciphertexts) < 2 * DECRYPT_CHUNK:
         return [private_key.decrypt_raw(c) for c in ciphertexts]
-    key = [int_bytes(v) for v in (private_key.public_key.n, private_key.p, private_key.q)]
+    public_key = private_key.public_key
+    key = [int_bytes(v) for v in (public_key.n, public_key.hs, private_key.p, private_key.q)]
     chunks = [
         executor.submit(_decrypt_chunk, *key, [int_bytes(c) for c in ciphertexts[i : i + DECRYPT_CHUNK]])
         for i in range(0, len(ciphertexts), DECRYPT_CHUNK)

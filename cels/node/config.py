@@ -162,7 +162,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         "--obfuscators",
         type=int,
         metavar="N",
-        help=f"party nodes: obfuscators r^N mod N^2 kept ready per peer key while idle (default {DEFAULT_STOCK}; 0: none)",
+        help=f"party nodes: obfuscators (encryptions of zero) kept ready per peer key while idle (default {DEFAULT_STOCK}; 0: none)",
     )
     keys.add_argument("--stock", action="append", default=[], metavar="NAME=N", help="stock size for one key owner (repeatable; 0: not stocked)")
     keys.add_argument("--obfuscator-workers", type=int, help="worker processes for obfuscators (default: half the cores, at least 1)")

@@ -1,7 +1,7 @@
 """A node's offline phase: its long-lived Paillier key and the obfuscator stock for its peers.
 
-Paillier encryption and re-randomisation cost one r^N mod N^2 per ciphertext, which depends
-only on the public key (CELS section 4.2).  With fresh keys in every session nothing can be
+Paillier encryption and re-randomisation cost one obfuscator (a fresh encryption of zero,
+cels.crypto.obfuscators) per ciphertext, which depends only on the public key (CELS section 4.2).  With fresh keys in every session nothing can be
 computed before the session; so by default every node makes one *node key* pair when it
 starts (2048 bits; never written anywhere) and uses it whenever a session asks for keys of
 that size: the solver for the NLP (Algorithm 2), a party when it is P_1 for the secure sums
@@ -144,7 +144,7 @@ class NodeKeys:
             self.keypair = paillier.generate_keypair(self.policy.key_bits, allow_insecure_key_bits=self._allow_insecure)
             log.info("%s: node key ready (%d bits)", self.name, self.policy.key_bits)
             if self.stock is not None and self.name in self._owners:
-                self.stock.add_key(int(self.keypair[0].n), self.name)
+                self.stock.add_key(self.keypair[0], self.name)
         self._ready.set()
         known: dict[str, int] = {}
         while not self._stop.is_set():
@@ -162,7 +162,7 @@ class NodeKeys:
                     continue
                 if known.get(peer) != int(key.n):
                     known[peer] = int(key.n)
-                    self.stock.add_key(int(key.n), peer)
+                    self.stock.add_key(key, peer)
                     log.info("%s: stocking obfuscators for %s's key", self.name, peer)
             pending = any(o not in known for o in self._owners if o != self.name)
             self._stop.wait(1.0 if pending else KEY_REFRESH_SECONDS)

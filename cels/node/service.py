@@ -35,6 +35,7 @@ from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
 from cels.node.wire import PeerPhase, Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
+from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
 from cels.node.tls import peer_names, server_credentials, warn_insecure
@@ -79,6 +80,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """Bind and start serving; returns the bound port."""
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
         cels_pb2_grpc.add_CelsNodeServicer_to_server(self, self.server)
+        add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
             warn_insecure(self.config.name)
             port = self.server.add_insecure_port(self.config.listen)

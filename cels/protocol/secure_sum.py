@@ -19,6 +19,7 @@ outside the bound is a :class:`PackingOverflowError` at construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -92,7 +93,9 @@ class SecureSum(RingMember):
     ``values`` is an int vector (counts) or a float matrix; ``result`` has its shape (int64
     when ``scale_bits`` is 0, else float64).  ``keypair`` lets the key holder reuse a key
     across sums; ``obfuscators`` maps the sum's public key to an obfuscator source (e.g. a
-    shared :class:`~cels.crypto.obfuscators.ObfuscatorPool`; default: computed inline).
+    shared :class:`~cels.crypto.obfuscators.ObfuscatorPool`; default: computed inline);
+    ``decryption_pool`` (a process pool) lets the key holder spread its CRT decryptions over
+    worker processes (default: in this process).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class SecureSum(RingMember):
         allow_insecure_key_bits: bool = False,
         keypair: tuple[PublicKey, PrivateKey] | None = None,
         obfuscators: ObfuscatorFactory | None = None,
+        decryption_pool: Executor | None = None,
     ) -> None:
         super().__init__(name, session_id, ring)
         self.sum_id = sum_id
@@ -118,6 +122,7 @@ class SecureSum(RingMember):
         self.key_bits, self.allow_insecure_key_bits = key_bits, allow_insecure_key_bits
         self._keypair = keypair
         self._obfuscators = obfuscators or _inline
+        self._decryption_pool = decryption_pool
         self.public_key: PublicKey | None = None
         self.result: np.ndarray | None = None
         self._pending_hop: tuple[str, Envelope] | None = None
@@ -224,7 +229,7 @@ class SecureSum(RingMember):
 
     def _decrypt_and_distribute(self, total: EncryptedMatrix) -> list[Outgoing]:
         try:
-            fixed = decrypt_fixed(self._keypair[1], total)
+            fixed = decrypt_fixed(self._keypair[1], total, self._decryption_pool)
         except (CiphertextError, PackingOverflowError) as exc:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"secure sum {self.sum_id!r}: {exc}") from None
         rows, cols = fixed.shape

@@ -12,11 +12,11 @@ from cels.protocol.wire import cels_pb2
 
 
 def public_key_message(key: PublicKey) -> cels_pb2.PaillierPublicKey:
-    return cels_pb2.PaillierPublicKey(n=key.modulus_bytes())
+    return cels_pb2.PaillierPublicKey(n=key.modulus_bytes(), hs=key.hs_bytes())
 
 
 def public_key_of(msg: cels_pb2.PaillierPublicKey, *, allow_insecure_key_bits: bool = False) -> PublicKey:
-    return PublicKey.from_modulus(msg.n, allow_insecure_key_bits=allow_insecure_key_bits)
+    return PublicKey.from_bytes(msg.n, msg.hs, allow_insecure_key_bits=allow_insecure_key_bits)
 
 
 def packing_message(packing: Packing) -> cels_pb2.Packing:

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# make compose-test: docker-compose.yml run for real in containers, on a slice of the AOL log.
+#
+# 1. engine     a Docker engine (Debian's docker.io + docker-compose, installed if missing;
+#               dockerd started in the background if none answers, stopped again at the end)
+# 2. base       python:3.11-slim if it is here or can be pulled; else cels-base:bookworm, a
+#               Debian bookworm image with python3 made by debootstrap + docker import (kept)
+# 3. wheelhouse every dependency's wheel, built on the host (kept while pyproject.toml is unchanged)
+# 4. image      cels:dev from the Dockerfile, offline from the wheelhouse
+# 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties
+# 6. session    docker-compose.yml + deploy/compose-test.yml (host networking, 127.0.0.1 only):
+#               certificates, a solver and three party nodes, `cels run` once all are healthy
+# 7. audit      the sanitized log against the slice (deploy/compose_release.py)
+# and, even when a step fails, the containers, volumes and network go (and a dockerd it started).
+#
+# Needs root where the engine or debootstrap must be installed or started.  Environment:
+# CELS_DATA (default ../shared/data beside the checkout), CELS_COMPOSE_USERS (default 200),
+# CELS_COMPOSE_WORK (default build/compose-test: wheelhouse, slice, outputs, logs), PYTHON (the
+# host Python with the project installed, for the wheelhouse, the slice and the audit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PYTHON=${PYTHON:-python3}
+export CELS_DATA=${CELS_DATA:-$(cd .. && pwd)/shared/data}
+USERS=${CELS_COMPOSE_USERS:-200}
+WORK=$(mkdir -p "${CELS_COMPOSE_WORK:-build/compose-test}" && cd "${CELS_COMPOSE_WORK:-build/compose-test}" && pwd)
+PROJECT=cels-compose-test
+BASE_IMAGE=python:3.11-slim
+DEBIAN_BASE=cels-base:bookworm
+COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml)
+STARTED_DOCKERD=
+NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
+TIMES=()
+
+say() { printf 'compose-test: %s\n' "$*" >&2; }
+step() {  # step NAME COMMAND...: run and time one step
+    local name=$1 start=$SECONDS
+    shift
+    say "== $name"
+    "$@"
+    TIMES+=("$(printf '%-11s %4d s' "$name" $((SECONDS - start)))")
+}
+
+teardown() {
+    local status=$?
+    if docker info >/dev/null 2>&1; then
+        "${COMPOSE[@]}" logs --no-color --timestamps >"$WORK/logs/services.log" 2>&1 || true
+        "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >"$WORK/logs/down.log" 2>&1 || say "docker-compose down failed (see $WORK/logs/down.log)"
+    fi
+    if [ -n "$STARTED_DOCKERD" ]; then
+        kill "$STARTED_DOCKERD" 2>/dev/null && while kill -0 "$STARTED_DOCKERD" 2>/dev/null; do sleep 0.2; done
+        say "stopped the dockerd it started (pid $STARTED_DOCKERD)"
+    fi
+    say "step times:"
+    printf '  %s\n' "${TIMES[@]}" >&2
+    if [ "$status" -eq 0 ]; then say "PASSED"; else say "FAILED (exit $status; logs in $WORK/logs)"; fi
+    exit "$status"
+}
+
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        say "$1 needs root (run as root, or provide it yourself)"
+        exit 1
+    fi
+}
+
+engine() {
+    if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null; then
+        need_root "installing docker.io and docker-compose"
+        if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose; } >"$WORK/logs/apt.log" 2>&1; then
+            say "installing the engine failed:"; tail -20 "$WORK/logs/apt.log" >&2; exit "$NO_ENGINE"
+        fi
+    fi
+    if ! docker info >/dev/null 2>&1; then
+        need_root "starting dockerd"
+        dockerd >"$WORK/logs/dockerd.log" 2>&1 &
+        STARTED_DOCKERD=$!
+        local waited=0
+        until docker info >/dev/null 2>&1; do
+            if ! kill -0 "$STARTED_DOCKERD" 2>/dev/null || [ $waited -ge 60 ]; then
+                say "dockerd did not come up in 60 s:"; tail -20 "$WORK/logs/dockerd.log" >&2; exit "$NO_ENGINE"
+            fi
+            sleep 1; waited=$((waited + 1))
+        done
+        say "started dockerd (pid $STARTED_DOCKERD, log $WORK/logs/dockerd.log)"
+    fi
+    docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}' >&2
+    docker-compose version --short >&2
+}
+
+base() {
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 || docker pull -q "$BASE_IMAGE" >"$WORK/logs/pull.log" 2>&1; then
+        say "base image $BASE_IMAGE"
+        return
+    fi
+    BASE_IMAGE=$DEBIAN_BASE
+    if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+        say "base image $BASE_IMAGE (cached; $BASE_IMAGE cannot be pulled)"
+        return
+    fi
+    need_root "debootstrap"
+    command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >>"$WORK/logs/apt.log" 2>&1
+    local root="$WORK/rootfs"
+    rm -rf "$root"
+    say "no Python image can be pulled: debootstrap bookworm into $root (log $WORK/logs/debootstrap.log)"
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip bookworm "$root" >"$WORK/logs/debootstrap.log" 2>&1
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -c . | docker import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'ENV LANG=C.UTF-8' \
+        --message "debian bookworm minbase + python3 (make compose-test)" - "$BASE_IMAGE" >/dev/null
+    rm -rf "$root"
+    say "base image $BASE_IMAGE made"
+}
+
+wheelhouse() {
+    local image_python host_python
+    image_python=$(docker run --rm --network none "$BASE_IMAGE" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    host_python=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [ "$image_python" != "$host_python" ]; then
+        say "the wheelhouse is built by the host's Python $host_python but $BASE_IMAGE has Python $image_python: set PYTHON"
+        exit 1
+    fi
+    local wheels=build/compose-test/wheelhouse stamp
+    stamp="python $host_python, $(sha256sum pyproject.toml | cut -d' ' -f1)"
+    if [ -f "$wheels/.stamp" ] && [ "$(cat "$wheels/.stamp")" = "$stamp" ]; then
+        say "wheelhouse $wheels (cached: pyproject.toml unchanged)"
+        return
+    fi
+    rm -rf "$wheels"
+    # the dependencies and the build backend; the project itself is built inside the image
+    "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels" . 'setuptools>=77' wheel >"$WORK/logs/wheelhouse.log" 2>&1 \
+        || { tail -20 "$WORK/logs/wheelhouse.log" >&2; exit 1; }
+    rm -f "$wheels"/cels-*.whl
+    echo "$stamp" >"$wheels/.stamp"
+    say "wheelhouse $wheels: $(ls "$wheels"/*.whl | wc -l) wheels, $(du -sh "$wheels" | cut -f1)"
+}
+
+image() {
+    docker build --quiet --tag cels:dev --build-arg BASE_IMAGE="$BASE_IMAGE" \
+        --build-arg WHEELHOUSE=build/compose-test/wheelhouse . >"$WORK/logs/build.log" 2>&1 \
+        || { tail -30 "$WORK/logs/build.log" >&2; exit 1; }
+    docker run --rm --network none cels:dev cels --help >/dev/null
+    say "image cels:dev on $BASE_IMAGE: $(docker image inspect cels:dev --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
+}
+
+data() {
+    rm -rf "$WORK/data" "$WORK/out"
+    mkdir -p "$WORK/data" "$WORK/out"
+    "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$USERS" --parties 3 --out "$WORK/data"
+    chown 1000:1000 "$WORK/out" 2>/dev/null || chmod 0777 "$WORK/out"  # the image's cels user writes there
+}
+
+session() {
+    export CELS_COMPOSE_WORK=$WORK
+    "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # a crashed earlier run
+    local status
+    set +e
+    # `up run`: the trigger and what it depends on; the trigger's exit ends the run and is the
+    # exit code (attaching to every service would end it when the certs step exits)
+    "${COMPOSE[@]}" up --no-build --exit-code-from run run 2>&1 | tee "$WORK/logs/compose.log"
+    status=${PIPESTATUS[0]}
+    set -e
+    "${COMPOSE[@]}" ps >&2
+    if [ "$status" -ne 0 ]; then
+        say "docker-compose up exited $status"
+        exit "$status"
+    fi
+}
+
+audit() {
+    "$PYTHON" deploy/compose_release.py audit --input "$WORK/data/input.tsv" --out "$WORK/out" --session deploy/session.toml
+}
+
+mkdir -p "$WORK/logs"
+trap teardown EXIT
+say "work directory $WORK"
+step engine engine
+step base base
+step wheelhouse wheelhouse
+step image image
+step data data
+step session session
+step audit audit

@@ -1,0 +1,104 @@
+"""make compose-test's data and its verdict (deploy/compose-test.sh); run with the project's Python.
+
+``slice LOG --users N --parties R --out DIR``: the first N users of an AOL log, written whole to
+DIR/input.tsv and split by user into DIR/party-{1..R}.tsv (what docker-compose.yml mounts).
+
+``audit --input DIR/input.tsv --out OUT --session session.toml``: OUT/sanitized.tsv and
+OUT/report.json against the input and the session's parameters: every released pair is an input
+pair, no unique pair is released (CELS Theorem 2, condition 1), every user's
+sum_i x_i ln t_ij <= b (conditions 2+3; cels.mechanism.conditions), the report counts the
+released rows and has every phase of every party (docs/protocol.md).  Exit 1 naming the
+first violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from cels.cli.progress import party_phases
+from cels.cli.service import session_options
+from cels.logs import LoadOptions, load_log, write_log
+from cels.logs.model import SearchLog
+from cels.mechanism.conditions import build_conditions
+from cels.mechanism.solvers import feasible
+from cels.node.config import load_toml
+
+AOL = LoadOptions(format="aol")
+
+
+def write_slice(log_path: Path, users: int, parties: int, out: Path) -> None:
+    log = load_log(log_path, LoadOptions(format="aol", max_users=users))
+    write_log(log, out / "input.tsv")
+    for k, share in enumerate(log.split_by_user(parties), start=1):
+        write_log(share, out / f"party-{k}.tsv")
+    print(f"{log_path}: first {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}, over {parties} parties in {out}")
+
+
+def released_counts(log: SearchLog, release: SearchLog) -> np.ndarray:
+    """x_i: the release's count of every pair of ``log`` (ValueError for a pair not in it)."""
+    index = {pair: i for i, pair in enumerate(log.pairs)}
+    foreign = [pair for pair in release.pairs if pair not in index]
+    if foreign:
+        raise ValueError(f"{len(foreign)} released pairs are not in the input, e.g. {foreign[0]}")
+    x = np.zeros(log.n_pairs, dtype=np.int64)
+    np.add.at(x, [index[pair] for pair in release.pairs], np.asarray(release.counts.sum(axis=0)).ravel().astype(np.int64))
+    return x
+
+
+def audit(input_path: Path, out: Path, session_path: Path) -> list[str]:
+    """The violations (empty: the release audits clean) and what was checked, printed."""
+    doc = load_toml(session_path)
+    options = session_options({**doc["session"], "initiator": doc["run"]["initiator"]})
+    log, release = load_log(input_path, AOL), load_log(out / "sanitized.tsv", AOL)
+    report = json.loads((out / "report.json").read_text())
+    x = released_counts(log, release)
+    cond, var_pairs = build_conditions(log, options.b, options.min_count, options.cap, prune=False)
+    problems = []
+    outside = np.delete(x, var_pairs)
+    if outside.any():
+        problems.append(f"{int(np.count_nonzero(outside))} unique (or cleaned) pairs released")
+    if not feasible(cond, x[var_pairs]):
+        worst = float((cond.G @ x[var_pairs].astype(np.float64)).max())
+        problems.append(f"a user's sum_i x_i ln t_ij is {worst:.6g} > b = {options.b:.6g}")
+    if report["solver"]["integer_total"] != int(x.sum()):
+        problems.append(f"report.json says {report['solver']['integer_total']} released clicks, sanitized.tsv holds {int(x.sum())}")
+    missing = set(party_phases(options.solve)) - set(report["phases"])
+    if missing:
+        problems.append(f"report.json lacks the phases {sorted(missing)}")
+    print(
+        f"audit: {log.n_users} users, {log.n_pairs} pairs in; {int(x.sum())} clicks on {int(np.count_nonzero(x))} pairs out; "
+        f"max user sum {float((cond.G @ x[var_pairs].astype(np.float64)).max(initial=0.0)):.4f} <= b = {options.b:.4f}: "
+        f"{'clean' if not problems else 'VIOLATED'}; phases {', '.join(report['phases'])}"
+    )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deploy/compose_release.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("slice", help="the first N users of an AOL log over R parties")
+    s.add_argument("log", type=Path)
+    s.add_argument("--users", type=int, required=True)
+    s.add_argument("--parties", type=int, required=True)
+    s.add_argument("--out", type=Path, required=True)
+    a = sub.add_parser("audit", help="the release against its input and session")
+    a.add_argument("--input", type=Path, required=True)
+    a.add_argument("--out", type=Path, required=True, help="the directory with sanitized.tsv and report.json")
+    a.add_argument("--session", type=Path, required=True, help="the session.toml of the run")
+    args = parser.parse_args(argv)
+    if args.command == "slice":
+        write_slice(args.log, args.users, args.parties, args.out)
+        return 0
+    problems = audit(args.input, args.out, args.session)
+    for problem in problems:
+        print(f"audit: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

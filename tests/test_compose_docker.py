@@ -1,0 +1,54 @@
+"""docker-compose.yml in real containers: make compose-test's script (deploy/compose-test.sh),
+run here when a Docker engine answers (CI runs ``make compose-test`` itself, installing and
+starting the engine).  It builds the image offline, runs the certs step, a solver and three
+party nodes with 2048-bit keys on a slice of the AOL log, and audits the release; this test
+checks that it passed, that the audit ran on a non-empty release, and that nothing of the
+compose project is left (containers, volumes, networks)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = "cels-compose-test"
+
+
+def engine_answers() -> bool:
+    if shutil.which("docker") is None or shutil.which("docker-compose") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+def leftovers() -> dict[str, list[str]]:
+    """What of the compose project the engine still has."""
+    label = f"label=com.docker.compose.project={PROJECT}"
+    found = {}
+    for kind, argv in {
+        "containers": ["docker", "ps", "--all", "--quiet", "--filter", label],
+        "volumes": ["docker", "volume", "ls", "--quiet", "--filter", label],
+        "networks": ["docker", "network", "ls", "--quiet", "--filter", label],
+    }.items():
+        found[kind] = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
+@pytest.mark.skipif(not engine_answers(), reason="no Docker engine answers `docker info` (make compose-test installs and starts one; CI runs it)")
+def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "CELS_DATA": str(shared_data), "CELS_COMPOSE_WORK": str(tmp_path)}
+    run = subprocess.run(["bash", "deploy/compose-test.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    audit = re.search(r"^audit: (\d+) users, \d+ pairs in; (\d+) clicks on \d+ pairs out; .*: clean; phases (.*)$", run.stdout, re.M)
+    assert audit is not None, run.stdout[-4000:]
+    assert int(audit.group(2)) > 0  # a non-empty release was audited
+    assert "compose-test: PASSED" in run.stderr
+    assert (tmp_path / "out" / "sanitized.tsv").is_file() and (tmp_path / "out" / "report.json").is_file()
+    assert leftovers() == {"containers": [], "volumes": [], "networks": []}

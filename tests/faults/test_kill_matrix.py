@@ -62,8 +62,6 @@ BOUNDED = {("solver", "counts", "SIGKILL")}
 def known_defects(role: str, phase: str, sig: str) -> list[str]:
     """Why a trial fails on today's main (issue 13 items); empty if it passes."""
     why = []
-    if sig == "SIGKILL" and role != "solver":
-        why.append("item 5: the SIGKILLed party node's obfuscator worker processes outlive it (reparented to init)")
     if (role, phase, sig) == ("party", "prepared", "SIGTERM"):
         why.append("items 1, 9: party-2 stops before BEGIN; the initiator, told by party-2's Abort, tells no one, so the "
                    "solver (and party-3) expire blaming themselves ('never begun')")  # fmt: skip

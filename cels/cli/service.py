@@ -95,7 +95,7 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP) before the session starts",
+        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP of --solve transformed) before the session starts",
     )
     parser.add_argument(
         "--stock-sum",
@@ -107,10 +107,13 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
-    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase)."""
+    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase).
+    The private solve encrypts nothing under the solver's key: its --stock-nlp is not filled."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {options.solver: args.stock_nlp, options.parties[0]: args.stock_sum}
+    stock = {options.parties[0]: args.stock_sum}
+    if options.solve == "transformed":
+        stock[options.solver] = args.stock_nlp
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 

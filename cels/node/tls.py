@@ -13,6 +13,11 @@ log = logging.getLogger("cels.node")
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * 1024 * 1024),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    # a restarted peer is reached within ~2 s, not after gRPC's default backoff of up to 120 s
+    # (issue 13 item 10: a channel that failed during the outage refused the next sessions)
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 INSECURE_WARNING = "WARNING: --insecure: no TLS, peers are NOT authenticated and traffic is NOT encrypted (development only)"

@@ -52,6 +52,10 @@ OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
 STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
 SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
+GONE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+"""A FINISH failing so means the peer is gone, not that it refuses."""
+NOTICE_SECONDS = 5.0
+"""Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 REORDER_WINDOW = 5.0
 """Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
@@ -75,6 +79,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         self.lock = threading.Lock()  # the host: one call at a time
         self.changed = threading.Condition(self.lock)
         self.server: grpc.Server | None = None
+        self.notices: list[threading.Thread] = []  # Abort notices in flight
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
@@ -94,8 +99,13 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         return port
 
     def stop(self, grace: float = 1.0) -> None:
+        """Abort every running session, let the Abort notices reach the peers (at most
+        NOTICE_SECONDS), then stop serving."""
         for session_id in list(self.wires):
             self.abort(session_id, self.config.name, "node shutting down")
+        limit = time.monotonic() + NOTICE_SECONDS
+        for notice in list(self.notices):
+            notice.join(max(0.0, limit - time.monotonic()))
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1)
         self.keys.close()
@@ -138,7 +148,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         for recipient, envelope in effects.messages:
             wire = self.wires.get(envelope.session_id)
             if envelope.WhichOneof("step") == "abort" or wire is None:
-                threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, 5.0), daemon=True).start()
+                notice = threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, NOTICE_SECONDS), daemon=True)
+                notice.start()
+                self.notices = [n for n in self.notices if n.is_alive()] + [notice]
             else:
                 wire.outbox.put((recipient, envelope))
 
@@ -292,17 +304,27 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             return
         wire.outbox.join()
         role = self.host.role(sid)
-        states = {me: wire.snapshot()}
-        try:
-            for peer in wire.others:
+        states, gone = {me: wire.snapshot()}, {}
+        for peer in wire.others:
+            try:
                 states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
+            except grpc.RpcError as exc:
+                detail = f"{exc.code().name}: {exc.details()}"
+                if exc.code() not in GONE:  # the peer refuses: its part is not over, or it aborted
+                    origin = refusal_origin(exc.details() or "") or peer
+                    self.abort(sid, origin, f"finishing the session failed at {peer}: {detail}")
+                    yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=detail))
+                    return
+                gone[peer] = detail  # its part was over (its last report arrived): the release stands
+        try:
             self.call(lambda now: self.host.finish(sid, now), sid)
-        except (grpc.RpcError, ProtocolError) as exc:
-            detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
-            self.abort(sid, me, f"finishing the session failed: {detail}")
-            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=me, reason=detail))
+        except ProtocolError:  # aborted meanwhile (a controller that went away, shutdown)
+            _state, origin, reason = self.host.state(sid)
+            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=reason))
             return
         report = {**(role.report or {}), "session_id": sid, "wall_seconds": time.perf_counter() - t0, "wire": wire_report(states)}
+        if gone:
+            report["unreachable_at_finish"] = gone
         with tempfile.TemporaryDirectory(prefix="cels-output-") as tmp:
             path = Path(tmp) / Path(output_name).name
             self.output_writer(role.output, path)

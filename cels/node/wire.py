@@ -94,6 +94,8 @@ class Wire:
             self.node.expire()
             if self.node.host.state(self.id)[0] != "running":
                 continue
+            if self.options.initiator == self.node.config.name and self.node.host.role(self.id).finished:
+                continue  # the output and every report are in: FINISH decides (Node._initiate)
             total, anyone_busy = 0, False
             for peer in self.others:
                 try:

@@ -53,13 +53,13 @@ AOL_ROWS = (
     b"7\tWeather  Boston\t2006-03-01 07:17:12\t1\thttp://weather.com/\n"
     b"7\tweather boston\t2006-03-01 07:18:00\t\thttp://weather.com/\n"
     b"7\tno click\t2006-03-01 07:19:00\n"
-    b"9\tcaf\xe9 paris\t2006-03-02 10:00:00\t3\thttp://cafe.fr/\n"
+    b"9\tcaf\xc3\xa9 paris\t2006-03-02 10:00:00\t3\thttp://cafe.fr/\n"
     b"9\tweather boston\t2006-03-02 10:01:00\t\t\n"
     b"8\tweather boston\t2006-03-02 11:00:00\t2\thttp://weather.com/\n"
 )
 AOL_HISTOGRAM = {
     ("7", "weather boston", "http://weather.com/"): 2,
-    ("9", "caf\udce9 paris", "http://cafe.fr/"): 1,
+    ("9", "caf\u00e9 paris", "http://cafe.fr/"): 1,
     ("8", "weather boston", "http://weather.com/"): 1,
 }
 
@@ -118,7 +118,7 @@ def test_aol_reader_events_normalisation_and_query_only_rows(tmp_path: Path) -> 
         ("7", "weather boston", "http://weather.com/", 2),
         ("7", "weather boston", "http://weather.com/", 3),
         ("7", "no click", None, 4),
-        ("9", "caf\udce9 paris", "http://cafe.fr/", 5),
+        ("9", "caf\u00e9 paris", "http://cafe.fr/", 5),
         ("9", "weather boston", None, 6),
         ("8", "weather boston", "http://weather.com/", 7),
     ]
@@ -136,7 +136,7 @@ def test_aol_round_trip_keeps_histogram_and_bytes(tmp_path: Path, name: str) -> 
     raw = gzip.decompress(out.read_bytes()) if name.endswith(".gz") else out.read_bytes()
     assert raw.splitlines()[0] == b"AnonID\tQuery\tQueryTime\tItemRank\tClickURL"
     assert raw.count(b"7\tweather boston\t\t\thttp://weather.com/\n") == 2
-    assert b"9\tcaf\xe9 paris\t\t\thttp://cafe.fr/\n" in raw  # the latin-1 byte comes back as it was
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in raw
     assert histogram(load_log(out, LoadOptions("aol"))) == AOL_HISTOGRAM
 
 
@@ -264,6 +264,8 @@ def test_msnbc_max_users_counts_data_lines(tmp_path: Path) -> None:
         ("aol", AOL_ROWS.replace(b"8\tweather", b" \tweather"), 7, "AnonID", "empty user id"),
         ("aol", b"AnonID\tQuery\n7\n", 2, "Query", "missing"),
         ("aol", b"7\tq\tt\t1\thttp://x/\textra\n", 1, None, "6 fields"),
+        ("aol", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"), 5, "Query", "byte 0xe9 is not valid UTF-8"),
+        ("histogram", b"a\tq\thttp://x/\t2\nb\tq\thttp://x/\xff\t1\n", 2, "url", "byte 0xff is not valid UTF-8"),
         ("histogram", b"a\tq\thttp://x/\t2\nb\tq\thttp://x/\t0\n", 2, "count", "'0' is not a positive integer"),
         ("histogram", b"user\tquery\turl\tcount\nb\tq\thttp://x/\ttwo\n", 2, "count", "'two' is not a positive"),
         ("histogram", b"a\tq\thttp://x/\t2\nb\tq\n", 2, "url", "missing"),
@@ -281,6 +283,20 @@ def test_bad_input_names_file_line_and_field(
         load_log(path, LoadOptions(fmt))
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
     assert str(caught.value).startswith(f"{path}, line {line}")
+
+
+def test_a_declared_encoding_reads_latin1_and_writes_utf8(tmp_path: Path) -> None:
+    """Issue 13 item 6: a latin-1 log read with encoding="latin-1" (CLI --encoding, [data]
+    encoding); the output is UTF-8 whatever the input's encoding (docs/formats.md)."""
+    path = put(tmp_path / "a.tsv", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"))
+    log = load_log(path, LoadOptions("aol", encoding="latin-1"))
+    assert histogram(log) == AOL_HISTOGRAM
+    write_log(log, tmp_path / "out.tsv")
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in (tmp_path / "out.tsv").read_bytes()
+    lenient = load_log(path, LoadOptions("aol", lenient=True))
+    assert lenient.source["skipped_lines"] == 1 and "line 5, field 'Query'" in lenient.source["skipped_examples"][0]
+    with pytest.raises(ValueError, match="unknown encoding 'klingon'"):
+        LoadOptions("aol", encoding="klingon")
 
 
 def test_tsv_missing_column_and_empty_log(tmp_path: Path) -> None:

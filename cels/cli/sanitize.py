@@ -140,6 +140,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-header", action="store_true", help="the input has no header line")
     parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
     parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
+    parser.add_argument("--encoding", default="utf-8", help="how the log bytes are text (default utf-8; e.g. latin-1): a line not valid in it is an error naming file, line and field")
 
 
 def input_options(args: argparse.Namespace) -> LoadOptions:
@@ -150,6 +151,7 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
         header=False if args.no_header else None,
         lenient=args.lenient,
         delimiter=args.delimiter,
+        encoding=args.encoding,
     )
 
 

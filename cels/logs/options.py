@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ class LoadOptions:
     ``header``: ``None`` detects it (see docs/formats.md), ``True``/``False`` force it.
     ``lenient`` skips bad lines (counted in ``source["skipped_lines"]``) instead of failing.
     ``max_users`` keeps the first N users in file order.
+    ``encoding``: how the file's bytes are text (docs/formats.md, "Encoding"); a line that is
+    not valid in it is refused naming file, line and field (default UTF-8; ``latin-1`` reads
+    any byte).
     """
 
     format: str
@@ -32,8 +36,13 @@ class LoadOptions:
     delimiter: str = "\t"
     max_users: int | None = None
     normalise: Callable[[str], str] = normalise_query
+    encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"unknown encoding {self.encoding!r} (e.g. utf-8, latin-1)") from None
         if self.format not in FORMATS:
             raise ValueError(f"unknown log format {self.format!r}; choose one of {', '.join(FORMATS)}")
         if self.format == "tsv":

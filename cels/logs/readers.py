@@ -73,7 +73,11 @@ class DelimitedReader:
     def records(self) -> Iterator[LogRecord]:
         kept: set[str] = set()
         for lineno, raw, ending in iter_lines(self.path):
-            text = decode(raw)
+            try:
+                text = raw.decode(self.options.encoding)
+            except UnicodeDecodeError as exc:
+                skip_or_raise(self.options, self.source, self._undecodable(raw, lineno, exc))
+                continue
             if lineno == 1:
                 self.source["newline"] = decode(ending) or "\n"
                 if text.startswith(BOM):
@@ -97,6 +101,16 @@ class DelimitedReader:
                     continue
                 kept.add(record.user)
             yield record
+
+    def _undecodable(self, raw: bytes, lineno: int, exc: UnicodeDecodeError) -> LogError:
+        """The field holding the first byte that is not ``options.encoding`` (issue 13 item 6)."""
+        column = raw[: exc.start].count(self.options.delimiter.encode(self.options.encoding, "replace"))
+        names = {col: self.layout.names[name] for name, col in self.layout.columns.items()}
+        field = names.get(column, f"column {column + 1}")
+        return LogError(
+            self.path, lineno, field,
+            f"byte 0x{raw[exc.start]:02x} is not valid {self.options.encoding.upper()} (a log in another encoding: --encoding, e.g. latin-1)",
+        )  # fmt: skip
 
     def _is_header(self, fields: list[str]) -> bool:
         """Forced by ``options.header``; else AOL: first field ``AnonID``; with a count column:

@@ -1,9 +1,8 @@
 """Byte-exact text I/O shared by the readers and writers.
 
-Logs are read as bytes, split on ``\\n`` only (a stray ``\\r`` inside a query stays part of
-it), and decoded as UTF-8 with ``errors="surrogateescape"``: bytes that are not UTF-8
-(latin-1 queries in old logs) become lone surrogates and are encoded back to the very same
-bytes by the writers.  ``.gz`` files are (de)compressed transparently.
+Logs are read as bytes and split on ``\\n`` only (a stray ``\\r`` inside a query stays part of
+it); the readers decode each line strictly in the log's encoding (``LoadOptions.encoding``).
+Outputs are UTF-8.  ``.gz`` files are (de)compressed transparently.
 """
 
 from __future__ import annotations

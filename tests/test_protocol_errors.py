@@ -138,3 +138,31 @@ def test_a_malformed_log_aborts_and_the_initiator_names_the_party(logs) -> None:
         run_session([logs[0], broken, logs[2]], config(), allow_insecure_key_bits=True)
     message = str(err.value)
     assert "party-2" in message and "party-2.tsv, line 17, field 'query': empty query" in message
+
+
+def double_offset(packing: cels_pb2.Packing) -> None:
+    offset = 2 * int.from_bytes(packing.offset, "big")
+    packing.offset = offset.to_bytes((offset.bit_length() + 7) // 8, "big")
+
+
+def other_scale(packing: cels_pb2.Packing) -> None:
+    packing.scale_bits -= 1
+
+
+@pytest.mark.parametrize("mutate", [double_offset, other_scale])
+@pytest.mark.parametrize(("step", "field", "named"), [("nlp_slack_block", "af", "slack block"), ("nlp_sum_hop", "ab", "ab"), ("nlp_permute_hop", "at", "at")])
+def test_the_solver_refuses_a_packing_the_session_does_not_imply_at_its_step(logs, step, field, named, mutate) -> None:
+    """Issue 13 item 11: a doubled offset or another scale in a matrix reaching the solver is
+    INVALID_ARGUMENT at that step, not an abort later."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+
+    def mutated(host, sender, env):
+        mutate(getattr(getattr(env, step), field).packing)
+        return host.receive(sender, env)
+
+    hosts["solver"] = Intercept(hosts["solver"], step, mutated)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    assert str(err.value).startswith(f"solver: {named}")

@@ -35,13 +35,14 @@ from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
 from cels.node.wire import PeerPhase, Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
+from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
 from cels.node.tls import peer_names, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -84,7 +85,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
-        cels_pb2_grpc.add_CelsNodeServicer_to_server(self, self.server)
+        add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
             warn_insecure(self.config.name)
@@ -227,6 +228,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     def Signal(self, request: cels_pb2.SessionSignal, context: grpc.ServicerContext) -> cels_pb2.SessionState:
         try:
             self.authenticate(context, None, set(self.config.peers))
+            if isinstance(request, Unparsed):
+                raise malformed(str(request))
+            check_session_id(request.session_id)
             if request.kind not in SIGNALS:
                 raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
             sid = request.session_id
@@ -249,6 +253,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         obfuscators a session used tells its message sizes, e.g. the universe size)."""
         try:
             caller = self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
+            if isinstance(request, Unparsed):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(request))
         except Refused as exc:
             context.abort(exc.code, str(exc))
         return self.keys.status(len(self.wires), with_stock=caller in self.config.controllers)
@@ -257,6 +263,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """Start a session as its initiator; stream progress, then the output and the report."""
         try:
             self.authenticate(context, None, set(self.config.controllers))
+            if isinstance(request, Unparsed):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(request))
             config = cels_pb2.SessionConfig()
             config.CopyFrom(request.config)
             options = SessionOptions.from_config(config)

@@ -25,6 +25,7 @@ from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.greedy import DEFAULT_BATCH
 from cels.mechanism.sanitize import SanitizeParams
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
+from cels.protocol.roles import MAX_SESSION_ID
 from cels.protocol.wire import cels_pb2
 
 SOLVER_NAME = "solver"
@@ -83,8 +84,8 @@ class SessionOptions:
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.session_id:
-            raise ValueError("a session needs a session id")
+        if not 0 < len(self.session_id) <= MAX_SESSION_ID or not self.session_id.isprintable():
+            raise ValueError(f"a session id is 1 to {MAX_SESSION_ID} printable characters")
         if not self.initiator:
             object.__setattr__(self, "initiator", self.parties[0] if self.parties else "")
         object.__setattr__(self, "parties", tuple(self.parties))

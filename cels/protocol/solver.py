@@ -24,7 +24,7 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
-from cels.protocol.transform import agreed_ell, eliminate_slacks
+from cels.protocol.transform import agreed_ell, eliminate_slacks, fixed_point_packing, share_bounds
 from cels.protocol.wire import cels_pb2, codec
 
 
@@ -114,10 +114,24 @@ class SolverRole(SessionRole):
             raise malformed(f"{self.name}: {what} is {enc.rows}x{enc.cols}, expected {shape[0]}x{shape[1]}")
         if enc.terms != terms:
             raise malformed(f"{self.name}: {what} sums {enc.terms} shares, expected {terms}")
+        if enc.packing != self._packing(what, enc.packing):
+            raise malformed(f"{self.name}: {what} arrives in packing {enc.packing}, not the session's {self._packing(what, enc.packing)}")
         try:
             return paillier.decrypt(self._private_key, enc, self._decryption_pool)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
+
+    def _packing(self, what: str, got: paillier.Packing) -> paillier.Packing:
+        """The packing the parties must use (party.py, ``_on_nlp_key``): AF's and AB's bounds are
+        public (share_bounds); AT's depends on the pair totals, which the solver learns only
+        from AT, so AT's packing must be the one its own bound and scale imply."""
+        _at, af_bound, ab_bound = share_bounds(1, self.b, max(self.shapes.values()))
+        r = len(self.parties)
+        if what == "at":
+            return fixed_point_packing(self.public_key, got.offset / 2**got.scale_bits, r)
+        if what == "ab":
+            return fixed_point_packing(self.public_key, ab_bound, r)
+        return fixed_point_packing(self.public_key, af_bound, 1)
 
     def _expect_nlp(self, step: str) -> None:
         if self.public_key is None or self._private_key is None:

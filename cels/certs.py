@@ -61,46 +61,72 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
         fh.write(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def make_dev_certs(out: str | os.PathLike[str], names: list[str], days: int = 30) -> dict[str, NodeCert]:
-    """Write ``ca.pem`` and ``NAME.pem`` / ``NAME.key`` for every name into ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("CELS development CA")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    _write_cert(out / "ca.pem", ca_cert)
-    result: dict[str, NodeCert] = {}
-    for name in names:
+@dataclass(frozen=True)
+class DevCA:
+    """A development certificate authority: its certificate and key."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @classmethod
+    def create(cls, days: int = 30) -> DevCA:
         key = ec.generate_private_key(ec.SECP256R1())
+        name = _name("CELS development CA")
+        not_before, not_after = _validity(days)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(cert, key)
+
+    def issue(self, name: str, days: int = 30) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """A node's certificate: a leaf (CA:FALSE) naming exactly ``name`` (CN and the one DNS
+        SAN), for TLS server and client authentication -- what a node accepts as a peer
+        (cels.node.tls.peer_identity)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        not_before, not_after = _validity(days)
         cert = (
             x509.CertificateBuilder()
             .subject_name(_name(name))
-            .issuer_name(ca_name)
+            .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(self.key, hashes.SHA256())
         )
-        _write_key(out / f"{name}.key", key)
-        _write_cert(out / f"{name}.pem", cert)
-        result[name] = NodeCert(out / "ca.pem", out / f"{name}.pem", out / f"{name}.key")
-    return result
+        return cert, key
+
+    def write(self, out: Path, names: list[str], days: int = 30) -> dict[str, NodeCert]:
+        """``out/ca.pem`` and ``out/NAME.pem`` / ``out/NAME.key`` for every name."""
+        out.mkdir(parents=True, exist_ok=True)
+        _write_cert(out / "ca.pem", self.cert)
+        result: dict[str, NodeCert] = {}
+        for name in names:
+            cert, key = self.issue(name, days)
+            _write_key(out / f"{name}.key", key)
+            _write_cert(out / f"{name}.pem", cert)
+            result[name] = NodeCert(out / "ca.pem", out / f"{name}.pem", out / f"{name}.key")
+        return result
+
+
+def _validity(days: int) -> tuple[datetime.datetime, datetime.datetime]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+
+
+def make_dev_certs(out: str | os.PathLike[str], names: list[str], days: int = 30) -> dict[str, NodeCert]:
+    """Write ``ca.pem`` and ``NAME.pem`` / ``NAME.key`` for every name into ``out`` (a fresh CA
+    whose key is not kept)."""
+    return DevCA.create(days).write(Path(out), names, days)

@@ -39,7 +39,7 @@ from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
-from cels.node.tls import peer_names, server_credentials, warn_insecure
+from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, step_name
@@ -118,13 +118,23 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def authenticate(self, context: grpc.ServicerContext, claimed: str | None, allowed: set[str]) -> str:
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
-        names = {claimed} if self.config.insecure else peer_names(context)
+        names = {claimed} if self.config.insecure else {self.identify(context)}
         if claimed is not None and claimed not in names:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {claimed!r} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed
         if not known and not (self.config.insecure and claimed is None):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")
         return sorted(known)[0] if known else "?"
+
+    def identify(self, context: grpc.ServicerContext) -> str:
+        """The caller's one name; a node (a peer) must also be able to serve (EKU serverAuth)."""
+        try:
+            identity = peer_identity(context)
+        except ValueError as exc:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name} refuses the caller's certificate: {exc}") from None
+        if identity.name in self.config.peers and not identity.serves:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name} refuses {identity.name!r}: a node's certificate needs extended key usage serverAuth too")
+        return identity.name
 
     # -- the host, and acting on what it returns ---------------------------------------------
     def call(self, action: Callable[[float], Effects], session_id: str = "") -> Effects:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 log = logging.getLogger("cels.node")
 
@@ -50,11 +54,43 @@ def open_channel(address: str, peer: str, ca: Path | None, cert: Path | None, ke
     return grpc.secure_channel(address, credentials, options=options)
 
 
-def peer_names(context: grpc.ServicerContext) -> set[str]:
-    """The names the client's verified certificate carries (subject CN and DNS SANs)."""
-    auth = context.auth_context()
-    names = auth.get("x509_subject_alternative_name", []) + auth.get("x509_common_name", [])
-    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
+@dataclass(frozen=True)
+class Identity:
+    """Who a verified client certificate says the caller is: its one name, and whether it may
+    also serve (a node: EKU serverAuth besides clientAuth; a controller needs clientAuth only)."""
+
+    name: str
+    serves: bool
+
+
+def peer_identity(context: grpc.ServicerContext) -> Identity:
+    """The identity of the client's certificate (gRPC has verified its chain to the CA).
+
+    Raises ValueError (issue 13 item 12) for a certificate that is itself a CA, that lacks EKU
+    clientAuth, or that does not carry exactly one DNS SAN (a subject CN alone names nobody;
+    several SANs would let one certificate pose as several nodes)."""
+    pem = context.auth_context().get("x509_pem_cert")
+    if not pem:
+        raise ValueError("no client certificate")
+    return certificate_identity(pem[0])
+
+
+@functools.lru_cache(maxsize=256)
+def certificate_identity(pem: bytes) -> Identity:
+    """:func:`peer_identity` of one PEM certificate."""
+    cert = x509.load_pem_x509_certificate(pem)
+    extensions = {type(e.value): e.value for e in cert.extensions}
+    basic = extensions.get(x509.BasicConstraints)
+    if basic is not None and basic.ca:
+        raise ValueError("the certificate is a CA (CA:TRUE); a node's certificate is a leaf")
+    usages = set(extensions.get(x509.ExtendedKeyUsage, []))
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise ValueError("the certificate lacks extended key usage clientAuth")
+    san = extensions.get(x509.SubjectAlternativeName)
+    names = san.get_values_for_type(x509.DNSName) if san is not None else []
+    if len(names) != 1:
+        raise ValueError(f"a node's certificate names exactly one node in a DNS SAN; this one names {len(names)} (a subject CN alone names none)")
+    return Identity(names[0], ExtendedKeyUsageOID.SERVER_AUTH in usages)
 
 
 def warn_insecure_keys(config) -> bool:

@@ -90,8 +90,8 @@ fileio.raise_on_termination()
 with fileio.atomic_write(sys.argv[1]) as fh:
     fh.write("half a release")
     fh.flush()
-    print("open", flush=True)
-    try:
+    try:  # the signal comes once "open" is read: from inside the try
+        print("open", flush=True)
         time.sleep(60)
     except fileio.Terminated:
         if sys.argv[3] == "hang":  # a library that swallows the exception and blocks on a lock

@@ -6,6 +6,7 @@ the toy session's output is the sum of the parties' log sizes.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
@@ -20,8 +21,11 @@ from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
 from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
+from cels.node.config import add_data_arguments, add_node_arguments, node_config
+from cels.node.service import Node
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 TOY = Path(__file__).resolve().parent / "nodes_toy.py"
@@ -321,3 +325,45 @@ def _quietly(call) -> None:
         call()
     except (grpc.RpcError, SessionAborted):
         pass
+
+
+def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> None:
+    """party-2 aborts (its log failed to load) while the initiator is still signalling BEGIN, so
+    the initiator's own begin is refused: the Run stream still ends with party-2's abort, not
+    with an UNKNOWN error that ``cels run`` would blame on party-1 (a CI failure, issue 13)."""
+    sys.path.insert(0, str(TOY.parent))
+    from nodes_toy import ToyRole
+
+    names = node_names(PARTIES)
+    addresses = {name: f"{LOOPBACK}:{free_port()}" for name in names}
+    parser = argparse.ArgumentParser()
+    add_node_arguments(parser)
+    add_data_arguments(parser)
+    argv = ["--name", "party-1", "--listen", addresses["party-1"], "--insecure", *peer_args(addresses, "party-1")]
+    node = Node(node_config(parser.parse_args(argv), "data"), lambda options, _keys: ToyRole("party-1", options, 5))
+    sent: list[tuple[str, str]] = []
+
+    class Peers:  # party-2's abort notice lands while party-1 signals BEGIN
+        def deliver(self, target, frames, deadline) -> None:
+            sent.append((target, "start_session"))
+
+        def signal(self, target, session_id, kind, deadline) -> None:
+            if target == "party-2":
+                node.abort(session_id, "party-2", "cannot load the log: party-2.tsv is a directory")
+
+        def try_deliver(self, target, envelope, seconds) -> None:
+            sent.append((target, envelope.WhichOneof("step")))
+
+    node.peers = Peers()
+    parties = [cels_pb2.NodeAddress(name=n, address=addresses[n]) for n in names if n.startswith("party")]
+    config = cels_pb2.SessionConfig(
+        session_id="early-abort", parties=parties, solver=cels_pb2.NodeAddress(name="solver", address=addresses["solver"]),
+        epsilon=1.0, delta=0.4, deadline_ms=5000,
+    )
+    options = SessionOptions.from_config(config)
+    node.call(lambda now: node.host.create(options, now), options.session_id)
+    events = list(node._initiate(node.wires[options.session_id], "out.tsv"))
+    assert events[-1].WhichOneof("event") == "aborted"
+    assert events[-1].aborted.origin == "party-2"
+    assert "cannot load the log" in events[-1].aborted.reason
+    assert node.host.state(options.session_id)[0] == "aborted"

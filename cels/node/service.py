@@ -306,6 +306,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             self.call(lambda now: self.host.begin(sid, now), sid)
         except grpc.RpcError as exc:
             self.abort(sid, refusal_origin(exc.details() or "") or target, f"{exc.code().name}: {exc.details()}")
+        except ProtocolError:  # a peer aborted it before it began (e.g. its log failed to load)
+            pass  # the host queued that abort, with its origin, as this wire's event
         while not isinstance(event := wire.events.get(), Event) or event.kind not in ("finished", ABORTED):
             if isinstance(event, cels_pb2.StepReport):  # a node left a phase (its report)
                 yield cels_pb2.RunEvent(progress=event)

@@ -53,13 +53,13 @@ AOL_ROWS = (
     b"7\tWeather  Boston\t2006-03-01 07:17:12\t1\thttp://weather.com/\n"
     b"7\tweather boston\t2006-03-01 07:18:00\t\thttp://weather.com/\n"
     b"7\tno click\t2006-03-01 07:19:00\n"
-    b"9\tcaf\xe9 paris\t2006-03-02 10:00:00\t3\thttp://cafe.fr/\n"
+    b"9\tcaf\xc3\xa9 paris\t2006-03-02 10:00:00\t3\thttp://cafe.fr/\n"
     b"9\tweather boston\t2006-03-02 10:01:00\t\t\n"
     b"8\tweather boston\t2006-03-02 11:00:00\t2\thttp://weather.com/\n"
 )
 AOL_HISTOGRAM = {
     ("7", "weather boston", "http://weather.com/"): 2,
-    ("9", "caf\udce9 paris", "http://cafe.fr/"): 1,
+    ("9", "caf\u00e9 paris", "http://cafe.fr/"): 1,
     ("8", "weather boston", "http://weather.com/"): 1,
 }
 
@@ -98,6 +98,10 @@ def test_load_options_are_checked() -> None:
         LoadOptions("aol", columns={"user": 1, "query": 2, "url": 3})
     with pytest.raises(ValueError, match="max_users"):
         LoadOptions("aol", max_users=0)
+    with pytest.raises(ValueError, match="unknown encoding 'latin-9000'"):
+        LoadOptions("aol", encoding="latin-9000")
+    with pytest.raises(ValueError, match="ASCII-compatible"):
+        LoadOptions("aol", encoding="utf-16")
 
 
 def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -118,7 +122,7 @@ def test_aol_reader_events_normalisation_and_query_only_rows(tmp_path: Path) -> 
         ("7", "weather boston", "http://weather.com/", 2),
         ("7", "weather boston", "http://weather.com/", 3),
         ("7", "no click", None, 4),
-        ("9", "caf\udce9 paris", "http://cafe.fr/", 5),
+        ("9", "caf\u00e9 paris", "http://cafe.fr/", 5),
         ("9", "weather boston", None, 6),
         ("8", "weather boston", "http://weather.com/", 7),
     ]
@@ -136,7 +140,35 @@ def test_aol_round_trip_keeps_histogram_and_bytes(tmp_path: Path, name: str) -> 
     raw = gzip.decompress(out.read_bytes()) if name.endswith(".gz") else out.read_bytes()
     assert raw.splitlines()[0] == b"AnonID\tQuery\tQueryTime\tItemRank\tClickURL"
     assert raw.count(b"7\tweather boston\t\t\thttp://weather.com/\n") == 2
-    assert b"9\tcaf\xe9 paris\t\t\thttp://cafe.fr/\n" in raw  # the latin-1 byte comes back as it was
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in raw  # UTF-8 comes back as it was
+    assert histogram(load_log(out, LoadOptions("aol"))) == AOL_HISTOGRAM
+
+
+def test_bytes_that_are_not_utf8_are_refused_naming_line_and_field(tmp_path: Path) -> None:
+    """Issue 13 item 6: a latin-1 byte is refused at load (it used to become a lone surrogate that
+    no protobuf string can carry), naming file, line, field and the option that reads it."""
+    latin1 = AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9")
+    path = put(tmp_path / "a.tsv", latin1)
+    with pytest.raises(LogError) as caught:
+        load_log(path, LoadOptions("aol"))
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), 5, "Query")
+    assert "e9 at byte 6 of the line are not valid UTF-8" in error.reason and "--encoding latin-1" in error.reason
+    with pytest.raises(LogError, match=r"line 1, field 'QueryTime': byte\(s\) ff at byte 5 "):
+        load_log(put(tmp_path / "t.tsv", b"7\tq\t\xff\t1\thttp://x/\n"), LoadOptions("aol"))
+    with pytest.raises(LogError, match=r"line 1, field 'column 4': byte\(s\) c3 at"):  # a UTF-8 sequence cut short
+        load_log(put(tmp_path / "c.csv", b"u;q;http://x/;\xc3\n"), LoadOptions("tsv", columns=parse_columns("user=1,query=2,url=3"), delimiter=";"))
+    lenient = load_log(path, LoadOptions("aol", lenient=True))
+    assert lenient.source["skipped_lines"] == 1 and ("9", "caf\u00e9 paris", "http://cafe.fr/") not in histogram(lenient)
+
+
+def test_latin1_logs_are_read_with_the_encoding_option_and_written_as_utf8(tmp_path: Path) -> None:
+    path = put(tmp_path / "a.tsv", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"))
+    log = load_log(path, LoadOptions("aol", encoding="latin-1"))
+    assert histogram(log) == AOL_HISTOGRAM
+    out = tmp_path / "out.tsv"
+    write_log(log, out)
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in out.read_bytes()
     assert histogram(load_log(out, LoadOptions("aol"))) == AOL_HISTOGRAM
 
 
@@ -271,6 +303,9 @@ def test_msnbc_max_users_counts_data_lines(tmp_path: Path) -> None:
         ("msnbc", MSNBC_HEADER + b"1 2\r\n18\r\n", 9, "category", "not a category number 1..17"),
         ("msnbc", MSNBC_HEADER + b"1 2\r\n1 170\r\n", 9, "category", "'170'"),
         ("msnbc", b"1 2 3\r\n", 1, "header", "starts with a '%' header"),
+        ("msnbc", MSNBC_HEADER.replace(b"travel", b"tr\xe8s"), 3, "header", "e8 at byte .* not valid UTF-8"),
+        ("msnbc", MSNBC_HEADER + b"1 2\r\n3 \xe9\r\n", 9, "category", r"visit 2 is '\\\\xe9'"),
+        ("histogram", b"a\tq\xe9\thttp://x/\t2\n", 1, "query", "e9 at byte 4 of the line are not valid UTF-8"),
     ],
 )
 def test_bad_input_names_file_line_and_field(

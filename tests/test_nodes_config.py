@@ -52,6 +52,7 @@ path = "logs/mine.tsv"
 format = "tsv"
 columns = "user=1,query=2,url=3"
 lenient = true
+encoding = "latin-1"
 """
     )
     args = parse(["--config", str(config), "--peer", "party-2=10.0.0.2:7102", "--deadline", "12", "--no-header"])
@@ -62,6 +63,9 @@ lenient = true
     path, options = data_source(args, cfg.extra)
     assert path == tmp_path / "logs" / "mine.tsv"  # relative to the TOML file
     assert (options.format, options.columns, options.header, options.lenient) == ("tsv", {"user": 1, "query": 2, "url": 3}, False, True)
+    assert options.encoding == "latin-1"
+    assert data_source(parse(["--config", str(config), "--encoding", "cp1252"]), cfg.extra)[1].encoding == "cp1252"
+    assert data_source(parse(["--data", "x.tsv"]), {})[1].encoding == "utf-8"  # strict UTF-8 unless told
 
 
 def test_tls_is_required_unless_insecure(tmp_path) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cels.logs.model import LogError, normalise_query
+from cels.logs.textio import ENCODING, check_encoding
 
 FORMATS = ("aol", "msnbc", "tsv", "histogram")
 COLUMN_NAMES = ("user", "query", "url", "count")
@@ -23,6 +24,8 @@ class LoadOptions:
     ``header``: ``None`` detects it (see docs/formats.md), ``True``/``False`` force it.
     ``lenient`` skips bad lines (counted in ``source["skipped_lines"]``) instead of failing.
     ``max_users`` keeps the first N users in file order.
+    ``encoding`` decodes the bytes, strictly: a byte sequence not valid in it is bad input
+    (default UTF-8; ``latin-1`` for old logs, docs/formats.md).
     """
 
     format: str
@@ -32,6 +35,7 @@ class LoadOptions:
     delimiter: str = "\t"
     max_users: int | None = None
     normalise: Callable[[str], str] = normalise_query
+    encoding: str = ENCODING
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -46,6 +50,7 @@ class LoadOptions:
             raise ValueError(f"delimiter must be one character other than a line break, not {self.delimiter!r}")
         if self.max_users is not None and self.max_users < 1:
             raise ValueError(f"max_users must be a positive number of users, not {self.max_users}")
+        check_encoding(self.encoding)
 
 
 def skip_or_raise(options: LoadOptions, source: dict, error: LogError) -> None:

@@ -18,7 +18,7 @@ party-2 = "127.0.0.1:7102"
 
 [data]                           # party nodes: the private log, read at every session start
 path = "logs/party-1.tsv"
-format = "aol"                   # and columns / header / lenient / delimiter as `cels sanitize`
+format = "aol"                   # and columns / header / lenient / delimiter / encoding as `cels sanitize`
 
 [solver]                         # solver nodes
 time_limit = 20.0                # the most seconds the integer step gets (caps what a session asks)
@@ -71,7 +71,8 @@ NODE_TABLES: dict[str, dict[str, Any] | None] = {
              "min_key_bits": int, "record_view": str},
     "tls": {"ca": str, "cert": str, "key": str},
     "peers": None,  # node name -> "host:port"
-    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str},
+    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str,
+             "encoding": str},
     "solver": {"time_limit": Number},
     "keys": {"session_keys": bool, "key_bits": int, "obfuscators": int, "stock": dict, "workers": int, "nice": int},
     "ledger": {"path": str, "budget_epsilon": Number, "budget_delta": Number, "window_days": Number},
@@ -285,11 +286,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
     parser.add_argument("--delimiter", help="tsv field delimiter, one character (default tab)")
     parser.add_argument("--lenient", action="store_true", default=None, help="skip bad lines instead of failing")
+    parser.add_argument("--encoding", help="the log's text encoding, e.g. latin-1 (default utf-8; bytes not valid in it abort the session)")
 
 
 def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, Any]:
     """The data file and its LoadOptions from the flags over the ``[data]`` table."""
     from cels.logs import LoadOptions, parse_columns
+    from cels.logs.textio import ENCODING
 
     base = table.get("base", Path.cwd())
     path = args.data if args.data is not None else (base / table["path"] if "path" in table else None)
@@ -306,6 +309,7 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
         header=header,
         lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
         delimiter=args.delimiter or table.get("delimiter", "\t"),
+        encoding=args.encoding or table.get("encoding", ENCODING),
     )
     return Path(path), options
 

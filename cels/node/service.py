@@ -38,10 +38,11 @@ from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
+from cels.node.rpc import add_node_service
 from cels.node.tls import peer_names, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, quoted, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -79,7 +80,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
-        cels_pb2_grpc.add_CelsNodeServicer_to_server(self, self.server)
+        add_node_service(self, self.server)  # requests parsed inside the RPCs (cels.node.rpc)
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
             warn_insecure(self.config.name)
@@ -109,7 +110,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
         names = {claimed} if self.config.insecure else peer_names(context)
         if claimed is not None and claimed not in names:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {claimed!r} but the certificate names {sorted(names)}")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {quoted(claimed)} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed
         if not known and not (self.config.insecure and claimed is None):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")

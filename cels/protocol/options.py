@@ -25,6 +25,7 @@ from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.greedy import DEFAULT_BATCH
 from cels.mechanism.sanitize import SanitizeParams
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
+from cels.protocol.roles import QUOTE_CHARS
 from cels.protocol.wire import cels_pb2
 
 SOLVER_NAME = "solver"
@@ -42,6 +43,14 @@ DEFAULT_ELL_RATIO = 1.5
 """Algorithm 2: the random matrix A has l >= ell_ratio * m rows (well-conditioned)."""
 DEFAULT_DEADLINE = 600.0
 """Seconds every node gives one protocol call of the session, and the watchdog's patience."""
+MAX_SESSION_ID = 128
+"""Characters a session id may have (longer ids are refused before anything quotes them)."""
+
+
+def check_session_id(session_id: str) -> None:
+    """Raise ValueError for an id over MAX_SESSION_ID characters (naming its length, not the id)."""
+    if len(session_id) > MAX_SESSION_ID:
+        raise ValueError(f"session id of {len(session_id)} characters ({session_id[:QUOTE_CHARS]!r}...): at most {MAX_SESSION_ID}")
 
 
 def party_names(r: int) -> list[str]:
@@ -85,6 +94,7 @@ class SessionOptions:
     def __post_init__(self) -> None:
         if not self.session_id:
             raise ValueError("a session needs a session id")
+        check_session_id(self.session_id)
         if not self.initiator:
             object.__setattr__(self, "initiator", self.parties[0] if self.parties else "")
         object.__setattr__(self, "parties", tuple(self.parties))

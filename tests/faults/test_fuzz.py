@@ -244,7 +244,6 @@ def test_signal_fuzz(cluster: FaultCluster, corpus: Corpus) -> None:
         assert {cluster.state(node, session_id).state for node in NODES} == {"done"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 11: bytes that are no Frame / SessionSignal get INTERNAL 'Exception deserializing request!'")
 def test_raw_bytes_fuzz(cluster: FaultCluster, corpus: Corpus) -> None:
     """Bytes that do not parse as the RPC's request message at all (random bytes, valid
     messages cut or with huge length prefixes) on Deliver and Signal."""
@@ -327,8 +326,6 @@ def test_a_frame_over_the_grpc_limit_is_resource_exhausted(cluster: FaultCluster
     assert cluster.state(target, corpus.sessions[0]).state == "done"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 (item 11's kin, found by this suite): a refusal quotes the peer's session id "
-                   "unbounded; with over 16 KB of details the reply becomes RESOURCE_EXHAUSTED 'received metadata size exceeds hard limit'")  # fmt: skip
 def test_an_overlong_session_id_is_refused_as_invalid(cluster: FaultCluster, corpus: Corpus) -> None:
     long_id = "s" * 50_000
     target, sender, data = corpus.messages[0]

@@ -1,14 +1,18 @@
-"""A development CA and one certificate per node (``cels certs --out DIR --parties R``).
+"""Node identities: what a node certificate is (:func:`node_identity`), and a development CA
+with one certificate per node (``cels certs --out DIR --parties R``).
 
-Each node is identified by the name in its certificate (subject CN and a DNS SAN): ``solver``,
-``party-1`` .. ``party-R`` and ``controller`` (the ``cels run`` client).  Keys are ECDSA P-256
-from the OS CSPRNG (``cryptography``); private keys are written with mode 0600.  For
-development and tests only: a deployment brings certificates from its own CA.
+Each node is identified by the one name in its certificate (its only SAN, a DNS name, equal to
+the subject CN): ``solver``, ``party-1`` .. ``party-R`` and ``controller`` (the ``cels run``
+client); the certificate is a leaf (CA:FALSE) for TLS client and server auth (docs/security.md,
+"Who a node accepts as a peer").  Keys are ECDSA P-256 from the OS CSPRNG (``cryptography``);
+private keys are written with mode 0600.  The development CA is for development and tests
+only: a deployment brings certificates from its own CA, issued by the same rules.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,58 @@ def node_names(parties: int) -> list[str]:
     if parties < 2:
         raise ValueError(f"a CELS session needs at least 2 parties, not {parties}")
     return [SOLVER, *(party_name(k) for k in range(1, parties + 1)), CONTROLLER]
+
+
+class CertificateError(ValueError):
+    """A certificate that is no node identity (:func:`node_identity` says why)."""
+
+
+NODE_USAGES = {ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth"}
+
+
+def node_identity(cert: x509.Certificate) -> str:
+    """The one node name ``cert`` carries; CertificateError unless it is a node certificate:
+    a leaf (BasicConstraints CA:FALSE or absent), extended key usage clientAuth and serverAuth,
+    exactly one subject alternative name, a DNS name, and a subject CN (if any) equal to it."""
+    try:
+        constraints = _extension(cert, x509.BasicConstraints)
+        usages = _extension(cert, x509.ExtendedKeyUsage) or []
+        sans = list(_extension(cert, x509.SubjectAlternativeName) or [])
+        cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    except ValueError as exc:
+        raise CertificateError(f"its extensions do not parse: {exc}") from None
+    if constraints is not None and constraints.ca:
+        raise CertificateError("it is a CA certificate (CA:TRUE), not a leaf")
+    missing = [label for oid, label in NODE_USAGES.items() if oid not in usages]
+    if missing:
+        raise CertificateError(f"its extended key usage lacks {' and '.join(missing)}")
+    if not sans:
+        raise CertificateError(f"it has no subject alternative name (a CN alone, {cns[:1]}, names no node)")
+    if len(sans) != 1 or not isinstance(sans[0], x509.DNSName):
+        shown = [str(getattr(san, "value", san))[:64] for san in sans[:4]]
+        raise CertificateError(f"it has {len(sans)} subject alternative names {shown}; a node has exactly one, a DNS name")
+    name = sans[0].value
+    if any(cn != name for cn in cns):
+        raise CertificateError(f"its CN {cns[0][:64]!r} differs from its name {name[:64]!r}")
+    return name
+
+
+def _extension(cert: x509.Certificate, kind: type[x509.ExtensionType]) -> x509.ExtensionType | None:
+    try:
+        return cert.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def pem_identity(pem: bytes) -> str:
+    """:func:`node_identity` of a PEM certificate (cached: a node sees its peers' certificates
+    on every call)."""
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise CertificateError(f"not a PEM certificate: {exc}") from None
+    return node_identity(cert)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,18 @@ encoding = "latin-1"
     assert data_source(parse(["--data", "x.tsv"]), {})[1].encoding == "utf-8"  # strict UTF-8 unless told
 
 
+def test_a_node_refuses_to_start_with_another_nodes_certificate(certs) -> None:
+    """Issue 13 item 12: a node's own certificate must be a node certificate naming it."""
+    base = ["--listen", "127.0.0.1:7101", "--peer", "solver=127.0.0.1:7100"]
+    own = certs["party-1"]
+    args = [*base, "--ca", str(own.ca), "--key", str(own.key)]
+    assert node_config(parse([*args, "--name", "party-1", "--cert", str(own.cert)]), "data").name == "party-1"
+    with pytest.raises(ValueError, match=r"names 'party-2', not this node 'party-1'"):
+        node_config(parse([*args, "--name", "party-1", "--cert", str(certs["party-2"].cert)]), "data")
+    with pytest.raises(ValueError, match="is no node certificate: not a PEM certificate"):
+        node_config(parse([*args, "--name", "party-1", "--cert", str(own.key)]), "data")
+
+
 def test_tls_is_required_unless_insecure(tmp_path) -> None:
     base = ["--name", "party-1", "--listen", "127.0.0.1:7101", "--peer", "solver=127.0.0.1:7100"]
     with pytest.raises(ValueError, match="mutual TLS needs ca, cert, key"):

@@ -55,7 +55,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from cels.certs import CONTROLLER
+from cels.certs import CONTROLLER, CertificateError, pem_identity
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
 from cels.protocol.options import DEFAULT_DEADLINE
@@ -132,6 +132,12 @@ class NodeConfig:
             for n in ("ca", "cert", "key"):
                 if not Path(getattr(self, n)).is_file():
                     raise ValueError(f"{n} file {getattr(self, n)} does not exist")
+            try:
+                name = pem_identity(Path(self.cert).read_bytes())
+            except CertificateError as exc:
+                raise ValueError(f"cert file {self.cert} is no node certificate: {exc}") from None
+            if name != self.name:
+                raise ValueError(f"cert file {self.cert} names {name!r}, not this node {self.name!r}")
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:

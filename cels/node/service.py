@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from cels.certs import CertificateError
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
 from cels.node.wire import PeerPhase, Wire
@@ -39,7 +40,7 @@ from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
 from cels.node.rpc import add_node_service
-from cels.node.tls import peer_names, server_credentials, warn_insecure
+from cels.node.tls import peer_name, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Role, quoted, step_name
@@ -108,7 +109,10 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def authenticate(self, context: grpc.ServicerContext, claimed: str | None, allowed: set[str]) -> str:
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
-        names = {claimed} if self.config.insecure else peer_names(context)
+        try:
+            names = {claimed} if self.config.insecure else {peer_name(context)}
+        except CertificateError as exc:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name}: the client certificate is no node identity: {exc}") from None
         if claimed is not None and claimed not in names:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {quoted(claimed)} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed

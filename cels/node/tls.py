@@ -8,6 +8,8 @@ from pathlib import Path
 
 import grpc
 
+from cels.certs import CertificateError, pem_identity
+
 log = logging.getLogger("cels.node")
 
 CHANNEL_OPTIONS = [
@@ -45,11 +47,13 @@ def open_channel(address: str, peer: str, ca: Path | None, cert: Path | None, ke
     return grpc.secure_channel(address, credentials, options=options)
 
 
-def peer_names(context: grpc.ServicerContext) -> set[str]:
-    """The names the client's verified certificate carries (subject CN and DNS SANs)."""
-    auth = context.auth_context()
-    names = auth.get("x509_subject_alternative_name", []) + auth.get("x509_common_name", [])
-    return {n.decode() if isinstance(n, bytes) else str(n) for n in names}
+def peer_name(context: grpc.ServicerContext) -> str:
+    """The one node name of the client's verified certificate (cels.certs.node_identity);
+    CertificateError if the certificate is no node identity."""
+    pem = context.auth_context().get("x509_pem_cert")
+    if not pem:
+        raise CertificateError("the client presented no certificate")
+    return pem_identity(pem[0])
 
 
 def warn_insecure_keys(config) -> bool:

@@ -1,18 +1,14 @@
-"""Node identities: what a node certificate is (:func:`node_identity`), and a development CA
-with one certificate per node (``cels certs --out DIR --parties R``).
+"""A development CA and one certificate per node (``cels certs --out DIR --parties R``).
 
-Each node is identified by the one name in its certificate (its only SAN, a DNS name, equal to
-the subject CN): ``solver``, ``party-1`` .. ``party-R`` and ``controller`` (the ``cels run``
-client); the certificate is a leaf (CA:FALSE) for TLS client and server auth (docs/security.md,
-"Who a node accepts as a peer").  Keys are ECDSA P-256 from the OS CSPRNG (``cryptography``);
-private keys are written with mode 0600.  The development CA is for development and tests
-only: a deployment brings certificates from its own CA, issued by the same rules.
+Each node is identified by the name in its certificate (subject CN and a DNS SAN): ``solver``,
+``party-1`` .. ``party-R`` and ``controller`` (the ``cels run`` client).  Keys are ECDSA P-256
+from the OS CSPRNG (``cryptography``); private keys are written with mode 0600.  For
+development and tests only: a deployment brings certificates from its own CA.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,58 +36,6 @@ def node_names(parties: int) -> list[str]:
     return [SOLVER, *(party_name(k) for k in range(1, parties + 1)), CONTROLLER]
 
 
-class CertificateError(ValueError):
-    """A certificate that is no node identity (:func:`node_identity` says why)."""
-
-
-NODE_USAGES = {ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth", ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth"}
-
-
-def node_identity(cert: x509.Certificate) -> str:
-    """The one node name ``cert`` carries; CertificateError unless it is a node certificate:
-    a leaf (BasicConstraints CA:FALSE or absent), extended key usage clientAuth and serverAuth,
-    exactly one subject alternative name, a DNS name, and a subject CN (if any) equal to it."""
-    try:
-        constraints = _extension(cert, x509.BasicConstraints)
-        usages = _extension(cert, x509.ExtendedKeyUsage) or []
-        sans = list(_extension(cert, x509.SubjectAlternativeName) or [])
-        cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    except ValueError as exc:
-        raise CertificateError(f"its extensions do not parse: {exc}") from None
-    if constraints is not None and constraints.ca:
-        raise CertificateError("it is a CA certificate (CA:TRUE), not a leaf")
-    missing = [label for oid, label in NODE_USAGES.items() if oid not in usages]
-    if missing:
-        raise CertificateError(f"its extended key usage lacks {' and '.join(missing)}")
-    if not sans:
-        raise CertificateError(f"it has no subject alternative name (a CN alone, {cns[:1]}, names no node)")
-    if len(sans) != 1 or not isinstance(sans[0], x509.DNSName):
-        shown = [str(getattr(san, "value", san))[:64] for san in sans[:4]]
-        raise CertificateError(f"it has {len(sans)} subject alternative names {shown}; a node has exactly one, a DNS name")
-    name = sans[0].value
-    if any(cn != name for cn in cns):
-        raise CertificateError(f"its CN {cns[0][:64]!r} differs from its name {name[:64]!r}")
-    return name
-
-
-def _extension(cert: x509.Certificate, kind: type[x509.ExtensionType]) -> x509.ExtensionType | None:
-    try:
-        return cert.extensions.get_extension_for_class(kind).value
-    except x509.ExtensionNotFound:
-        return None
-
-
-@functools.lru_cache(maxsize=256)
-def pem_identity(pem: bytes) -> str:
-    """:func:`node_identity` of a PEM certificate (cached: a node sees its peers' certificates
-    on every call)."""
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError as exc:
-        raise CertificateError(f"not a PEM certificate: {exc}") from None
-    return node_identity(cert)
-
-
 @dataclass(frozen=True)
 class NodeCert:
     """Where one node's credentials are: the CA certificate, its certificate and its key."""
@@ -117,46 +61,72 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
         fh.write(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def make_dev_certs(out: str | os.PathLike[str], names: list[str], days: int = 30) -> dict[str, NodeCert]:
-    """Write ``ca.pem`` and ``NAME.pem`` / ``NAME.key`` for every name into ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("CELS development CA")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    _write_cert(out / "ca.pem", ca_cert)
-    result: dict[str, NodeCert] = {}
-    for name in names:
+@dataclass(frozen=True)
+class DevCA:
+    """A development certificate authority: its certificate and key."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    @classmethod
+    def create(cls, days: int = 30) -> DevCA:
         key = ec.generate_private_key(ec.SECP256R1())
+        name = _name("CELS development CA")
+        not_before, not_after = _validity(days)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        return cls(cert, key)
+
+    def issue(self, name: str, days: int = 30) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """A node's certificate: a leaf (CA:FALSE) naming exactly ``name`` (CN and the one DNS
+        SAN), for TLS server and client authentication -- what a node accepts as a peer
+        (cels.node.tls.peer_identity)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        not_before, not_after = _validity(days)
         cert = (
             x509.CertificateBuilder()
             .subject_name(_name(name))
-            .issuer_name(ca_name)
+            .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(self.key, hashes.SHA256())
         )
-        _write_key(out / f"{name}.key", key)
-        _write_cert(out / f"{name}.pem", cert)
-        result[name] = NodeCert(out / "ca.pem", out / f"{name}.pem", out / f"{name}.key")
-    return result
+        return cert, key
+
+    def write(self, out: Path, names: list[str], days: int = 30) -> dict[str, NodeCert]:
+        """``out/ca.pem`` and ``out/NAME.pem`` / ``out/NAME.key`` for every name."""
+        out.mkdir(parents=True, exist_ok=True)
+        _write_cert(out / "ca.pem", self.cert)
+        result: dict[str, NodeCert] = {}
+        for name in names:
+            cert, key = self.issue(name, days)
+            _write_key(out / f"{name}.key", key)
+            _write_cert(out / f"{name}.pem", cert)
+            result[name] = NodeCert(out / "ca.pem", out / f"{name}.pem", out / f"{name}.key")
+        return result
+
+
+def _validity(days: int) -> tuple[datetime.datetime, datetime.datetime]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+
+
+def make_dev_certs(out: str | os.PathLike[str], names: list[str], days: int = 30) -> dict[str, NodeCert]:
+    """Write ``ca.pem`` and ``NAME.pem`` / ``NAME.key`` for every name into ``out`` (a fresh CA
+    whose key is not kept)."""
+    return DevCA.create(days).write(Path(out), names, days)

@@ -2,14 +2,18 @@
 
 Data goes to a temporary file in the target's directory, is flushed and fsync'ed, and is
 renamed over the target with :func:`os.replace` only when the ``with`` block succeeds.  On
-any exception the temporary file is removed and an existing target is left untouched.
+any exception the temporary file is removed and an existing target is left untouched.  A
+command that calls :func:`raise_on_termination` turns SIGTERM and SIGHUP into
+:class:`Terminated`, so that a signal unwinds the same way (issue 13 item 4).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +36,7 @@ def atomic_write(
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    _OPEN_TEMPORARIES.add(tmp_name)
     try:
         os.chmod(tmp_name, _final_mode(target))
         if mode == "wb":
@@ -49,6 +54,56 @@ def atomic_write(
         except FileNotFoundError:
             pass
         raise
+    finally:
+        _OPEN_TEMPORARIES.discard(tmp_name)
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread: every ``with`` block unwinds, so open
+    :func:`atomic_write` files are removed and started node processes are stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+TERMINATION_GRACE = 15.0
+"""Seconds a signalled command may take to unwind (a started node takes up to 10 s to stop);
+then its open temporary files are removed and it exits regardless."""
+_OPEN_TEMPORARIES: set[str] = set()
+
+
+def raise_on_termination() -> None:
+    """Make SIGTERM and SIGHUP raise :class:`Terminated` and SIGINT KeyboardInterrupt in the
+    main thread; a no-op when called from another thread.
+
+    An exception raised at an arbitrary point can leave a library's lock held (a gRPC
+    channel's close then waits forever), so each signal also arms a timer: after
+    TERMINATION_GRACE seconds the open temporary files are removed and the process exits
+    with 128 + the signal's number."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminated(signum: int, _frame: object) -> None:
+        timer = threading.Timer(TERMINATION_GRACE, _exit_now, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, terminated)
+
+
+def _exit_now(signum: int) -> None:
+    for name in list(_OPEN_TEMPORARIES):
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
+    os._exit(128 + signum)
 
 
 def _final_mode(target: Path) -> int:

@@ -30,22 +30,20 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     def start():
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
         from cels.node.config import node_config
         from cels.node.keys import NodeKeys
         from cels.node.service import Node
         from cels.node.tls import warn_insecure_keys
         from cels.protocol.options import SessionOptions
         from cels.protocol.solver import SolverRole
+        from cels.workers import worker_pool
 
         args = build_parser().parse_args(argv)
         config = node_config(args, "solver")
         max_time_limit = args.solver_time_limit if args.solver_time_limit is not None else config.extra.get("time_limit")
         allow_small = warn_insecure_keys(config)
         # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
-        pool = ProcessPoolExecutor(config.keys.workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = worker_pool(config.keys.workers)
 
         def factory(session: SessionOptions, keys: NodeKeys) -> SolverRole:
             return SolverRole(

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,38 @@ def test_atomic_write_json_round_trip(tmp_path: Path) -> None:
     atomic_write_json(tmp_path / "r.json", obj)
     text = (tmp_path / "r.json").read_text(encoding="utf-8")
     assert json.loads(text) == obj and text.endswith("\n")
+
+
+SIGNALLED_WRITER = """
+import sys, time
+import cels.fileio as fileio
+fileio.TERMINATION_GRACE = float(sys.argv[2])
+fileio.raise_on_termination()
+with fileio.atomic_write(sys.argv[1]) as fh:
+    fh.write("half a release")
+    fh.flush()
+    try:  # the signal comes once "open" is read: from inside the try
+        print("open", flush=True)
+        time.sleep(60)
+    except fileio.Terminated:
+        if sys.argv[3] == "hang":  # a library that swallows the exception and blocks on a lock
+            time.sleep(60)
+        raise
+"""
+
+
+@pytest.mark.parametrize("unwinding", ["unwinds", "hang"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_removes_the_temporary_file(tmp_path: Path, sig: signal.Signals, unwinding: str) -> None:
+    """Issue 13 item 4: a terminated writer leaves nothing; when unwinding hangs, the grace
+    timer removes the temporary file and exits 128 + signal."""
+    target = tmp_path / "sanitized.tsv"
+    writer = subprocess.Popen([sys.executable, "-c", SIGNALLED_WRITER, str(target), "1.0", unwinding], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "open\n"
+    assert len(list(tmp_path.iterdir())) == 1
+    start = time.monotonic()
+    writer.send_signal(sig)
+    writer.communicate(timeout=20)
+    assert writer.returncode == (128 + sig if unwinding == "hang" else 1)
+    assert time.monotonic() - start < 10
+    assert not list(tmp_path.iterdir())

@@ -153,23 +153,11 @@ def test_bytes_that_are_not_utf8_are_refused_naming_line_and_field(tmp_path: Pat
         load_log(path, LoadOptions("aol"))
     error = caught.value
     assert (error.path, error.line, error.field) == (str(path), 5, "Query")
-    assert "e9 at byte 6 of the line are not valid UTF-8" in error.reason and "--encoding latin-1" in error.reason
-    with pytest.raises(LogError, match=r"line 1, field 'QueryTime': byte\(s\) ff at byte 5 "):
+    assert "byte 0xe9 is not valid UTF-8 (byte 6 of the line)" in error.reason and "--encoding latin-1" in error.reason
+    with pytest.raises(LogError, match=r"line 1, field 'QueryTime': byte 0xff is not valid UTF-8 \(byte 5 "):
         load_log(put(tmp_path / "t.tsv", b"7\tq\t\xff\t1\thttp://x/\n"), LoadOptions("aol"))
-    with pytest.raises(LogError, match=r"line 1, field 'column 4': byte\(s\) c3 at"):  # a UTF-8 sequence cut short
+    with pytest.raises(LogError, match=r"line 1, field 'column 4': byte 0xc3 is not valid UTF-8"):  # a UTF-8 sequence cut short
         load_log(put(tmp_path / "c.csv", b"u;q;http://x/;\xc3\n"), LoadOptions("tsv", columns=parse_columns("user=1,query=2,url=3"), delimiter=";"))
-    lenient = load_log(path, LoadOptions("aol", lenient=True))
-    assert lenient.source["skipped_lines"] == 1 and ("9", "caf\u00e9 paris", "http://cafe.fr/") not in histogram(lenient)
-
-
-def test_latin1_logs_are_read_with_the_encoding_option_and_written_as_utf8(tmp_path: Path) -> None:
-    path = put(tmp_path / "a.tsv", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"))
-    log = load_log(path, LoadOptions("aol", encoding="latin-1"))
-    assert histogram(log) == AOL_HISTOGRAM
-    out = tmp_path / "out.tsv"
-    write_log(log, out)
-    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in out.read_bytes()
-    assert histogram(load_log(out, LoadOptions("aol"))) == AOL_HISTOGRAM
 
 
 def test_aol_header_detection_bom_and_crlf(tmp_path: Path) -> None:
@@ -296,6 +284,8 @@ def test_msnbc_max_users_counts_data_lines(tmp_path: Path) -> None:
         ("aol", AOL_ROWS.replace(b"8\tweather", b" \tweather"), 7, "AnonID", "empty user id"),
         ("aol", b"AnonID\tQuery\n7\n", 2, "Query", "missing"),
         ("aol", b"7\tq\tt\t1\thttp://x/\textra\n", 1, None, "6 fields"),
+        ("aol", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"), 5, "Query", "byte 0xe9 is not valid UTF-8"),
+        ("histogram", b"a\tq\thttp://x/\t2\nb\tq\thttp://x/\xff\t1\n", 2, "url", "byte 0xff is not valid UTF-8"),
         ("histogram", b"a\tq\thttp://x/\t2\nb\tq\thttp://x/\t0\n", 2, "count", "'0' is not a positive integer"),
         ("histogram", b"user\tquery\turl\tcount\nb\tq\thttp://x/\ttwo\n", 2, "count", "'two' is not a positive"),
         ("histogram", b"a\tq\thttp://x/\t2\nb\tq\n", 2, "url", "missing"),
@@ -303,9 +293,9 @@ def test_msnbc_max_users_counts_data_lines(tmp_path: Path) -> None:
         ("msnbc", MSNBC_HEADER + b"1 2\r\n18\r\n", 9, "category", "not a category number 1..17"),
         ("msnbc", MSNBC_HEADER + b"1 2\r\n1 170\r\n", 9, "category", "'170'"),
         ("msnbc", b"1 2 3\r\n", 1, "header", "starts with a '%' header"),
-        ("msnbc", MSNBC_HEADER.replace(b"travel", b"tr\xe8s"), 3, "header", "e8 at byte .* not valid UTF-8"),
+        ("msnbc", MSNBC_HEADER.replace(b"travel", b"tr\xe8s"), 3, "header", "byte 0xe8 is not valid UTF-8"),
         ("msnbc", MSNBC_HEADER + b"1 2\r\n3 \xe9\r\n", 9, "category", r"visit 2 is '\\\\xe9'"),
-        ("histogram", b"a\tq\xe9\thttp://x/\t2\n", 1, "query", "e9 at byte 4 of the line are not valid UTF-8"),
+        ("histogram", b"a\tq\xe9\thttp://x/\t2\n", 1, "query", r"byte 0xe9 is not valid UTF-8 \(byte 4 of the line\)"),
     ],
 )
 def test_bad_input_names_file_line_and_field(
@@ -316,6 +306,20 @@ def test_bad_input_names_file_line_and_field(
         load_log(path, LoadOptions(fmt))
     assert (caught.value.path, caught.value.line, caught.value.field) == (str(path), line, field)
     assert str(caught.value).startswith(f"{path}, line {line}")
+
+
+def test_a_declared_encoding_reads_latin1_and_writes_utf8(tmp_path: Path) -> None:
+    """Issue 13 item 6: a latin-1 log read with encoding="latin-1" (CLI --encoding, [data]
+    encoding); the output is UTF-8 whatever the input's encoding (docs/formats.md)."""
+    path = put(tmp_path / "a.tsv", AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9"))
+    log = load_log(path, LoadOptions("aol", encoding="latin-1"))
+    assert histogram(log) == AOL_HISTOGRAM
+    write_log(log, tmp_path / "out.tsv")
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in (tmp_path / "out.tsv").read_bytes()
+    lenient = load_log(path, LoadOptions("aol", lenient=True))
+    assert lenient.source["skipped_lines"] == 1 and "line 5, field 'Query'" in lenient.source["skipped_examples"][0]
+    with pytest.raises(ValueError, match="unknown encoding 'klingon'"):
+        LoadOptions("aol", encoding="klingon")
 
 
 def test_tsv_missing_column_and_empty_log(tmp_path: Path) -> None:

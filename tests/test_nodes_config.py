@@ -76,7 +76,7 @@ def test_a_node_refuses_to_start_with_another_nodes_certificate(certs) -> None:
     assert node_config(parse([*args, "--name", "party-1", "--cert", str(own.cert)]), "data").name == "party-1"
     with pytest.raises(ValueError, match=r"names 'party-2', not this node 'party-1'"):
         node_config(parse([*args, "--name", "party-1", "--cert", str(certs["party-2"].cert)]), "data")
-    with pytest.raises(ValueError, match="is no node certificate: not a PEM certificate"):
+    with pytest.raises(ValueError, match="is no node certificate: "):
         node_config(parse([*args, "--name", "party-1", "--cert", str(own.key)]), "data")
 
 

@@ -155,12 +155,16 @@ def raw_ciphertext(host, plaintext, width: int) -> bytes:
     return ((1 + m * n) * pow(r, n, nsq) % nsq).to_bytes(width, "big")
 
 
-def double_offset(matrix) -> None:
-    matrix.packing.offset = (2 * int.from_bytes(matrix.packing.offset, "big")).to_bytes(len(matrix.packing.offset) + 1, "big")
+def double_offset(matrix: cels_pb2.EncryptedMatrix) -> None:
+    offset = 2 * int.from_bytes(matrix.packing.offset, "big")
+    matrix.packing.offset = offset.to_bytes((offset.bit_length() + 7) // 8, "big")
 
 
-def wrong_scale(matrix) -> None:
-    matrix.packing.scale_bits += 1
+def other_scale(step: int):
+    def mutate(matrix: cels_pb2.EncryptedMatrix) -> None:
+        matrix.packing.scale_bits += step
+
+    return mutate
 
 
 def plaintext(value):
@@ -175,7 +179,8 @@ def plaintext(value):
 
 MUTATIONS = {
     "doubled offset": (double_offset, "packing."),
-    "wrong scale": (wrong_scale, "packing.scale_bits"),
+    "scale + 1": (other_scale(1), "packing.scale_bits"),
+    "scale - 1": (other_scale(-1), "packing."),
     "zero plaintext": (plaintext(0), "limit"),
     "oversized plaintext": (plaintext("max"), "wider than its packing"),
 }

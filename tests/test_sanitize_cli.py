@@ -88,7 +88,7 @@ def test_latin1_input_is_refused_unless_encoding_says_so(tmp_path, capsys):
     args = ("--epsilon", "40", "--delta", "0.9999999", "--seed", "1", "--objective", "max-output")
     assert run(tmp_path, *args, input_path=src) == 2
     err = capsys.readouterr().err.strip()
-    assert f"{src}, line 2, field 'Query': byte(s) e9" in err and "not valid UTF-8" in err and len(err.splitlines()) == 1
+    assert f"{src}, line 2, field 'Query': byte 0xe9" in err and "not valid UTF-8" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out.tsv").exists()
     assert run(tmp_path, *args, "--encoding", "latin-1", input_path=src) == 0
     assert (tmp_path / "out.tsv").read_bytes().decode("utf-8").startswith(HEADER)

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import secrets
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import gmpy2
 import numpy as np
@@ -56,6 +54,7 @@ from cels.inprocess import InMemoryNetwork
 from cels.protocol.party import COUNT_BOUND
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2, codec
+from cels.workers import worker_pool
 
 VALUE_RANGE = 2**20  # benchmark counts are uniform in [0, 2^20)
 
@@ -217,7 +216,7 @@ def decryption(private_key, ciphertexts: int, workers: int | None) -> dict:
     decrypt_raw_many(private_key, values)
     in_process = time.perf_counter() - start
     workers = workers or os.cpu_count() or 1
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(workers) as pool:
         decrypt_raw_many(private_key, values, pool)
         start = time.perf_counter()
         plain = decrypt_raw_many(private_key, values, pool)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import resource
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ from cels.logs import LoadOptions, default_data_dir, load_log
 from cels.mechanism.conditions import build_conditions
 from cels.mechanism.sampling import make_rng, multinomial_sample
 from cels.mechanism.solvers import OBJECTIVES, feasible, solve
+from cels.workers import worker_pool
 
 AOL_FILE = "aol-dev.tsv.gz"
 MSNBC_FILE = "msnbc990928.seq.gz"
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     result: dict = {"data": str(data), "cases": {}}
     todo = cases(data, args.time_limit)
     for name, case_args in tqdm(todo, desc="bench mechanism", unit="case", file=sys.stderr):
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with worker_pool(1) as pool:
             result["cases"][name] = pool.submit(run_case, *case_args).result()
     full = result["cases"]["msnbc_full_b0.1_oump"]
     result["msnbc_full_target"] = {

@@ -7,7 +7,8 @@ module of the command given is imported: ``cels --help`` lists the commands from
 
 Exit codes (README, "Exit codes"): 0 done; 1 a distributed session aborted; 2 bad input,
 parameters or configuration (one line naming the file, table or flag); 3 the release is
-empty (its output and report are written, with the reason on stderr); 130 interrupted.
+empty (its output and report are written, with the reason on stderr); 130 interrupted;
+143 / 129 stopped by SIGTERM / SIGHUP (temporary outputs removed, started nodes stopped).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+
+from cels.fileio import Terminated, raise_on_termination
 
 DESCRIPTION = (
     "Publish one sanitized search log from the private logs of one or several organisations. "
@@ -74,11 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    raise_on_termination()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("cels: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:  # every output's temporary file is already removed
+        print(f"cels: stopped by {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except (ValueError, OSError) as exc:  # bad input or parameters: one clear line, no traceback
         print(f"cels {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -64,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--no-header", action="store_true", help="the input has no header line")
     sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
+    sim.add_argument("--encoding", default="utf-8", help="how the log bytes are text (default utf-8; e.g. latin-1): a line not valid in it is an error naming file, line and field")
     sim.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sampling's probabilistic DP (default 1)")
     sim.add_argument("--delta", type=float, default=0.4, help="per-user probability that the output holds one of the user's records (default 0.4; not approximate DP's delta << 1/n)")
     sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
@@ -95,7 +96,7 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP) before the session starts",
+        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP of --solve transformed) before the session starts",
     )
     parser.add_argument(
         "--stock-sum",
@@ -107,10 +108,13 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
-    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase)."""
+    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase).
+    The private solve encrypts nothing under the solver's key: its --stock-nlp is not filled."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {options.solver: args.stock_nlp, options.parties[0]: args.stock_sum}
+    stock = {options.parties[0]: args.stock_sum}
+    if options.solve == "transformed":
+        stock[options.solver] = args.stock_nlp
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 
@@ -229,6 +233,8 @@ def input_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--delimiter", args.delimiter]
     if args.lenient:
         flags.append("--lenient")
+    if args.encoding != "utf-8":
+        flags += ["--encoding", args.encoding]
     return flags
 
 

@@ -23,7 +23,6 @@ module stays import-light (no numpy) because spawned workers import it.
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
 import secrets
 import threading
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import gmpy2
+
+from cels.workers import worker_pool
 
 if TYPE_CHECKING:
     from cels.crypto.paillier import PublicKey
@@ -194,7 +195,7 @@ class ObfuscatorPool:
         self._width = ((self.n * self.n).bit_length() + 7) // 8
         self._n_bytes = self.n.to_bytes((self.n.bit_length() + 7) // 8, "big")
         self._own_executor = executor is None
-        self._executor = executor or ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        self._executor = executor or worker_pool(self.workers)
         self._changed = threading.Condition()
         self._pending: set[Future] = set()
         self._queued = 0  # obfuscators in pending batches
@@ -336,8 +337,7 @@ class ObfuscatorStock:
         self.batch = max(1, batch)
         self.workers = workers or os.cpu_count() or 1
         # nice: the workers' niceness increment (os.nice in each worker), so that an idle node's refill yields the host
-        context = multiprocessing.get_context("spawn")
-        self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=os.nice, initargs=(nice,))
+        self._executor = worker_pool(self.workers, nice)
         self._pools: dict[int, ObfuscatorPool] = {}
         self._owners: dict[int, str] = {}
         self._lock = threading.Lock()

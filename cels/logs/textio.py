@@ -41,10 +41,10 @@ def check_encoding(encoding: str) -> None:
 
 
 def undecodable(raw: bytes, error: UnicodeDecodeError, encoding: str) -> str:
-    """What a refusal says about ``raw[error.start:error.end]``, bytes that are not valid ``encoding``."""
+    """What a refusal says about ``raw[error.start]``, the first byte that is not valid ``encoding``."""
     label = codecs.lookup(encoding).name.upper()
     return (
-        f"byte(s) {raw[error.start:error.end].hex(' ')} at byte {error.start + 1} of the line are not valid {label}; "
+        f"byte 0x{raw[error.start]:02x} is not valid {label} (byte {error.start + 1} of the line); "
         "read a log in another encoding with the encoding option (e.g. --encoding latin-1, [data] encoding = \"latin-1\")"
     )
 

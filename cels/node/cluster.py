@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from cels.certs import NodeCert
+from cels.node.process import STOP_WITH_PARENT
 
 LOOPBACK = "127.0.0.1"
 
@@ -68,9 +69,11 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "wb")
-        # a session of its own: a Ctrl-C on the terminal reaches the caller only, which stops the nodes
+        # a session of its own: a Ctrl-C on the terminal reaches the caller only, which stops the
+        # nodes; were the caller SIGKILLed, each node stops by itself (STOP_WITH_PARENT)
         process = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, STOP_WITH_PARENT: str(os.getpid()), **(env or {})},
             start_new_session=True,
         )  # fmt: skip
         node = NodeProcess(name, address, process, log_path, log)

@@ -55,7 +55,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from cels.certs import CONTROLLER, CertificateError, pem_identity
+from cels.certs import CONTROLLER
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
 from cels.protocol.options import DEFAULT_DEADLINE
@@ -132,12 +132,16 @@ class NodeConfig:
             for n in ("ca", "cert", "key"):
                 if not Path(getattr(self, n)).is_file():
                     raise ValueError(f"{n} file {getattr(self, n)} does not exist")
+            from cels.node.tls import certificate_identity  # grpc: only once the node is configured
+
             try:
-                name = pem_identity(Path(self.cert).read_bytes())
-            except CertificateError as exc:
+                identity = certificate_identity(Path(self.cert).read_bytes())
+            except ValueError as exc:
                 raise ValueError(f"cert file {self.cert} is no node certificate: {exc}") from None
-            if name != self.name:
-                raise ValueError(f"cert file {self.cert} names {name!r}, not this node {self.name!r}")
+            if identity.name != self.name:
+                raise ValueError(f"cert file {self.cert} names {identity.name!r}, not this node {self.name!r}")
+            if not identity.serves:
+                raise ValueError(f"cert file {self.cert} lacks extended key usage serverAuth (a node serves its peers)")
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
-from cels.protocol.roles import Envelope, ProtocolError, quoted, step_name
+from cels.node.handlers import Unparsed
+from cels.protocol.roles import Envelope, ProtocolError, check_session_id, quoted, step_name
 from cels.protocol.wire import cels_pb2
 
 CHUNK_BYTES = 1 << 20
@@ -36,14 +37,18 @@ def to_frames(envelope: Envelope, message_id: int, chunk_bytes: int = CHUNK_BYTE
 def from_frames(frames: Iterable[cels_pb2.Frame]) -> tuple[Envelope, int]:
     """Reassemble one envelope; returns it with the frames' total wire size.
 
-    Raises ProtocolError ``invalid_argument`` for frames out of order, of mixed messages,
-    a missing last frame, an oversized message, or bytes that are not an Envelope with a step.
+    Raises ProtocolError ``invalid_argument`` for bytes that are not a Frame, a bad session id,
+    frames out of order, of mixed messages, a missing last frame, an oversized message, or bytes
+    that are not an Envelope with a step.
     """
     parts: list[bytes] = []
     first: cels_pb2.Frame | None = None
     complete = False
     size = wire = 0
     for frame in frames:
+        if isinstance(frame, Unparsed):
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, str(frame))
+        check_session_id(frame.session_id)
         wire += frame.ByteSize()
         if complete:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, "frame after the last one")

@@ -25,6 +25,11 @@ class Refused(Exception):
         self.code = code
 
 
+RECONNECT_SECONDS = 3.0
+"""A call that finds its peer unreachable waits this long for the channel to reconnect, once
+(a restarted peer; the channels' reconnect backoff is at most 2 s, cels.node.tls)."""
+
+
 class PeerClients:
     """One channel per peer node, opened on first use."""
 
@@ -46,7 +51,7 @@ class PeerClients:
             return self._stubs[peer]
 
     def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> None:
-        self.stub(peer).Deliver(iter(frames), timeout=timeout)
+        self._reaching(lambda **wait: self.stub(peer).Deliver(iter(frames), **wait), timeout)
 
     def try_deliver(self, peer: str, envelope: Envelope, timeout: float) -> None:
         """Best effort (Abort notices): failures are logged, not raised."""
@@ -56,7 +61,26 @@ class PeerClients:
             log.info("%s: could not tell %s: %s", self.config.name, peer, exc)
 
     def signal(self, peer: str, session_id: str, kind: int, timeout: float) -> cels_pb2.SessionState:
-        return self.stub(peer).Signal(cels_pb2.SessionSignal(session_id=session_id, kind=kind), timeout=timeout)
+        request = cels_pb2.SessionSignal(session_id=session_id, kind=kind)
+        if kind == cels_pb2.SessionSignal.PROBE:  # the watchdog's probes fail fast: it counts failures itself
+            return self.stub(peer).Signal(request, timeout=timeout)
+        return self._reaching(lambda **wait: self.stub(peer).Signal(request, **wait), timeout)
+
+    @staticmethod
+    def _reaching(call, timeout: float):
+        """``call`` failing fast; if the peer was unreachable, once more waiting up to
+        RECONNECT_SECONDS for the channel to connect (issue 13 item 10).  A connection refused
+        means the first call never reached the peer, so the retry cannot deliver twice."""
+        try:
+            return call(timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            first = exc
+        try:
+            return call(timeout=min(timeout, RECONNECT_SECONDS), wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise first if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else exc from None
 
     def status(self, peer: str) -> cels_pb2.NodeStatus:
         """A peer's node key and stock (outside sessions; a short deadline)."""

@@ -46,6 +46,11 @@ def node_main(prog: str, start: Callable[[], Node]) -> int:
         return EXIT_CANNOT_SERVE
 
 
+STOP_WITH_PARENT = "CELS_STOP_WITH_PARENT"
+"""Environment variable: a pid; the node stops when its parent is no longer that process (the
+local cluster of ``cels simulate`` / ``cels bench`` sets it, so that its nodes do not outlive a
+SIGKILLed controller)."""
+
 STOP_SECONDS = 10.0
 """How long a stopping node may take to tell its peers and close; then it exits regardless."""
 
@@ -73,8 +78,11 @@ def serve(node: Node) -> int:
         node.stop()
         raise
     print(f"{node.config.name}: listening on {node.config.listen}", file=sys.stderr, flush=True)
+    parent = os.environ.get(STOP_WITH_PARENT)
     while not stop.wait(1.0):  # a timed wait: the main thread returns to the interpreter every second
-        pass
+        if parent is not None and str(os.getppid()) != parent:
+            log.warning("%s: the process that started it (pid %s) is gone", node.config.name, parent)
+            break
     log.info("%s: stopping", node.config.name)
     stopper = threading.Thread(target=node.stop, name="stop", daemon=True)
     stopper.start()

@@ -31,19 +31,18 @@ from typing import Any
 
 import grpc
 
-from cels.certs import CertificateError
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
 from cels.node.wire import PeerPhase, Wire
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
+from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
-from cels.node.rpc import add_node_service
-from cels.node.tls import peer_name, server_credentials, warn_insecure
+from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, quoted, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, quoted, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -54,6 +53,10 @@ OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
 STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
 SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
+GONE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+"""A FINISH failing so means the peer is gone, not that it refuses."""
+NOTICE_SECONDS = 5.0
+"""Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 REORDER_WINDOW = 5.0
 """Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
@@ -77,11 +80,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         self.lock = threading.Lock()  # the host: one call at a time
         self.changed = threading.Condition(self.lock)
         self.server: grpc.Server | None = None
+        self.notices: list[threading.Thread] = []  # Abort notices in flight
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
-        add_node_service(self, self.server)  # requests parsed inside the RPCs (cels.node.rpc)
+        add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
             warn_insecure(self.config.name)
@@ -96,8 +100,13 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         return port
 
     def stop(self, grace: float = 1.0) -> None:
+        """Abort every running session, let the Abort notices reach the peers (at most
+        NOTICE_SECONDS), then stop serving."""
         for session_id in list(self.wires):
             self.abort(session_id, self.config.name, "node shutting down")
+        limit = time.monotonic() + NOTICE_SECONDS
+        for notice in list(self.notices):
+            notice.join(max(0.0, limit - time.monotonic()))
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1)
         self.keys.close()
@@ -109,16 +118,23 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def authenticate(self, context: grpc.ServicerContext, claimed: str | None, allowed: set[str]) -> str:
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
-        try:
-            names = {claimed} if self.config.insecure else {peer_name(context)}
-        except CertificateError as exc:
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name}: the client certificate is no node identity: {exc}") from None
+        names = {claimed} if self.config.insecure else {self.identify(context)}
         if claimed is not None and claimed not in names:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {quoted(claimed)} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed
         if not known and not (self.config.insecure and claimed is None):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")
         return sorted(known)[0] if known else "?"
+
+    def identify(self, context: grpc.ServicerContext) -> str:
+        """The caller's one name; a node (a peer) must also be able to serve (EKU serverAuth)."""
+        try:
+            identity = peer_identity(context)
+        except ValueError as exc:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name} refuses the caller's certificate: {exc}") from None
+        if identity.name in self.config.peers and not identity.serves:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"{self.config.name} refuses {identity.name!r}: a node's certificate needs extended key usage serverAuth too")
+        return identity.name
 
     # -- the host, and acting on what it returns ---------------------------------------------
     def call(self, action: Callable[[float], Effects], session_id: str = "") -> Effects:
@@ -143,7 +159,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         for recipient, envelope in effects.messages:
             wire = self.wires.get(envelope.session_id)
             if envelope.WhichOneof("step") == "abort" or wire is None:
-                threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, 5.0), daemon=True).start()
+                notice = threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, NOTICE_SECONDS), daemon=True)
+                notice.start()
+                self.notices = [n for n in self.notices if n.is_alive()] + [notice]
             else:
                 wire.outbox.put((recipient, envelope))
 
@@ -220,6 +238,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     def Signal(self, request: cels_pb2.SessionSignal, context: grpc.ServicerContext) -> cels_pb2.SessionState:
         try:
             self.authenticate(context, None, set(self.config.peers))
+            if isinstance(request, Unparsed):
+                raise malformed(str(request))
+            check_session_id(request.session_id)
             if request.kind not in SIGNALS:
                 raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
             sid = request.session_id
@@ -242,6 +263,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         obfuscators a session used tells its message sizes, e.g. the universe size)."""
         try:
             caller = self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
+            if isinstance(request, Unparsed):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(request))
         except Refused as exc:
             context.abort(exc.code, str(exc))
         return self.keys.status(len(self.wires), with_stock=caller in self.config.controllers)
@@ -250,6 +273,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """Start a session as its initiator; stream progress, then the output and the report."""
         try:
             self.authenticate(context, None, set(self.config.controllers))
+            if isinstance(request, Unparsed):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(request))
             config = cels_pb2.SessionConfig()
             config.CopyFrom(request.config)
             options = SessionOptions.from_config(config)
@@ -297,17 +322,27 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             return
         wire.outbox.join()
         role = self.host.role(sid)
-        states = {me: wire.snapshot()}
-        try:
-            for peer in wire.others:
+        states, gone = {me: wire.snapshot()}, {}
+        for peer in wire.others:
+            try:
                 states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
+            except grpc.RpcError as exc:
+                detail = f"{exc.code().name}: {exc.details()}"
+                if exc.code() not in GONE:  # the peer refuses: its part is not over, or it aborted
+                    origin = refusal_origin(exc.details() or "") or peer
+                    self.abort(sid, origin, f"finishing the session failed at {peer}: {detail}")
+                    yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=detail))
+                    return
+                gone[peer] = detail  # its part was over (its last report arrived): the release stands
+        try:
             self.call(lambda now: self.host.finish(sid, now), sid)
-        except (grpc.RpcError, ProtocolError) as exc:
-            detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
-            self.abort(sid, me, f"finishing the session failed: {detail}")
-            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=me, reason=detail))
+        except ProtocolError:  # aborted meanwhile (a controller that went away, shutdown)
+            _state, origin, reason = self.host.state(sid)
+            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=reason))
             return
         report = {**(role.report or {}), "session_id": sid, "wall_seconds": time.perf_counter() - t0, "wire": wire_report(states)}
+        if gone:
+            report["unreachable_at_finish"] = gone
         with tempfile.TemporaryDirectory(prefix="cels-output-") as tmp:
             path = Path(tmp) / Path(output_name).name
             self.output_writer(role.output, path)

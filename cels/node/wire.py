@@ -24,6 +24,16 @@ if TYPE_CHECKING:
     from cels.node.service import Node
 
 
+LINK_FLOOR = 125_000
+"""Bytes per second: the slowest link a delivery is given time for (1 Mbit/s)."""
+
+
+def delivery_timeout(deadline: float, size: int) -> float:
+    """A Deliver call's timeout: the session's deadline (the recipient's step runs inside the
+    call) plus ``size`` bytes at LINK_FLOOR, so a slow link does not break a big message."""
+    return deadline + size / LINK_FLOOR
+
+
 @dataclass
 class PeerPhase:
     """A peer entered ``phase`` (seen by the initiator's watchdog), ``seconds`` into the session."""
@@ -70,8 +80,9 @@ class Wire:
                     self.node.take(self.node.config.name, envelope)
                     continue
                 frames = to_frames(envelope, next(ids))
-                self.node.peers.deliver(recipient, frames, self.deadline)
-                self.bytes_sent[step_name(envelope)] += sum(f.ByteSize() for f in frames)
+                size = sum(f.ByteSize() for f in frames)
+                self.node.peers.deliver(recipient, frames, delivery_timeout(self.deadline, size))
+                self.bytes_sent[step_name(envelope)] += size
                 self.messages_sent[step_name(envelope)] += 1
             except grpc.RpcError as exc:
                 origin = refusal_origin(exc.details() or "") or recipient
@@ -94,6 +105,8 @@ class Wire:
             self.node.expire()
             if self.node.host.state(self.id)[0] != "running":
                 continue
+            if self.options.initiator == self.node.config.name and self.node.host.role(self.id).finished:
+                continue  # the output and every report are in: FINISH decides (Node._initiate)
             total, anyone_busy = 0, False
             for peer in self.others:
                 try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, Outgoing, Role, fail, malformed, step_name
+from cels.protocol.wire import cels_pb2
 
 RoleFactory = Callable[[SessionOptions], Role]
 """Builds this node's role for a session; ValueError / OSError refuses the session."""
@@ -241,10 +242,18 @@ class SessionHost:
         if aborted is not None:  # the role failed, or a peer's Abort reached it
             events += self._end(session, ABORTED, aborted.origin, aborted.reason)
             own = [(dst, env) for dst, env in messages if env.WhichOneof("step") == "abort"]
+            if not own and session.options.initiator == self.name:
+                own = self._relay(session, aborted)
             return Effects(messages=own, events=events)
         if session.role.finished and session.options.initiator == self.name:
             events.append(Event(session.options.session_id, self.name, "finished"))
         return Effects(messages=messages, events=events, wake_at=session.expires_at)
+
+    def _relay(self, session: HostedSession, aborted: cels_pb2.Abort) -> list[Outgoing]:
+        """The initiator passes a peer's Abort on to every other node: the peer may have died
+        before its own notices went out, and a session that was never begun has no watchdog."""
+        others = [n for n in session.options.nodes if n not in (self.name, aborted.origin)]
+        return [(node, Envelope(session_id=aborted.session_id, sender=self.name, abort=aborted)) for node in others]
 
     def _phase(self, session: HostedSession, old: str, new: str) -> None:
         now = self.meter()

@@ -25,7 +25,7 @@ from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.greedy import DEFAULT_BATCH
 from cels.mechanism.sanitize import SanitizeParams
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
-from cels.protocol.roles import QUOTE_CHARS
+from cels.protocol.roles import MAX_SESSION_ID
 from cels.protocol.wire import cels_pb2
 
 SOLVER_NAME = "solver"
@@ -43,14 +43,6 @@ DEFAULT_ELL_RATIO = 1.5
 """Algorithm 2: the random matrix A has l >= ell_ratio * m rows (well-conditioned)."""
 DEFAULT_DEADLINE = 600.0
 """Seconds every node gives one protocol call of the session, and the watchdog's patience."""
-MAX_SESSION_ID = 128
-"""Characters a session id may have (longer ids are refused before anything quotes them)."""
-
-
-def check_session_id(session_id: str) -> None:
-    """Raise ValueError for an id over MAX_SESSION_ID characters (naming its length, not the id)."""
-    if len(session_id) > MAX_SESSION_ID:
-        raise ValueError(f"session id of {len(session_id)} characters ({session_id[:QUOTE_CHARS]!r}...): at most {MAX_SESSION_ID}")
 
 
 def party_names(r: int) -> list[str]:
@@ -92,9 +84,8 @@ class SessionOptions:
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.session_id:
-            raise ValueError("a session needs a session id")
-        check_session_id(self.session_id)
+        if not 0 < len(self.session_id) <= MAX_SESSION_ID or not self.session_id.isprintable():
+            raise ValueError(f"a session id is 1 to {MAX_SESSION_ID} printable characters")
         if not self.initiator:
             object.__setattr__(self, "initiator", self.parties[0] if self.parties else "")
         object.__setattr__(self, "parties", tuple(self.parties))

@@ -58,6 +58,16 @@ def malformed(message: str) -> ProtocolError:
     return ProtocolError(ProtocolError.INVALID_ARGUMENT, message)
 
 
+MAX_SESSION_ID = 128
+"""Characters of a session id: refusals quote it, so a peer cannot blow up the reply."""
+
+
+def check_session_id(session_id: str) -> None:
+    """Refuse (INVALID_ARGUMENT) an empty, overlong or unprintable session id, quoting none of it."""
+    if not 0 < len(session_id) <= MAX_SESSION_ID or not session_id.isprintable():
+        raise malformed(f"a session id is 1 to {MAX_SESSION_ID} printable characters, not {len(session_id)} characters")
+
+
 @dataclass(frozen=True)
 class Accepts:
     """One row of a role's transition table: the phases in which it takes a step message, and

@@ -26,13 +26,11 @@ _RAN: list[str] = []
 @pytest.fixture(scope="module")
 def cluster(request, tmp_path_factory):
     """Three party nodes and a solver node for one test module (its ``CLUSTER`` dict gives
-    FaultCluster's options, its ``start_cluster(nodes)`` function, if any, starts them in place
-    of ``nodes.start()``); stopped at the end, counting crashes and orphans."""
+    FaultCluster's options); stopped at the end, counting crashes and orphans."""
     options = getattr(request.module, "CLUSTER", {})
-    start = getattr(request.module, "start_cluster", FaultCluster.start)
     nodes = FaultCluster(tmp_path_factory.mktemp(Path(request.module.__file__).stem), **options)
     try:
-        start(nodes)
+        nodes.start()
         yield nodes
     finally:
         stop_and_count(nodes)

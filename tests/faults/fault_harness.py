@@ -452,6 +452,20 @@ class FaultCluster:
     def controller(self) -> Controller:
         return Controller(PARTIES[0], self.listen[PARTIES[0]], self.certs / "ca.pem", self.certs / f"{CONTROLLER}.pem", self.certs / f"{CONTROLLER}.key")
 
+    def run_config(self, directory: Path) -> Path:
+        """A session TOML for ``cels run`` (output and report under ``directory/out``)."""
+        certs, path = self.certs, directory / "session.toml"
+        path.write_text(
+            "[run]\n"
+            f'initiator = "{PARTIES[0]}"\naddress = "{self.listen[PARTIES[0]]}"\n'
+            f'ca = "{certs / "ca.pem"}"\ncert = "{certs / f"{CONTROLLER}.pem"}"\nkey = "{certs / f"{CONTROLLER}.key"}"\n'
+            'output = "out/sanitized.tsv"\nreport = "out/report.json"\ntimeout = 60\n'
+            "[session]\n"
+            f"parties = {list(PARTIES)!r}\nepsilon = 1.0\ndelta = 0.4\nkey_bits = {KEY_BITS}\ndeadline = {self.deadline}\n".replace("'", '"')
+        )
+        (directory / "out").mkdir(exist_ok=True)
+        return path
+
     def options(self, **kw: Any) -> SessionOptions:
         kw.setdefault("deadline", self.deadline)
         return SessionOptions.create(list(PARTIES), epsilon=1.0, delta=0.4, key_bits=KEY_BITS, **kw).with_addresses(self.advertised)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cels.node.client import SessionAborted
-from fault_harness import BIN, CONTROLLER, FAULTS, NODES, PARTIES, FaultCluster
+from fault_harness import BIN, FAULTS, NODES, PARTIES, FaultCluster
 
 CLUSTER = {"users": 90, "pairs": 60, "fmt": "histogram", "deadline": 8.0}
 VICTIM = PARTIES[1]
@@ -79,17 +79,7 @@ def test_cels_run_prints_the_party_file_line_and_field(cluster: FaultCluster, tm
     line and field; it writes no output file."""
     path = cluster.data[VICTIM]
     good = path.read_bytes()
-    certs = cluster.certs
-    session = tmp_path / "session.toml"
-    session.write_text(
-        "[run]\n"
-        f'initiator = "{PARTIES[0]}"\naddress = "{cluster.listen[PARTIES[0]]}"\n'
-        f'ca = "{certs / "ca.pem"}"\ncert = "{certs / f"{CONTROLLER}.pem"}"\nkey = "{certs / f"{CONTROLLER}.key"}"\n'
-        'output = "out/sanitized.tsv"\nreport = "out/report.json"\ntimeout = 60\n'
-        "[session]\n"
-        f"parties = {list(PARTIES)!r}\nepsilon = 1.0\ndelta = 0.4\nkey_bits = 512\ndeadline = 8.0\n".replace("'", '"')
-    )
-    (tmp_path / "out").mkdir()
+    session = cluster.run_config(tmp_path)
     break_log(path, HEADER + "u1\tq\thttp://x/1\tmany\n")
     try:
         done = subprocess.run([str(BIN / "cels"), "run", "--config", str(session)], capture_output=True, text=True, timeout=120)

@@ -25,8 +25,6 @@ CLUSTER = {"users": 150, "pairs": 120, "deadline": 8.0}
 RESTART_BOUND = 30.0
 """N must stay below this many seconds (a node's start-up is a few seconds of it)."""
 RETRY = 0.5
-ITEM_10 = ("issue 13 item 10: after an outage with sessions tried, the peers' stale channels back off; the first "
-           "sessions after the restart fail UNAVAILABLE 'Connection refused' although the node answers Status")  # fmt: skip
 
 
 def restart_after_down(cluster: FaultCluster, tmp_path: Path, victim: str, down: float) -> dict:
@@ -65,7 +63,6 @@ def test_restarted_node_serves_a_session_within_the_bound(cluster: FaultCluster,
     assert result["seconds"] < RESTART_BOUND, result
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_10)
 @pytest.mark.parametrize("victim", [SOLVER, PARTIES[1]])
 def test_first_session_after_a_restart_succeeds(cluster: FaultCluster, tmp_path: Path, victim: str) -> None:
     result = restart_after_down(cluster, tmp_path, victim, down=20.0)

@@ -23,11 +23,7 @@ def served(cluster: FaultCluster, tmp_path_factory) -> FaultCluster:
 
 @pytest.mark.parametrize(
     "node",
-    [
-        *PARTIES,
-        pytest.param(SOLVER, marks=pytest.mark.xfail(strict=True, reason="issue 13 (item 5's kin, found by this suite): the solver's "
-                     "decryption pool processes (cels-solver's ProcessPoolExecutor) outlive a SIGTERM: serve() ends with os._exit and nothing shuts the pool down")),  # fmt: skip
-    ],
+    [*PARTIES, SOLVER],
 )
 def test_sigterm_leaves_no_process(served: FaultCluster, node: str) -> None:
     run = served.runs[node]

@@ -42,7 +42,7 @@ from cels.node.peers import PeerClients, Refused
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, quoted, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -120,7 +120,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
         names = {claimed} if self.config.insecure else {self.identify(context)}
         if claimed is not None and claimed not in names:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {claimed!r} but the certificate names {sorted(names)}")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {quoted(claimed)} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed
         if not known and not (self.config.insecure and claimed is None):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")

@@ -44,7 +44,7 @@ from cels.mechanism.greedy import ProposalRule
 from cels.mechanism.noise import noise_scale
 from cels.protocol.private_solve import PrivateSolveParty
 from cels.protocol.sampling import StagedSampler, paper_trials
-from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
+from cels.protocol.transform import share_packings, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
 
 COUNT_BOUND = 2**31 - 1
@@ -235,6 +235,7 @@ class PartyRole(SessionRole):
                 allow_insecure_key_bits=self._allow_insecure,
                 keypair=self._sum_keypair,
                 obfuscators=self._obfuscators_for,
+                nonnegative=True,
             )
         except paillier.PackingOverflowError as exc:
             raise RoleFailure(str(exc)) from None
@@ -334,15 +335,11 @@ class PartyRole(SessionRole):
         share = transform_constraints(self.rows, self.b, self.ell, self._rng)
         count_row = self.totals[self.active] if self.k == 0 else np.zeros(len(self.active))
         self._share = {"at": np.vstack([share.at, count_row[None, :]]), "ab": share.ab}
-        at_bound, af_bound, ab_bound = share_bounds(int(self.totals.max(initial=1)), self.b, max(rows))
-        self._packings = {
-            "at": fixed_point_packing(key, at_bound, self.r),
-            "ab": fixed_point_packing(key, ab_bound, self.r),
-        }
+        self._packings = share_packings(key, int(self.totals.max(initial=1)), self.b, rows, self.r)
         self._obf = self._obfuscators_for(key)
         out = []
         if rows[self.k]:
-            af = paillier.encrypt(key, share.af, fixed_point_packing(key, af_bound, 1), self._obf)
+            af = paillier.encrypt(key, share.af, self._packings["af"], self._obf)
             block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=codec.matrix_message(af))
             out = self._send(self.solver, nlp_slack_block=block)
         if self.k != 0:
@@ -357,13 +354,13 @@ class PartyRole(SessionRole):
         for w in which:
             shape = shapes[w]
             try:
-                enc = codec.matrix_of(getattr(msg, w), self.nlp_key)
+                enc = codec.matrix_of(getattr(msg, w), self.nlp_key, self._packings[w])
             except ValueError as exc:
                 raise malformed(f"{self.name}: {step}.{w}: {exc}") from None
-            if (enc.rows, enc.cols) != shape or enc.packing != self._packings[w] or enc.terms != terms:
+            if (enc.rows, enc.cols) != shape or enc.terms != terms:
                 raise malformed(
                     f"{self.name}: {step}.{w} is {enc.rows}x{enc.cols} with {enc.terms} shares, "
-                    f"expected {shape[0]}x{shape[1]} with {terms} in the session's packing"
+                    f"expected {shape[0]}x{shape[1]} with {terms}"
                 )
             out[w] = enc
         return out

@@ -11,7 +11,7 @@ phase (wall clock and busy), its bytes, every node's peak RSS and the offline / 
 A (solve, r) series runs from the smallest size up; a point that exceeds ``--point-time-limit``
 (default 30 min) or fails stops its series, and the larger sizes are recorded as skipped, with
 the fitted curve's extrapolation.  The fitted slope is the least-squares line of log(y) on
-log(pairs) over the points that ran (docs/deployment.md, "Scale").
+log(pairs) over the points that ran (README, "Scale").
 
 Writes ``scale.json``, ``scale.csv`` and the log-log ``scale.png`` into ``--out`` after every
 point (atomically), and prints the JSON at the end.

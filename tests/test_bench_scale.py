@@ -120,3 +120,17 @@ def test_synthetic_histogram_is_seeded_and_files_read_back(tmp_path) -> None:
     assert sum(log.size for log in logs) == one.size
     users = [set(log.users) for log in logs]
     assert sum(map(len, users)) == len(set().union(*users)) == one.users  # every user at exactly one party
+
+
+def test_resume_keeps_earlier_points_and_refuses_other_settings(tmp_path, capsys) -> None:
+    """--resume reruns nothing that ran or ran out of time; a different key size is refused."""
+    out = tmp_path / "scale"
+    argv = ["bench", "scale", "--pairs", "2K", "--parties", "3", "--key-bits", "512", "--point-time-limit", "0.5", "--out", str(out)]
+    assert main(argv) == 0
+    first = json.loads((out / "scale.json").read_text())
+    assert main([*argv, "--resume"]) == 0
+    again = json.loads((out / "scale.json").read_text())
+    assert again["points"] == first["points"] and again["resumed"]["points_kept"] == 1
+    capsys.readouterr()
+    assert main([a if a != "512" else "1024" for a in argv] + ["--resume"]) == 2  # bad input
+    assert "--resume" in capsys.readouterr().err and json.loads((out / "scale.json").read_text()) == again

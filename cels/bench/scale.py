@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 from tqdm import tqdm
 
@@ -65,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True, help="directory for scale.json, scale.csv and scale.png")
+    parser.add_argument("--resume", action="store_true", help="keep the points of --out's scale.json that ran or ran out of time (same settings)")
     parser.set_defaults(func=run)
 
 
@@ -124,10 +126,10 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     start = time.perf_counter()
     try:
         result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit)
-    except (SessionAborted, TimeoutError) as exc:
+    except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit
-        return {**point, "status": "time_limit" if over else "failed", "point_seconds": seconds, "error": str(exc)}
+        return {**point, "status": "time_limit" if over else "failed", "point_seconds": seconds, "error": str(exc).splitlines()[0]}
     report = result["report"]
     figures = solve_result(result, parties)
     offline = figures["offline"] or {}
@@ -263,7 +265,10 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
 
 
 def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Generate the synthetic input, write the parties' files, run the point."""
+    """Generate the synthetic input, write the parties' files, run the point; a point that
+    failed (not one over its time limit) is run once more -- the machine is shared, and a
+    node that misses a Status poll under load should not end a series -- and the retry's
+    result is kept with the first failure under ``retried_after``."""
     start = time.perf_counter()
     histogram = synthetic_histogram(pairs, seed=args.seed)
     generated = time.perf_counter() - start
@@ -271,7 +276,23 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
         start = time.perf_counter()
         shares = histogram.write_shares(tmp, parties)
         written = time.perf_counter() - start
-        return run_point(histogram, shares, solve, args) | {"generate_seconds": generated, "write_seconds": written}
+        point = run_point(histogram, shares, solve, args)
+        if point["status"] == "failed":
+            point = run_point(histogram, shares, solve, args) | {"retried_after": point["error"]}
+        return point | {"generate_seconds": generated, "write_seconds": written}
+
+
+def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """With ``--resume``: the points of ``--out``'s scale.json that ran or ran out of time,
+    by (solve, r, pairs), if that run had the same settings (else a ValueError naming the key)."""
+    path = args.out / "scale.json"
+    if not args.resume or not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    for key, value in settings.items():
+        if earlier.get(key) != value:
+            raise ValueError(f"--resume: {path} has {key} = {earlier.get(key)!r}, this run {value!r}")
+    return {(p["solve"], p["parties"], p["pairs"]): p for p in earlier["points"] if p["status"] in ("ok", "time_limit")}
 
 
 def record(result: dict[str, Any], point: dict[str, Any], sizes: list[int], out: Path) -> None:
@@ -307,6 +328,9 @@ def run(args: argparse.Namespace) -> int:
         "points": [],
         "series": [],
     }
+    kept = resumed_points(args, {k: result[k] for k in ("key_bits", "point_time_limit_seconds", "offline", "synthetic")})
+    if kept:
+        result["resumed"] = {"points_kept": len(kept), "machine_before": json.loads((args.out / "scale.json").read_text())["machine"]}
     with tqdm(total=len(sizes) * len(parties) * len(solves), desc="scale points", unit="point", file=sys.stderr, disable=None) as bar:
         for solve in solves:  # series after series, each from its smallest size up
             for r in parties:
@@ -316,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
                     if stopped:
                         point = {"solve": solve, "parties": r, "pairs": n, "status": "skipped", "error": "an earlier point of this series stopped it"}
                     else:
-                        point = generate_and_run(n, r, solve, args)
+                        point = kept.get((solve, r, n)) or generate_and_run(n, r, solve, args)
                         stopped = point["status"] != "ok"
                     record(result, point, sizes, args.out)
                     bar.update(1)

@@ -39,6 +39,7 @@ def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
     for phase in phases.values():
         assert phase["wall_seconds"] >= 0 and phase["busy_seconds"] == pytest.approx(sum(phase["busy_seconds_by_node"].values()))
     assert sum(p["wall_seconds"] for p in phases.values()) <= point["online_seconds"] + 0.5  # the phases follow one another
+    assert point["outside_phases_seconds"] == pytest.approx(point["online_seconds"] - sum(p["wall_seconds"] for p in phases.values()))
     assert set(point["peak_rss_bytes"]) == NODES
     for node in point["peak_rss_bytes"].values():  # a Python node process with grpc and numpy holds tens of MB
         assert 20e6 < node["process"] < 4e9 and node["worker_processes"] >= 1

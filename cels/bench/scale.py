@@ -129,7 +129,8 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit
-        return {**point, "status": "time_limit" if over else "failed", "point_seconds": seconds, "error": str(exc).splitlines()[0]}
+        error = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else str(exc)
+        return {**point, "status": "time_limit" if over else "failed", "point_seconds": seconds, "error": error}
     report = result["report"]
     figures = solve_result(result, parties)
     offline = figures["offline"] or {}
@@ -167,6 +168,12 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
         "solver": figures["solver"],
         "output_records": (figures["sizes"] or {}).get("output_records"),
     }
+
+
+def outside_phases_seconds(point: dict[str, Any]) -> float:
+    """Online seconds not inside any phase's wall clock: the session's start (StartSession to
+    every party, each opening its session, before the initiator enters "load") and its finish."""
+    return point["online_seconds"] - sum(p["wall_seconds"] or 0.0 for p in point["phases"].values())
 
 
 def series_summary(points: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
@@ -212,7 +219,8 @@ def csv_row(point: dict[str, Any]) -> dict[str, Any]:
     """A point as one flat CSV row (per-node figures stay in the JSON)."""
     row = {k: point.get(k) for k in ("solve", "parties", "pairs", "users", "entries", "size", "shared_pairs", "key_bits", "status",
                                      "point_seconds", "offline_seconds", "online_seconds", "total_seconds", "bytes_total",
-                                     "wire_bytes_total", "peak_rss_bytes_max", "peak_rss_with_workers_bytes_max")}  # fmt: skip
+                                     "wire_bytes_total", "peak_rss_bytes_max", "peak_rss_with_workers_bytes_max",
+                                     "outside_phases_seconds")}  # fmt: skip
     for name in PHASES:
         phase = point.get("phases", {}).get(name, {})
         row |= {f"{name}_wall_seconds": phase.get("wall_seconds"), f"{name}_busy_seconds": phase.get("busy_seconds"), f"{name}_bytes": phase.get("bytes")}
@@ -297,6 +305,8 @@ def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[t
 
 def record(result: dict[str, Any], point: dict[str, Any], sizes: list[int], out: Path) -> None:
     """Add a point, refit the series and write every output again."""
+    if point["status"] == "ok":
+        point.setdefault("outside_phases_seconds", outside_phases_seconds(point))
     result["points"].append(point)
     result["series"] = series_summary(result["points"], sizes)
     result["paper_table5"] = paper_comparison(result["points"], result["series"])

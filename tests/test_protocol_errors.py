@@ -166,3 +166,46 @@ def test_the_solver_refuses_a_packing_the_session_does_not_imply_at_its_step(log
         start_session(InMemoryNetwork(hosts), cfg)
     assert err.value.code == ProtocolError.INVALID_ARGUMENT
     assert str(err.value).startswith(f"solver: {named}")
+
+
+@pytest.mark.parametrize(
+    "tamper, detail",
+    [
+        (lambda m: m.columns.reverse(), "not strictly increasing"),
+        (lambda m: m.columns.pop(), "columns for"),
+        (lambda m: setattr(m, "size", m.columns[-1]), "not strictly increasing below the index size"),
+        (lambda m: setattr(m, "size", 2**32 - 1), "more than the"),
+    ],
+)
+def test_bad_universe_index_is_invalid_argument(logs, tamper, detail) -> None:
+    """P_1 sends each party only the index size and its own ids' columns: checked on arrival
+    (a size above every party's ids together would make the count vectors huge)."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+
+    def corrupt(host, sender, env):
+        tamper(env.universe_index)
+        return host.receive(sender, env)
+
+    hosts["party-2"] = Intercept(hosts["party-2"], "universe_index", corrupt)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    assert detail in str(err.value)
+
+
+def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+
+    def unsort(host, sender, env):
+        hop = env.universe_hop
+        if len(hop.applied) == 3 and hop.owner == sender:  # a complete set on its way to P_1
+            hop.ids.reverse()
+        return host.receive(sender, env)
+
+    hosts["party-1"] = Intercept(hosts["party-1"], "universe_hop", unsort)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    assert "not sorted and distinct" in str(err.value)

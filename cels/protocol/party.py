@@ -51,9 +51,12 @@ COUNT_BOUND = 2**31 - 1
 """Public packing bound of every party's count and stage-total vectors (secure sums)."""
 
 
+_ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
+
+
 def encode_item(*fields) -> bytes:
     """Injective byte encoding of a pair id (query, url) or an output record."""
-    return json.dumps(list(fields), ensure_ascii=False, separators=(",", ":")).encode()
+    return _ITEM_JSON(list(fields)).encode()
 
 
 def union_record(data: bytes) -> LogRecord:
@@ -135,11 +138,13 @@ class PartyRole(SessionRole):
         local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
         own = np.flatnonzero(local_totals > 0)
         self._enter("universe")
-        first = self._hash.hash([encode_item(*log.pairs[i]) for i in own])
-        order = sorted(range(len(own)), key=lambda t: first[t])  # ids leave sorted, not in log order
+        pairs = log.pairs
+        first = self._hash.hash([encode_item(*pairs[i]) for i in own])
+        order = sorted(range(len(own)), key=first.__getitem__)  # ids leave sorted, not in log order
         self._own_pairs = own[order]
         self._full_ids: list[bytes] | None = None
         self._universe_sets: dict[str, list[bytes]] = {}
+        self._ids_seen = len(own)  # every party's set passes this party: the union has at most this many
         hop = cels_pb2.UniverseHop(
             session_id=self.session_id, owner=self.name, applied=[self.name], ids=[first[t] for t in order]
         )
@@ -153,6 +158,7 @@ class PartyRole(SessionRole):
             self._expect_sender(sender, self.predecessor, "universe_hop")
             if self.name in applied or applied != [self.parties[(self.parties.index(msg.owner) + t) % self.r] for t in range(len(applied))]:
                 raise fail(f"{self.name}: universe_hop of {msg.owner} arrived out of ring order")
+            self._ids_seen += len(msg.ids)
             try:
                 ids = self._hash.apply(list(msg.ids))
             except CommutativeCipherError as exc:
@@ -172,36 +178,50 @@ class PartyRole(SessionRole):
             return self._collect_universe(self.name, self._full_ids)
         if self.name != self.key_holder or sender != msg.owner:
             raise fail(f"{self.name}: complete universe ids of {msg.owner} from {sender}")
-        return self._collect_universe(msg.owner, list(msg.ids))
+        ids = list(msg.ids)
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            raise malformed(f"{self.name}: complete universe ids of {msg.owner} are not sorted and distinct")
+        return self._collect_universe(msg.owner, ids)
 
     def _collect_universe(self, owner: str, ids: list[bytes]) -> list[Outgoing]:
-        """P_1 assembles the sorted union of the fully hashed ids (the index of variables)."""
+        """P_1 assembles the sorted union of the fully hashed ids (the index of variables) and
+        tells every party its size and the columns of that party's own ids (docs/protocol.md)."""
         if owner in self._universe_sets:
             raise fail(f"{self.name}: second complete universe set of {owner}")
         self._universe_sets[owner] = ids
         if len(self._universe_sets) < self.r:
             return []
         index = sorted(set().union(*self._universe_sets.values()))
-        msg = cels_pb2.UniverseIndex(session_id=self.session_id, ids=index)
-        others = [p for p in self.parties if p != self.name]
-        return self._send(others, universe_index=msg) + self._apply_index(index)
+        position = {pid: i for i, pid in enumerate(index)}
+        out = []
+        for party in self.parties:
+            if party != self.name:
+                columns = [position[f] for f in self._universe_sets[party]]
+                out += self._send(party, universe_index=cels_pb2.UniverseIndex(session_id=self.session_id, size=len(index), columns=columns))
+        self._universe_sets = {}
+        own = np.array([position[f] for f in self._full_ids], dtype=np.int64)
+        return out + self._apply_index(len(index), own)
 
     def _on_universe_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
+        """The index size and the columns of this party's ids, in the sorted order it sent them."""
         self._expect_sender(sender, self.key_holder, "universe_index")
         if self._full_ids is None:
             raise fail(f"{self.name}: universe_index before its own ids came back")
-        return self._apply_index(list(msg.ids))
+        by_id = np.asarray(msg.columns, dtype=np.int64)
+        if msg.size > self._ids_seen:
+            raise malformed(f"{self.name}: universe_index of {msg.size} pairs, more than the {self._ids_seen} ids of all parties")
+        if len(by_id) != len(self._full_ids) or np.any(np.diff(by_id) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
+            raise malformed(
+                f"{self.name}: universe_index: {len(by_id)} columns for {len(self._full_ids)} ids, "
+                f"not strictly increasing below the index size {msg.size}"
+            )
+        cols = np.empty_like(by_id)
+        cols[sorted(range(len(self._full_ids)), key=self._full_ids.__getitem__)] = by_id
+        return self._apply_index(int(msg.size), cols)
 
-    def _apply_index(self, index: list[bytes]) -> list[Outgoing]:
-        """Map own pairs to index columns; start the secure counts sum (Algorithm 1)."""
-        position = {pid: i for i, pid in enumerate(index)}
-        if len(position) != len(index):
-            raise malformed(f"{self.name}: universe index has duplicate ids")
-        try:
-            cols = np.array([position[f] for f in self._full_ids], dtype=np.int64)
-        except KeyError:
-            raise RoleFailure("universe index lacks one of this party's pairs") from None
-        self.n = len(index)
+    def _apply_index(self, n: int, cols: np.ndarray) -> list[Outgoing]:
+        """Own pair t is index column ``cols[t]`` of ``n``; start the secure counts sum (Algorithm 1)."""
+        self.n = n
         select = sp.csr_matrix(
             (np.ones(len(cols), dtype=np.int64), (np.arange(len(cols)), cols)), shape=(len(cols), self.n)
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import numpy as np
 import scipy.sparse as sp
@@ -83,7 +84,8 @@ class PartyRole(SessionRole):
     """P_k for one session.  ``log`` is the private log or a callable that loads it (a load
     failure aborts the session with the loader's message).  ``obfuscators`` maps a public key
     N to its obfuscator source (a node's stock, cels.node.keys); ``keypair`` is the node key
-    this party uses when it is P_1 (default: a fresh pair for the session)."""
+    this party uses when it is P_1 (default: a fresh pair for the session); ``decryption_pool``
+    (a thread or process pool) spreads P_1's CRT decryptions of the secure sums over cores."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class PartyRole(SessionRole):
         allow_insecure_key_bits: bool = False,
         obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
+        decryption_pool: Executor | None = None,
     ) -> None:
         super().__init__(name, options)
         if name not in self.parties:
@@ -106,6 +109,7 @@ class PartyRole(SessionRole):
         self._log_source = log
         self._allow_insecure = allow_insecure_key_bits
         self._obfuscators = obfuscators
+        self._decryption_pool = decryption_pool
         self._hash = commutative_hash(options, allow_paper_bits=allow_insecure_key_bits)
         self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
         self.log: SearchLog | None = None
@@ -255,6 +259,7 @@ class PartyRole(SessionRole):
                 allow_insecure_key_bits=self._allow_insecure,
                 keypair=self._sum_keypair,
                 obfuscators=self._obfuscators_for,
+                decryption_pool=self._decryption_pool,
             )
         except paillier.PackingOverflowError as exc:
             raise RoleFailure(str(exc)) from None

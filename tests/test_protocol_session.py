@@ -146,8 +146,9 @@ def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
 
 
 def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
-    """P_1's CRT decryptions of the secure sums go to the party's decryption pool (threads:
-    the exponentiations release the GIL) and the counts c are the plain sums."""
+    """Algorithm 1 (the paper's mode; the private mode masks its sums instead): P_1's CRT
+    decryptions go to the party's decryption pool (threads: the exponentiations release the
+    GIL) and the counts c are the plain sums."""
     from concurrent.futures import ThreadPoolExecutor
 
     from cels.crypto.paillier import DECRYPT_CHUNK
@@ -160,7 +161,7 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
             return super().submit(*args, **kwargs)
 
     big = synthetic_log(seed=3, users=600)  # 3,894 pairs: 649 counts ciphertexts of 6 slots at 256 bits
-    cfg = SessionOptions.create(3, epsilon=EPS, delta=DELTA, objective="max-output", key_bits=256, group_bits=1024)
+    cfg = SessionOptions.create(3, epsilon=EPS, delta=DELTA, objective="max-output", **TEST_KEYS)
     with CountingThreads(2) as pool:
         hosts = session_hosts(split(big, 3), cfg, allow_insecure_key_bits=True, decryption_pool=pool)
         roles = start_session(InMemoryNetwork(hosts), cfg)

@@ -39,6 +39,7 @@ from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
 from cels.mechanism.sanitize import privacy_accounting
+from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
 from cels.mechanism.greedy import ProposalRule
@@ -114,7 +115,8 @@ class PartyRole(SessionRole):
         self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
         self.log: SearchLog | None = None
         self.reports: list[cels_pb2.StepReport] = []
-        self._sums: dict[str, SecureSum] = {}
+        self._sums: dict[str, SecureSum | MaskedSum] = {}
+        self._sums_begun = 0  # masked sums so far: each one's mask round number
         self.nlp_key: paillier.PublicKey | None = None
         self._summed = False  # this party's share is in the NLP sum
         self._sampler: StagedSampler | None = None
@@ -152,7 +154,8 @@ class PartyRole(SessionRole):
         hop = cels_pb2.UniverseHop(
             session_id=self.session_id, owner=self.name, applied=[self.name], ids=[first[t] for t in order]
         )
-        return self._send(self.successor, universe_hop=hop)
+        masks = self._private.mask_keys() if self._private is not None else []  # for the masked sums from phase 2 on
+        return masks + self._send(self.successor, universe_hop=hop)
 
     def _on_universe_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         applied = list(msg.applied)
@@ -244,7 +247,20 @@ class PartyRole(SessionRole):
         return self._obfuscator_sources[n]
 
     def _start_sum(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
-        """Join secure sum ``sum_id`` (P_1's key, one key pair for the whole session)."""
+        """Join secure sum ``sum_id``: by pairwise masks in the private mode (once every mask
+        key is in), else Algorithm 1 (P_1's key, one key pair for the whole session)."""
+        bound = 1 if sum_id == "unique" else COUNT_BOUND
+        if self._private is not None:
+            try:
+                masked = MaskedSum(
+                    name=self.name, session_id=self.session_id, sum_id=sum_id, ring=self.parties, values=vector,
+                    bound=bound, masks=self._private.masks, round_number=self._sums_begun,
+                )  # fmt: skip
+            except paillier.PackingOverflowError as exc:
+                raise RoleFailure(str(exc)) from None
+            self._sums_begun += 1
+            self._sums[sum_id] = masked
+            return self._start_masked_sums()
         if self.k == 0 and self._sum_keypair is None:
             self._sum_keypair = paillier.generate_keypair(self.options.key_bits, allow_insecure_key_bits=self._allow_insecure)
         try:
@@ -254,7 +270,7 @@ class PartyRole(SessionRole):
                 sum_id=sum_id,
                 ring=self.parties,
                 values=vector,
-                bound=1 if sum_id == "unique" else COUNT_BOUND,
+                bound=bound,
                 key_bits=self.options.key_bits,
                 allow_insecure_key_bits=self._allow_insecure,
                 keypair=self._sum_keypair,
@@ -266,14 +282,27 @@ class PartyRole(SessionRole):
         self._sums[sum_id] = secure_sum
         return secure_sum.start()
 
+    def _start_masked_sums(self) -> list[Outgoing]:
+        """Start every masked sum not yet started, once this party has every mask key."""
+        out: list[Outgoing] = []
+        if not self._private.masks.complete:
+            return out
+        for sum_id, masked in list(self._sums.items()):
+            if not masked.started and not masked.done:
+                out += self._after_sum(sum_id, masked, masked.start())
+        return out
+
     def _on_sum_message(self, sender: str, envelope) -> list[Outgoing]:
         """Secure sum messages go to the running sum of their id."""
         sum_id = getattr(envelope, envelope.WhichOneof("step")).sum_id
         secure_sum = self._sums.get(sum_id)
         if secure_sum is None:
             raise fail(f"{self.name}: message for secure sum {sum_id!r}, which is not running (phase {self.phase!r})")
-        out = secure_sum.receive(sender, envelope)
-        if secure_sum.done:
+        return self._after_sum(sum_id, secure_sum, secure_sum.receive(sender, envelope))
+
+    def _after_sum(self, sum_id: str, secure_sum: SecureSum | MaskedSum, out: list[Outgoing]) -> list[Outgoing]:
+        """A finished sum's result moves the session on."""
+        if secure_sum.done and self._sums.get(sum_id) is secure_sum:
             del self._sums[sum_id]
             out = out + self._on_sum_done(sum_id, np.asarray(secure_sum.result).ravel())
         return out
@@ -300,7 +329,7 @@ class PartyRole(SessionRole):
             size = round(self.options.output_size) if self.options.output_size is not None else None
             frequent = c[self.active] / c.sum() >= self.options.support if self.options.objective == "frequent" else None
             rule = ProposalRule(self.options.objective, c[self.active], self.options.round_batch, size, frequent)
-            return self._private_progress(self._private.mask_keys() + self._private.start(rule, self.rows, self.b))
+            return self._private_progress(self._private.start(rule, self.rows, self.b))
         self._enter("nlp")
         shape = cels_pb2.ConstraintShape(session_id=self.session_id, party=self.name, rows=self.rows.shape[0])
         return self._send(self.solver, constraint_shape=shape)
@@ -309,7 +338,7 @@ class PartyRole(SessionRole):
     def _on_mask_key(self, sender: str, msg: cels_pb2.MaskKey) -> list[Outgoing]:
         if self._private is None:
             raise fail(f"{self.name}: mask_key in a session that solves with {self.options.solve!r}")
-        return self._private_progress(self._private.on_mask_key(sender, msg))
+        return self._private_progress(self._private.on_mask_key(sender, msg)) + self._start_masked_sums()
 
     def _on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:
         return self._private_progress(self._private.on_round_verdict(sender, msg))
@@ -617,11 +646,12 @@ class PartyRole(SessionRole):
         "sum_key": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "sum_hop": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "sum_result": accepts(("counts", "sampling"), _on_sum_message, whole=True),
+        "masked_sum_share": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "nlp_key": accepts("nlp", _on_nlp_key),
         "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
         "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
         "nlp_solution": accepts("nlp", _on_nlp_solution),
-        "mask_key": accepts(("counts", "solve"), _on_mask_key),
+        "mask_key": accepts(("universe", "counts", "solve"), _on_mask_key),
         "round_verdict": accepts("solve", _on_round_verdict),
         "noise_total": accepts("solve", _on_noise_total),
         "union_encrypt_hop": accepts("union", _on_union, whole=True),

@@ -42,6 +42,10 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     # no offline phase: the private mode masks its secure sums (and its solve), so nothing is
     # encrypted under a Paillier key and --stock-sum stocks nothing
     assert report.get("offline") is None
+    # the wall clock of every phase and each node's peak RSS (node process and its workers)
+    assert set(report["phase_wall_seconds"]) >= {"universe", "counts", "solve", "sampling", "union"}
+    assert set(report["peak_rss_bytes"]) == {"party-1", "party-2", "party-3", "solver"}
+    assert all(v["process"] > 10 * 2**20 for v in report["peak_rss_bytes"].values())
 
     released = load_log(out / "sanitized.tsv", LoadOptions(format="aol"))  # the input's format
     assert released.size == report["solver"]["integer_total"]

@@ -320,7 +320,9 @@ def run_nodes(
             progress.finish(report)
             if offline is not None:
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
-                atomic_write_json(out / "report.json", report)
+            report["phase_wall_seconds"] = progress.phase_wall_seconds()
+            report["peak_rss_bytes"] = cluster.peak_rss_bytes()
+            atomic_write_json(out / "report.json", report)
             return report
 
 

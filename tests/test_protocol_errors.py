@@ -100,19 +100,29 @@ def test_malformed_messages_are_invalid_argument(logs) -> None:
     )
 
 
-def test_malformed_encrypted_matrix_is_invalid_argument(logs) -> None:
+def intercepted_error(logs, node: str, step: str, tamper) -> ProtocolError:
+    """Run a session in which ``tamper(envelope)`` changes every ``step`` message ``node``
+    receives; return the ProtocolError it raises."""
     cfg = config()
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
 
-    def truncate(host, sender, env):
-        env.nlp_sum_hop.at.ciphertexts[0] = env.nlp_sum_hop.at.ciphertexts[0][:-1]
+    def deliver(host, sender, env):
+        tamper(sender, env)
         return host.receive(sender, env)
 
-    hosts["party-2"] = Intercept(hosts["party-2"], "nlp_sum_hop", truncate)
+    hosts[node] = Intercept(hosts[node], step, deliver)
     with pytest.raises(ProtocolError) as err:
         start_session(InMemoryNetwork(hosts), cfg)
-    assert err.value.code == ProtocolError.INVALID_ARGUMENT
-    assert "nlp_sum_hop.at" in str(err.value)
+    return err.value
+
+
+def test_malformed_encrypted_matrix_is_invalid_argument(logs) -> None:
+    def truncate(_sender, env):
+        env.nlp_sum_hop.at.ciphertexts[0] = env.nlp_sum_hop.at.ciphertexts[0][:-1]
+
+    err = intercepted_error(logs, "party-2", "nlp_sum_hop", truncate)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "nlp_sum_hop.at" in str(err)
 
 
 def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
@@ -245,3 +255,31 @@ def test_a_zero_plaintext_in_the_last_sum_hop_is_refused_by_the_key_holder(logs)
     with pytest.raises(ProtocolError) as err:
         start_session(InMemoryNetwork(hosts), cfg)
     assert err.value.code == ProtocolError.INVALID_ARGUMENT and "sum_hop" in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    "tamper, detail",
+    [
+        (lambda m: m.columns.reverse(), "not strictly increasing"),
+        (lambda m: m.columns.pop(), "columns for"),
+        (lambda m: setattr(m, "size", m.columns[-1]), "not strictly increasing below the index size"),
+        (lambda m: setattr(m, "size", 2**32 - 1), "more than the"),
+    ],
+)
+def test_bad_universe_index_is_invalid_argument(logs, tamper, detail) -> None:
+    """P_1 sends each party only the index size and its own ids' columns: checked on arrival
+    (a size above every party's ids together would make the count vectors huge)."""
+    err = intercepted_error(logs, "party-2", "universe_index", lambda _sender, env: tamper(env.universe_index))
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert detail in str(err)
+
+
+def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
+    def unsort(sender, env):
+        hop = env.universe_hop
+        if len(hop.applied) == 3 and hop.owner == sender:  # a complete set on its way to P_1
+            hop.ids.reverse()
+
+    err = intercepted_error(logs, "party-1", "universe_hop", unsort)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "not sorted and distinct" in str(err)

@@ -247,6 +247,8 @@ def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
             for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})
         },
         "wire": report.get("wire"),
+        "phase_wall_seconds": report.get("phase_wall_seconds"),
+        "peak_rss_bytes": report.get("peak_rss_bytes"),
         "sizes": report.get("sizes"),
         "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report["solver"]},
     }

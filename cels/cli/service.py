@@ -103,18 +103,19 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums) before the session starts",
+        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums of --solve transformed) before the session starts",
     )
 
 
 def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
     """Key owner -> stock size for the keys a session encrypts under (None: no offline phase).
-    The private solve encrypts nothing under the solver's key: its --stock-nlp is not filled."""
+    Only the paper's mode (--solve transformed) encrypts with Paillier; the private mode masks
+    its sums and solve (docs/protocol.md), so neither stock is filled for it."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {options.parties[0]: args.stock_sum}
-    if options.solve == "transformed":
-        stock[options.solver] = args.stock_nlp
+    if options.solve != "transformed":
+        return None
+    stock = {options.parties[0]: args.stock_sum, options.solver: args.stock_nlp}
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 

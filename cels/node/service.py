@@ -33,7 +33,7 @@ import grpc
 
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
-from cels.node.wire import PeerPhase, Wire
+from cels.node.wire import PeerPhase, Wire, hold_seconds
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
@@ -57,8 +57,6 @@ GONE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 """A FINISH failing so means the peer is gone, not that it refuses."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
-REORDER_WINDOW = 5.0
-"""Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
 
 class Node(cels_pb2_grpc.CelsNodeServicer):
@@ -100,10 +98,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         return port
 
     def stop(self, grace: float = 1.0) -> None:
-        """Abort every running session, let the Abort notices reach the peers (at most
-        NOTICE_SECONDS), then stop serving."""
+        """Abort every session whose part on this node is not over, let the Abort notices
+        reach the peers (at most NOTICE_SECONDS), then stop serving.  A session whose part is
+        over is left to the initiator's FINISH (a node gone then does not void the release)."""
         for session_id in list(self.wires):
-            self.abort(session_id, self.config.name, "node shutting down")
+            if not self.host.role(session_id).finished:
+                self.abort(session_id, self.config.name, "node shutting down")
         limit = time.monotonic() + NOTICE_SECONDS
         for notice in list(self.notices):
             notice.join(max(0.0, limit - time.monotonic()))
@@ -189,7 +189,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def take(self, sender: str, envelope: Envelope) -> None:
         """Give an envelope to the host, holding back one refused as out of order (module doc)."""
-        limit = time.monotonic() + min(REORDER_WINDOW, self.host.sessions[envelope.session_id].options.deadline / 4) if envelope.session_id in self.host.sessions else 0
+        limit = time.monotonic() + hold_seconds(self.host.sessions[envelope.session_id].options.deadline) if envelope.session_id in self.host.sessions else 0
         while True:
             try:
                 self.call(lambda now: self._deliver(sender, envelope, now), envelope.session_id)

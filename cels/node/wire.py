@@ -34,6 +34,14 @@ def delivery_timeout(deadline: float, size: int) -> float:
     return deadline + size / LINK_FLOOR
 
 
+def hold_seconds(deadline: float) -> float:
+    """How long a message refused as out of order is held back and retried: one second more
+    than the watchdog needs to see a killed peer (2i + p, :meth:`Wire._watchdog`), so that a
+    message waiting for a dead node's is refused only after the session is aborted, naming
+    that node, not the recipient."""
+    return 2 * min(1.0, deadline / 4) + min(5.0, deadline / 4) + 1.0
+
+
 @dataclass
 class PeerPhase:
     """A peer entered ``phase`` (seen by the initiator's watchdog), ``seconds`` into the session."""

@@ -53,8 +53,9 @@ OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
 STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
 SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
-GONE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-"""A FINISH failing so means the peer is gone, not that it refuses."""
+REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
+"""The codes a node refuses with; a FINISH failing with any other (UNAVAILABLE, DEADLINE_EXCEEDED,
+CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 
@@ -207,8 +208,15 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             wire.events.put(envelope.step_report)  # the initiator streams it, before "finished"
         return effects
 
-    def abort(self, session_id: str, origin: str, reason: str) -> None:
-        self.call(lambda now: self.host.abort(session_id, origin, reason, now), session_id)
+    def abort(self, session_id: str, origin: str, reason: str, unless: Callable[[Role], bool] | None = None) -> None:
+        """Abort the session naming ``origin``; not if ``unless(role)`` holds under the host lock."""
+
+        def act(now: float) -> Effects:
+            if unless is not None and session_id in self.host.sessions and unless(self.host.role(session_id)):
+                return Effects()
+            return self.host.abort(session_id, origin, reason, now)
+
+        self.call(act, session_id)
 
     def expire(self) -> None:
         self.call(self.host.expire)
@@ -330,7 +338,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
             except grpc.RpcError as exc:
                 detail = f"{exc.code().name}: {exc.details()}"
-                if exc.code() not in GONE:  # the peer refuses: its part is not over, or it aborted
+                if exc.code() in REFUSALS:  # the peer refuses: its part is not over, or it aborted
                     origin = refusal_origin(exc.details() or "") or peer
                     self.abort(sid, origin, f"finishing the session failed at {peer}: {detail}")
                     yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=detail))

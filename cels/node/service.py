@@ -56,6 +56,8 @@ SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.
 REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
 """The codes a node refuses with; a FINISH failing with any other (UNAVAILABLE, DEADLINE_EXCEEDED,
 CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
+SERVER_POOL = 32
+"""Threads serving RPCs (started lazily and kept); a held out-of-order message occupies one."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 
@@ -83,7 +85,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name))
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:

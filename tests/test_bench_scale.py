@@ -30,8 +30,9 @@ def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
     (point,) = result["points"]
     assert (point["status"], point["solve"], point["parties"], point["pairs"], point["key_bits"]) == ("ok", "private", 3, 2000, 512)
     assert point["total_seconds"] == pytest.approx(point["offline_seconds"] + point["online_seconds"])
-    assert 0 < point["offline_seconds"] and 0 < point["online_seconds"] < point["point_seconds"]
-    assert point["obfuscators"]["computed_online"] == 0  # the offline phase stocked all the secure sums needed
+    # the private solve sums by pairwise masks: no obfuscator stocked, none computed, no offline phase
+    assert point["offline_seconds"] == 0 and 0 < point["online_seconds"] < point["point_seconds"]
+    assert point["obfuscators"] == {"stocked_per_party": None, "computed_online": None}
     phases = point["phases"]
     assert list(phases) == list(party_phases("private"))
     assert sum(p["bytes"] for p in phases.values()) == point["bytes_total"] > 0

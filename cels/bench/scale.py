@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--key-bits", type=int, default=DEFAULT_KEY_BITS, help="Paillier key bits (default 2048; smaller only for tests)")
     parser.add_argument("--point-time-limit", type=float, default=DEFAULT_POINT_TIME_LIMIT, metavar="SECONDS",
                         help="offline phase + session of one point; past it the series stops (default 1800)")  # fmt: skip
-    parser.add_argument("--no-stock", action="store_true", help="no offline phase: every obfuscator is computed during the session")
+    parser.add_argument("--no-stock", action="store_true", help="no offline phase for --solve transformed: every obfuscator is computed during the session (the private solve has none)")
     parser.add_argument("--seed", type=int, default=7, help="seed of the synthetic logs (default 7)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4)
@@ -121,7 +121,8 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     """One session on ``shares``; its figures, or its status if it failed or ran out of time."""
     parties = len(shares)
     options = SessionOptions.create(parties, epsilon=args.epsilon, delta=args.delta, key_bits=args.key_bits, solve=solve)
-    stock = None if args.no_stock else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
+    # the private solve sums by pairwise masks: it encrypts nothing, so it has no offline phase
+    stock = None if args.no_stock or solve == "private" else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
     point: dict[str, Any] = {"solve": solve, "parties": parties, **histogram.shape(), "key_bits": args.key_bits}
     start = time.perf_counter()
     try:
@@ -333,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         "parties": parties,
         "solves": solves,
         "point_time_limit_seconds": args.point_time_limit,
-        "offline": "none" if args.no_stock else "obfuscators of the secure sums stocked under P_1's node key before each session",
+        "offline": "none" if args.no_stock else "private: none (masked sums); transformed: obfuscators of the secure sums stocked under P_1's node key before each session",
         "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.seed},
         "points": [],
         "series": [],

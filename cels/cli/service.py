@@ -32,6 +32,7 @@ from cels.node.client import (
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import Number, check_tables, load_toml
+from cels.node.health import wait_serving
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
 from cels.protocol.wire import cels_pb2
 
@@ -314,8 +315,11 @@ def run_nodes(
                     party = python_module("party_node") + argv + ["--data", str(data), *fmt_args, *stocking]
                     cluster.start(name, addresses[name], party)
             cluster.wait_ready(timeout=60)
-            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
             ctrl = certs[CONTROLLER]
+            # the nodes make their node keys at start-up: a deployment's nodes are long-running,
+            # so the session (and its online clock) starts once every node is SERVING
+            wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()))
+            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses, limit - time.monotonic()) if stock else None

@@ -254,8 +254,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             if request.kind not in SIGNALS:
                 raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
             sid = request.session_id
-            if request.kind == cels_pb2.SessionSignal.BEGIN:
-                self.call(lambda now: self.host.begin(sid, now), sid)
+            if request.kind == cels_pb2.SessionSignal.BEGIN:  # refused now, or begun in the background
+                self.host.check(sid, "begin")
+                threading.Thread(target=self._begin, args=(sid,), name=f"begin-{sid}", daemon=True).start()
             elif request.kind == cels_pb2.SessionSignal.FINISH:
                 self.call(lambda now: self.host.finish(sid, now), sid)
             wire = self.wires.get(sid) or self.ended_wires.get(sid)
@@ -267,6 +268,15 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")
+
+    def _begin(self, session_id: str) -> None:
+        """BEGIN's work (the log's load and the first hashes: seconds at scale) off the Signal
+        call, so that the initiator's BEGINs start every party at once, not one after another.
+        A role failure aborts the session (host); a refusal here means it ended meanwhile."""
+        try:
+            self.call(lambda now: self.host.begin(session_id, now), session_id)
+        except ProtocolError as exc:
+            log.info("%s: session %s not begun: %s", self.config.name, session_id, exc)
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
         """The node key for peers; with the obfuscator stock for controllers only (how many

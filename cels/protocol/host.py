@@ -160,6 +160,10 @@ class SessionHost:
             effects.extend(self._call(session, session.role.begin, now))
         return effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
 
+    def check(self, session_id: str, what: str) -> None:
+        """Raise the refusal that ``what`` (a step, "begin", "finish", "abort") would get now."""
+        self._session(session_id, what)
+
     def begin(self, session_id: str, now: float) -> Effects:
         """BEGIN: start this node's role (idempotent once running)."""
         session = self._session(session_id, "begin")

@@ -293,7 +293,8 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
 
 def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, Any]]:
     """With ``--resume``: the points of ``--out``'s scale.json that ran or ran out of time,
-    by (solve, r, pairs), if that run had the same settings (else a ValueError naming the key)."""
+    by (solve, r, pairs), if that run had the same settings (else a ValueError naming the key).
+    They are kept, also those of series this run does not ask for."""
     path = args.out / "scale.json"
     if not args.resume or not path.exists():
         return {}
@@ -355,5 +356,9 @@ def run(args: argparse.Namespace) -> int:
                         stopped = point["status"] != "ok"
                     record(result, point, sizes, args.out)
                     bar.update(1)
+    ran = {(p["solve"], p["parties"], p["pairs"]) for p in result["points"]}
+    for key, point in kept.items():  # a resumed file's other series stay in it
+        if key not in ran:
+            record(result, point, sizes, args.out)
     print(json.dumps(result, indent=2))
     return 0

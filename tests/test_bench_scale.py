@@ -133,9 +133,10 @@ def test_resume_keeps_earlier_points_and_refuses_other_settings(tmp_path, capsys
     assert main([*argv, "--resume"]) == 0
     again = json.loads((out / "scale.json").read_text())
     assert again["points"] == first["points"] and again["resumed"]["points_kept"] == 1
-    assert main([*argv, "--resume", "--solve", "transformed"]) == 0  # another series: the private point stays
+    other = [a if a != "3" else "2" for a in argv]  # another series (r = 2): the r = 3 point stays, and is drawn
+    assert main([*other, "--resume", "--solve", "transformed"]) == 0
     both = json.loads((out / "scale.json").read_text())
-    assert {p["solve"] for p in both["points"]} == {"private", "transformed"} and first["points"][0] in both["points"]
+    assert {(p["solve"], p["parties"]) for p in both["points"]} == {("private", 3), ("transformed", 2)} and first["points"][0] in both["points"]
     capsys.readouterr()
     assert main([a if a != "512" else "1024" for a in argv] + ["--resume"]) == 2  # bad input
     assert "--resume" in capsys.readouterr().err and json.loads((out / "scale.json").read_text()) == both

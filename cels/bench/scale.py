@@ -236,7 +236,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, axes = panels(2, width=5.6, height=4.2)
     styles = {"private": "-", "transformed": "--"}
-    colours = {r: f"C{k}" for k, r in enumerate(result["parties"])}  # colour: r; line style: the solve
+    parties = sorted({p["parties"] for p in result["points"]})  # also a resumed file's other series
+    colours = {r: f"C{k}" for k, r in enumerate(parties)}  # colour: r; line style: the solve
     for s in result["series"]:
         mine = [p for p in result["points"] if (p["solve"], p["parties"]) == (s["solve"], s["parties"])]
         ran = [p for p in mine if p["status"] == "ok"]

@@ -29,6 +29,9 @@ def start(argv: Sequence[str] | None):
     """Read the configuration and build the party node (not serving yet)."""
     args = build_parser().parse_args(argv)
 
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     from cels.logs import load_log, write_log
     from cels.node.config import data_source, ledger_policy, node_config
     from cels.node.keys import NodeKeys
@@ -44,6 +47,9 @@ def start(argv: Sequence[str] | None):
         raise ValueError(f"data file {path} does not exist")
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     allow_small = warn_insecure_keys(config)
+    # P_1 decrypts every secure sum while the other parties wait for the result: all cores
+    # (the exponentiations release the GIL, so threads suffice)
+    decryption_pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="decrypt")
 
     def factory(session: SessionOptions, keys: NodeKeys):
         # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
@@ -57,6 +63,7 @@ def start(argv: Sequence[str] | None):
                 allow_insecure_key_bits=allow_small,
                 obfuscators=keys.obfuscators,
                 keypair=keys.keypair_for(session.key_bits),
+                decryption_pool=decryption_pool,
             ),
         )
 

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from cels.certs import make_dev_certs, node_names
+from cels.node.tls import certificate_identity
 from cels.cli import main
 
 
@@ -30,6 +31,8 @@ def test_every_certificate_names_its_node_and_chains_to_the_ca(tmp_path) -> None
         assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName) == [name]
         assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
         cert.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+        identity = certificate_identity(paths.cert.read_bytes())  # a leaf, one DNS SAN (issue 13 item 12)
+        assert (identity.name, identity.serves) == (name, True)
         key = serialization.load_pem_private_key(paths.key.read_bytes(), password=None)
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         assert key.public_key().public_numbers() == cert.public_key().public_numbers()
@@ -51,4 +54,6 @@ def test_cels_certs_command(tmp_path, capsys) -> None:
     names = {p.name for p in (tmp_path / "c").iterdir()}
     assert names == {"ca.pem"} | {f"{n}.{ext}" for n in node_names(4) for ext in ("pem", "key")}
     assert "party-4" in capsys.readouterr().out
+    for name in node_names(4):
+        assert certificate_identity((tmp_path / "c" / f"{name}.pem").read_bytes()).name == name
     assert main(["certs", "--out", str(tmp_path / "d"), "--parties", "1"]) == 2

@@ -126,3 +126,13 @@ def test_commutative_hashes_commute_and_separate_ids(make) -> None:
     assert a.hash(ids) != b.hash(ids)  # keyed: a party cannot compute another's layer
     with pytest.raises(CommutativeCipherError):
         a.apply([b"\x01\x02"])
+
+
+def test_x25519_refusal_names_the_bad_element() -> None:
+    key = X25519Hash()
+    good = key.hash([b"a", b"b"])
+    with pytest.raises(CommutativeCipherError, match=r"element 2: 31 bytes"):
+        key.apply([*good, b"\x05" * 31])
+    with pytest.raises(CommutativeCipherError, match=r"element 1: "):  # u = 0: a small-order point
+        key.apply([good[0], bytes(32), good[1]])
+    assert key.apply(good) == [key.apply([u])[0] for u in good]

@@ -98,6 +98,10 @@ def test_load_options_are_checked() -> None:
         LoadOptions("aol", columns={"user": 1, "query": 2, "url": 3})
     with pytest.raises(ValueError, match="max_users"):
         LoadOptions("aol", max_users=0)
+    with pytest.raises(ValueError, match="unknown encoding 'latin-9000'"):
+        LoadOptions("aol", encoding="latin-9000")
+    with pytest.raises(ValueError, match="ASCII-compatible"):
+        LoadOptions("aol", encoding="utf-16")
 
 
 def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -136,8 +140,24 @@ def test_aol_round_trip_keeps_histogram_and_bytes(tmp_path: Path, name: str) -> 
     raw = gzip.decompress(out.read_bytes()) if name.endswith(".gz") else out.read_bytes()
     assert raw.splitlines()[0] == b"AnonID\tQuery\tQueryTime\tItemRank\tClickURL"
     assert raw.count(b"7\tweather boston\t\t\thttp://weather.com/\n") == 2
-    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in raw
+    assert b"9\tcaf\xc3\xa9 paris\t\t\thttp://cafe.fr/\n" in raw  # UTF-8 comes back as it was
     assert histogram(load_log(out, LoadOptions("aol"))) == AOL_HISTOGRAM
+
+
+def test_bytes_that_are_not_utf8_are_refused_naming_line_and_field(tmp_path: Path) -> None:
+    """Issue 13 item 6: a latin-1 byte is refused at load (it used to become a lone surrogate that
+    no protobuf string can carry), naming file, line, field and the option that reads it."""
+    latin1 = AOL_ROWS.replace(b"caf\xc3\xa9", b"caf\xe9")
+    path = put(tmp_path / "a.tsv", latin1)
+    with pytest.raises(LogError) as caught:
+        load_log(path, LoadOptions("aol"))
+    error = caught.value
+    assert (error.path, error.line, error.field) == (str(path), 5, "Query")
+    assert "byte 0xe9 is not valid UTF-8 (byte 6 of the line)" in error.reason and "--encoding latin-1" in error.reason
+    with pytest.raises(LogError, match=r"line 1, field 'QueryTime': byte 0xff is not valid UTF-8 \(byte 5 "):
+        load_log(put(tmp_path / "t.tsv", b"7\tq\t\xff\t1\thttp://x/\n"), LoadOptions("aol"))
+    with pytest.raises(LogError, match=r"line 1, field 'column 4': byte 0xc3 is not valid UTF-8"):  # a UTF-8 sequence cut short
+        load_log(put(tmp_path / "c.csv", b"u;q;http://x/;\xc3\n"), LoadOptions("tsv", columns=parse_columns("user=1,query=2,url=3"), delimiter=";"))
 
 
 def test_aol_header_detection_bom_and_crlf(tmp_path: Path) -> None:
@@ -273,6 +293,9 @@ def test_msnbc_max_users_counts_data_lines(tmp_path: Path) -> None:
         ("msnbc", MSNBC_HEADER + b"1 2\r\n18\r\n", 9, "category", "not a category number 1..17"),
         ("msnbc", MSNBC_HEADER + b"1 2\r\n1 170\r\n", 9, "category", "'170'"),
         ("msnbc", b"1 2 3\r\n", 1, "header", "starts with a '%' header"),
+        ("msnbc", MSNBC_HEADER.replace(b"travel", b"tr\xe8s"), 3, "header", "byte 0xe8 is not valid UTF-8"),
+        ("msnbc", MSNBC_HEADER + b"1 2\r\n3 \xe9\r\n", 9, "category", r"visit 2 is '\\\\xe9'"),
+        ("histogram", b"a\tq\xe9\thttp://x/\t2\n", 1, "query", r"byte 0xe9 is not valid UTF-8 \(byte 4 of the line\)"),
     ],
 )
 def test_bad_input_names_file_line_and_field(

@@ -198,6 +198,60 @@ def test_out_of_order_and_malformed_messages_are_refused(toy, tmp_path) -> None:
     assert result["total"] == sum(SIZES.values())
 
 
+def test_bytes_that_are_no_request_get_invalid_argument(toy) -> None:
+    """Issue 13 item 11: bytes that do not parse as the RPC's request message used to get gRPC's
+    INTERNAL "Exception deserializing request!"; every RPC parses its request itself."""
+    channels = {as_name: open_channel(toy.addresses["party-1"], "party-1", toy.certs[as_name].ca, toy.certs[as_name].cert, toy.certs[as_name].key)
+                for as_name in ("party-2", "controller")}  # a Run is a controller's call
+    garbage = [b"\xff\xff\xff", b"\x2a\xff\xff\xff\x0fabc", b"\x0a\x05ab"]  # a bad tag, a length of 4 GB, a cut string
+    for method in ("Deliver", "Signal", "Status", "Run"):
+        path = f"/cels.v1.CelsNode/{method}"
+        channel = channels["controller" if method == "Run" else "party-2"]
+        for data in garbage:
+            if method == "Deliver":
+                call = lambda: channel.stream_unary(path)(iter([data]), timeout=5)  # noqa: E731
+            elif method == "Run":
+                call = lambda: list(channel.unary_stream(path)(data, timeout=5))  # noqa: E731
+            else:
+                call = lambda: channel.unary_unary(path)(data, timeout=5)  # noqa: E731
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, data, err.value.details())
+            assert "bytes that are not a " in err.value.details(), (method, err.value.details())
+    assert toy.state("party-1", "no-such-session") == "unknown"  # the node still serves
+
+
+def test_an_overlong_session_id_is_invalid_argument_and_not_echoed(toy) -> None:
+    """Issue 13 item 11's kin: a refusal quoted the peer's session id unbounded (50 KB of details
+    overflowed gRPC's metadata limit: RESOURCE_EXHAUSTED).  Ids over MAX_SESSION_ID characters
+    are refused at parse time, quoting none of them; other peer strings are quoted cut short."""
+    from cels.protocol.roles import MAX_SESSION_ID
+
+    stub = toy.stub("party-1", "party-2")
+    for length in (MAX_SESSION_ID + 1, 50_000):
+        long_id = "s" * length
+        calls = {
+            "Deliver": lambda: deliver(stub, toy_hop(long_id, "party-2")),
+            "Signal": lambda: stub.Signal(cels_pb2.SessionSignal(session_id=long_id, kind=cels_pb2.SessionSignal.BEGIN), timeout=5),
+            "Run": lambda: list(toy.stub("party-1", "controller").Run(cels_pb2.RunRequest(config=toy.config(long_id)), timeout=5)),
+        }
+        for method, call in calls.items():
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            details = err.value.details()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, length, details[:200])
+            assert f"a session id is 1 to {MAX_SESSION_ID} printable characters" in details and "sss" not in details, (method, details[:300])
+    # a sender name of 50,000 characters is quoted cut short too
+    with pytest.raises(grpc.RpcError) as err:
+        deliver(stub, toy_hop("no-such-session", "p" * 50_000))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and len(err.value.details()) < 300, err.value.details()[:300]
+    hop = toy_hop("ok-id", "party-2")
+    hop.session_id = "e" * 50_000  # an envelope whose id differs from its frames'
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Deliver(iter([cels_pb2.Frame(session_id="ok-id", message_id=1, index=0, last=True, data=hop.SerializeToString())]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.value.details()) < 300, err.value.details()[:300]
+
+
 def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
     envelope = toy_hop("no-such-session", "intruder")
     with pytest.raises(grpc.RpcError) as err:  # same CA, but not a node party-1 expects

@@ -52,6 +52,7 @@ path = "logs/mine.tsv"
 format = "tsv"
 columns = "user=1,query=2,url=3"
 lenient = true
+encoding = "latin-1"
 """
     )
     args = parse(["--config", str(config), "--peer", "party-2=10.0.0.2:7102", "--deadline", "12", "--no-header"])
@@ -62,6 +63,21 @@ lenient = true
     path, options = data_source(args, cfg.extra)
     assert path == tmp_path / "logs" / "mine.tsv"  # relative to the TOML file
     assert (options.format, options.columns, options.header, options.lenient) == ("tsv", {"user": 1, "query": 2, "url": 3}, False, True)
+    assert options.encoding == "latin-1"
+    assert data_source(parse(["--config", str(config), "--encoding", "cp1252"]), cfg.extra)[1].encoding == "cp1252"
+    assert data_source(parse(["--data", "x.tsv"]), {})[1].encoding == "utf-8"  # strict UTF-8 unless told
+
+
+def test_a_node_refuses_to_start_with_another_nodes_certificate(certs) -> None:
+    """Issue 13 item 12: a node's own certificate must be a node certificate naming it."""
+    base = ["--listen", "127.0.0.1:7101", "--peer", "solver=127.0.0.1:7100"]
+    own = certs["party-1"]
+    args = [*base, "--ca", str(own.ca), "--key", str(own.key)]
+    assert node_config(parse([*args, "--name", "party-1", "--cert", str(own.cert)]), "data").name == "party-1"
+    with pytest.raises(ValueError, match=r"names 'party-2', not this node 'party-1'"):
+        node_config(parse([*args, "--name", "party-1", "--cert", str(certs["party-2"].cert)]), "data")
+    with pytest.raises(ValueError, match="is no node certificate: "):
+        node_config(parse([*args, "--name", "party-1", "--cert", str(own.key)]), "data")
 
 
 def test_tls_is_required_unless_insecure(tmp_path) -> None:

@@ -19,7 +19,7 @@ from cels.views import load_views
 def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     out, views = tmp_path / "out", tmp_path / "views"
     argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
-            "--record-view", str(views), "--stock-sum", "100"]  # fmt: skip
+            "--record-view", str(views)]  # fmt: skip
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "started 4 node processes on 127.0.0.1" in console.err
@@ -39,13 +39,13 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert report["wire"]["bytes_total"] >= report["bytes_total"]  # frames and session control on top
     assert {"kl", "recall"} <= set(report["utility"])
 
-    # the offline phase: every party stocked obfuscators for P_1's 2048-bit node key (the secure
-    # sums); the private solve encrypts nothing, so the sums took them all from the stocks
-    offline = report["offline"]
-    assert offline["seconds"] > 0 and offline["computed_online"] == 0
-    for node in ("party-1", "party-2", "party-3"):
-        used = offline["by_node"][node]
-        assert used["party-1"]["stocked"] == 100 and 0 < used["party-1"]["used"] <= 100
+    # no offline phase: the private mode masks its secure sums (and its solve), so nothing is
+    # encrypted under a Paillier key and --stock-sum stocks nothing
+    assert report.get("offline") is None
+    # the wall clock of every phase and each node's peak RSS (node process and its workers)
+    assert set(report["phase_wall_seconds"]) >= {"universe", "counts", "solve", "sampling", "union"}
+    assert set(report["peak_rss_bytes"]) == {"party-1", "party-2", "party-3", "solver"}
+    assert all(v["process"] > 10 * 2**20 for v in report["peak_rss_bytes"].values())
 
     released = load_log(out / "sanitized.tsv", LoadOptions(format="aol"))  # the input's format
     assert released.size == report["solver"]["integer_total"]
@@ -58,6 +58,8 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert set(session) == {"party-1", "party-2", "party-3", "solver"}
     solver_steps = {e["step"] for e in session["solver"].entries}
     assert "masked_verdicts" in solver_steps and "round_verdict" in solver_steps
+    party_steps = {e["step"] for node in ("party-1", "party-2", "party-3") for e in session[node].entries}
+    assert "masked_sum_share" in party_steps and not party_steps & {"sum_key", "sum_hop"}
     assert not {s for s in solver_steps if s.startswith("nlp_")}  # no constraint row reached the solver
     assert main(["views", str(views)]) == 0
     assert list(views.rglob("sequence.mmd")) and list(views.rglob("sequence.png"))

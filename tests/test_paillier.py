@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import secrets
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import gmpy2
 import numpy as np
@@ -281,13 +281,16 @@ def test_concurrent_takers_on_one_pool_both_get_obfuscators(keys) -> None:
     assert len(set(values)) == 10 and all(private_key.decrypt_raw(s) == 0 for s in values)
 
 
-def test_decryption_in_a_process_pool_equals_in_process(keys) -> None:
+@pytest.mark.parametrize("pool_kind", ["process", "thread"])
+def test_decryption_in_a_pool_equals_in_process(keys, pool_kind) -> None:
+    """A process pool, or threads (the exponentiations release the GIL): the same plaintexts."""
     public_key, private_key, obf = keys
     values = np.arange(-700, 700).reshape(-1, 2) * 7919  # 700 x 2 at one value per ciphertext
     packing = Packing.for_values(public_key, float(np.abs(values).max()), 1)
     enc = encrypt(public_key, values, Packing(packing.slot_bits, 1, 0, packing.offset, 1), obf)
     assert len(enc.ciphertexts) == 1400 >= 2 * DECRYPT_CHUNK  # large enough to go to the pool
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) if pool_kind == "process" else ThreadPoolExecutor(2)
+    with pool:
         np.testing.assert_array_equal(decrypt(private_key, enc, pool), values)
         assert decrypt_raw_many(private_key, enc.ciphertexts[:5], pool) == [private_key.decrypt_raw(c) for c in enc.ciphertexts[:5]]
 

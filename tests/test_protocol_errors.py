@@ -3,6 +3,8 @@ malformed content -> invalid_argument; an Abort stops every role and nothing is 
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 from cels.logs import LogError, synthetic_log
@@ -98,19 +100,29 @@ def test_malformed_messages_are_invalid_argument(logs) -> None:
     )
 
 
-def test_malformed_encrypted_matrix_is_invalid_argument(logs) -> None:
+def intercepted_error(logs, node: str, step: str, tamper) -> ProtocolError:
+    """Run a session in which ``tamper(envelope)`` changes every ``step`` message ``node``
+    receives; return the ProtocolError it raises."""
     cfg = config()
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
 
-    def truncate(host, sender, env):
-        env.nlp_sum_hop.at.ciphertexts[0] = env.nlp_sum_hop.at.ciphertexts[0][:-1]
+    def deliver(host, sender, env):
+        tamper(sender, env)
         return host.receive(sender, env)
 
-    hosts["party-2"] = Intercept(hosts["party-2"], "nlp_sum_hop", truncate)
+    hosts[node] = Intercept(hosts[node], step, deliver)
     with pytest.raises(ProtocolError) as err:
         start_session(InMemoryNetwork(hosts), cfg)
-    assert err.value.code == ProtocolError.INVALID_ARGUMENT
-    assert "nlp_sum_hop.at" in str(err.value)
+    return err.value
+
+
+def test_malformed_encrypted_matrix_is_invalid_argument(logs) -> None:
+    def truncate(_sender, env):
+        env.nlp_sum_hop.at.ciphertexts[0] = env.nlp_sum_hop.at.ciphertexts[0][:-1]
+
+    err = intercepted_error(logs, "party-2", "nlp_sum_hop", truncate)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "nlp_sum_hop.at" in str(err)
 
 
 def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
@@ -140,29 +152,134 @@ def test_a_malformed_log_aborts_and_the_initiator_names_the_party(logs) -> None:
     assert "party-2" in message and "party-2.tsv, line 17, field 'query': empty query" in message
 
 
-def double_offset(packing: cels_pb2.Packing) -> None:
-    offset = 2 * int.from_bytes(packing.offset, "big")
-    packing.offset = offset.to_bytes((offset.bit_length() + 7) // 8, "big")
+# ---------------------------------------------------------------- mutated inputs (issue 13 item 11)
 
 
-def other_scale(packing: cels_pb2.Packing) -> None:
-    packing.scale_bits -= 1
+def raw_ciphertext(host, plaintext, width: int) -> bytes:
+    """An encryption of ``plaintext`` (an int < N, or "max": N - 1) under the receiving role's key."""
+    role = host.role(host.sessions and next(iter(host.sessions)))
+    key = role.public_key if not hasattr(role, "_sums") else next(iter(role._sums.values())).public_key
+    n, nsq = int(key.n), int(key.nsquare)
+    m = n - 1 if plaintext == "max" else plaintext
+    r = 2 + secrets.randbelow(n - 3)
+    return ((1 + m * n) * pow(r, n, nsq) % nsq).to_bytes(width, "big")
 
 
-@pytest.mark.parametrize("mutate", [double_offset, other_scale])
-@pytest.mark.parametrize(("step", "field", "named"), [("nlp_slack_block", "af", "slack block"), ("nlp_sum_hop", "ab", "ab"), ("nlp_permute_hop", "at", "at")])
-def test_the_solver_refuses_a_packing_the_session_does_not_imply_at_its_step(logs, step, field, named, mutate) -> None:
-    """Issue 13 item 11: a doubled offset or another scale in a matrix reaching the solver is
-    INVALID_ARGUMENT at that step, not an abort later."""
+def double_offset(matrix: cels_pb2.EncryptedMatrix) -> None:
+    offset = 2 * int.from_bytes(matrix.packing.offset, "big")
+    matrix.packing.offset = offset.to_bytes((offset.bit_length() + 7) // 8, "big")
+
+
+def other_scale(step: int):
+    def mutate(matrix: cels_pb2.EncryptedMatrix) -> None:
+        matrix.packing.scale_bits += step
+
+    return mutate
+
+
+def plaintext(value):
+    def forge(matrix, host) -> None:
+        width = len(matrix.ciphertexts[0])
+        for k in range(len(matrix.ciphertexts)):
+            matrix.ciphertexts[k] = raw_ciphertext(host, value, width)
+
+    forge.needs_host = True
+    return forge
+
+
+MUTATIONS = {
+    "doubled offset": (double_offset, "packing."),
+    "scale + 1": (other_scale(1), "packing.scale_bits"),
+    "scale - 1": (other_scale(-1), "packing."),
+    "zero plaintext": (plaintext(0), "limit"),
+    "oversized plaintext": (plaintext("max"), "wider than its packing"),
+}
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+@pytest.mark.parametrize(("step", "field"), [("nlp_slack_block", "af"), ("nlp_sum_hop", "ab"), ("nlp_permute_hop", "at")])
+def test_mutated_solver_inputs_are_refused_at_their_step(logs, step: str, field: str, mutation: str) -> None:
+    """Issue 13 item 11: a solver input with a doubled packing offset, a wrong scale, or a forged
+    plaintext is refused by the solver when it arrives, INVALID_ARGUMENT naming the field --
+    not taken with OK only for the session to abort later, blaming the solver."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    mutate, named = MUTATIONS[mutation]
+    seen = []
+
+    def tamper(node, sender, env):
+        matrix = getattr(getattr(env, step), field)
+        if seen:  # one slack block is enough
+            return node.receive(sender, env)
+        seen.append(sender)
+        mutate(matrix, node.host) if getattr(mutate, "needs_host", False) else mutate(matrix)
+        return node.receive(sender, env)
+
+    hosts["solver"] = Intercept(hosts["solver"], step, tamper)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert seen and err.value.code == ProtocolError.INVALID_ARGUMENT, err.value
+    assert f"{field}: " in str(err.value) and named in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("mutation", ["oversized", "below own"])
+def test_a_forged_sum_result_is_refused_by_the_receiving_party(logs, mutation: str) -> None:
+    """A SumResult value outside what the parties' bounded shares can sum to (or, for counts,
+    below the receiver's own count) is INVALID_ARGUMENT at the receiver."""
     cfg = config()
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
 
-    def mutated(host, sender, env):
-        mutate(getattr(getattr(env, step), field).packing)
-        return host.receive(sender, env)
+    def tamper(node, sender, env):
+        values = env.sum_result.values
+        values[0] = (1 << 62) if mutation == "oversized" else -1
+        return node.receive(sender, env)
 
-    hosts["solver"] = Intercept(hosts["solver"], step, mutated)
+    hosts["party-2"] = Intercept(hosts["party-2"], "sum_result", tamper)
     with pytest.raises(ProtocolError) as err:
         start_session(InMemoryNetwork(hosts), cfg)
-    assert err.value.code == ProtocolError.INVALID_ARGUMENT
-    assert str(err.value).startswith(f"solver: {named}")
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT and "sum_result" in str(err.value), err.value
+
+
+def test_a_zero_plaintext_in_the_last_sum_hop_is_refused_by_the_key_holder(logs) -> None:
+    """Counts are non-negative: a last hop that decrypts below the key holder's own counts
+    (here an encryption of 0: every slot at -bound) is refused when it arrives."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+
+    def tamper(node, sender, env):
+        if sender == "party-3":
+            plaintext(0)(env.sum_hop.partial, node.host)
+        return node.receive(sender, env)
+
+    hosts["party-1"] = Intercept(hosts["party-1"], "sum_hop", tamper)
+    with pytest.raises(ProtocolError) as err:
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT and "sum_hop" in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    "tamper, detail",
+    [
+        (lambda m: m.columns.reverse(), "not strictly increasing"),
+        (lambda m: m.columns.pop(), "columns for"),
+        (lambda m: setattr(m, "size", m.columns[-1]), "not strictly increasing below the index size"),
+        (lambda m: setattr(m, "size", 2**32 - 1), "more than the"),
+    ],
+)
+def test_bad_universe_index_is_invalid_argument(logs, tamper, detail) -> None:
+    """P_1 sends each party only the index size and its own ids' columns: checked on arrival
+    (a size above every party's ids together would make the count vectors huge)."""
+    err = intercepted_error(logs, "party-2", "universe_index", lambda _sender, env: tamper(env.universe_index))
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert detail in str(err)
+
+
+def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
+    def unsort(sender, env):
+        hop = env.universe_hop
+        if len(hop.applied) == 3 and hop.owner == sender:  # a complete set on its way to P_1
+            hop.ids.reverse()
+
+    err = intercepted_error(logs, "party-1", "universe_hop", unsort)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "not sorted and distinct" in str(err)

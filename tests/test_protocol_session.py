@@ -143,3 +143,29 @@ def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
     _out, report = run_session(split(log, 2), config, allow_insecure_key_bits=True)
     assert report["sizes"]["pairs"] == log.n_pairs
     assert report["universe_cipher"] == "pohlig-hellman"
+
+
+def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
+    """Algorithm 1 (the paper's mode; the private mode masks its sums instead): P_1's CRT
+    decryptions go to the party's decryption pool (threads: the exponentiations release the
+    GIL) and the counts c are the plain sums."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cels.crypto.paillier import DECRYPT_CHUNK
+
+    class CountingThreads(ThreadPoolExecutor):
+        tasks = 0
+
+        def submit(self, *args, **kwargs):
+            CountingThreads.tasks += 1
+            return super().submit(*args, **kwargs)
+
+    big = synthetic_log(seed=3, users=600)  # 3,894 pairs: 649 counts ciphertexts of 6 slots at 256 bits
+    cfg = SessionOptions.create(3, epsilon=EPS, delta=DELTA, objective="max-output", **TEST_KEYS)
+    with CountingThreads(2) as pool:
+        hosts = session_hosts(split(big, 3), cfg, allow_insecure_key_bits=True, decryption_pool=pool)
+        roles = start_session(InMemoryNetwork(hosts), cfg)
+    lead = roles["party-1"]
+    assert lead.output is not None and lead.aborted is None
+    assert CountingThreads.tasks >= -(-big.n_pairs // 6 // DECRYPT_CHUNK) == 3  # the counts sum's chunks went to the pool
+    np.testing.assert_array_equal(np.sort(lead.totals), np.sort(np.asarray(big.counts.sum(axis=0)).ravel()))

@@ -80,6 +80,20 @@ def test_log_without_shared_pair_exit_2(tmp_path, capsys):
     assert not (tmp_path / "out.tsv").exists() and not (tmp_path / "report.json").exists()
 
 
+def test_latin1_input_is_refused_unless_encoding_says_so(tmp_path, capsys):
+    """Issue 13 item 6 at the CLI: a latin-1 byte exits 2 naming file, line and field; with
+    ``--encoding latin-1`` the log is read and the output is UTF-8."""
+    src = aol_file(tmp_path / "in.tsv", figure1_rows())
+    src.write_bytes(src.read_bytes().replace(b"pregnancy", b"pr\xe9gnancy"))
+    args = ("--epsilon", "40", "--delta", "0.9999999", "--seed", "1", "--objective", "max-output")
+    assert run(tmp_path, *args, input_path=src) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{src}, line 2, field 'Query': byte 0xe9" in err and "not valid UTF-8" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out.tsv").exists()
+    assert run(tmp_path, *args, "--encoding", "latin-1", input_path=src) == 0
+    assert (tmp_path / "out.tsv").read_bytes().decode("utf-8").startswith(HEADER)
+
+
 def test_failed_run_keeps_an_existing_output_untouched(tmp_path):
     (tmp_path / "out.tsv").write_text("previous\n")
     assert run(tmp_path, "--epsilon", "-1", "--delta", "0.5") == 2

@@ -152,8 +152,28 @@ def test_protocol_errors() -> None:
     with pytest.raises(ProtocolError, match="ciphertext 0: 3 bytes") as err:
         roles["b"].receive("a", corrupt)
     assert err.value.code == "invalid_argument"
-    with pytest.raises(PackingOverflowError, match="exceeds the bound"):
+    with pytest.raises(PackingOverflowError, match=r"outside \[-4294967296, 4294967296\]"):
         SecureSum(name="a", session_id="s1", sum_id="x", ring=ring, values=np.array([2**33]), bound=2**32)
+
+
+@pytest.mark.parametrize(("nonnegative", "total", "refused"), [
+    (False, -996, True), (False, -995, False), (False, 1005, False), (False, 1006, True),
+    (True, 4, True), (True, 5, False), (True, 1006, True), (True, 1 << 62, True),
+])
+def test_a_sum_result_outside_what_the_shares_can_sum_to_is_refused(nonnegative: bool, total: int, refused: bool) -> None:
+    """Issue 13 item 11: SumResult is checked when it arrives.  Receiver b holds 5, the bound is
+    1000: the total is 5 plus a's value in [-1000, 1000] ([0, 1000] for a non-negative sum
+    such as counts); anything else is forged."""
+    ring = ["a", "b"]
+    roles = make(ring, {"a": np.array([0]), "b": np.array([5])}, bound=1000, nonnegative=nonnegative)
+    result = cels_pb2.Envelope(session_id="s1", sender="a", sum_result=cels_pb2.SumResult(session_id="s1", sum_id="counts", values=[total], rows=1, cols=1))
+    if not refused:
+        roles["b"].receive("a", result)
+        assert roles["b"].done and roles["b"].result.tolist() == [total]
+        return
+    with pytest.raises(ProtocolError, match=r"sum_result.values\[0\] = ") as err:
+        roles["b"].receive("a", result)
+    assert err.value.code == "invalid_argument" and not roles["b"].done
 
 
 def test_weak_key_is_refused_by_default() -> None:

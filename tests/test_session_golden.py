@@ -8,7 +8,9 @@ to the r other nodes only (the initiator creates its own session without a messa
 3 x 222 = 666 bytes, was 4 x 167 = 668; and a node's last StepReport says so (2 bytes), so
 that the initiator waits for all of them.  Since DJN obfuscators (issue 14), every Paillier
 public key carries h_s (64 bytes at the golden's 256-bit keys): SumKey 2288 -> 3896 bytes
-(24 messages), NlpKey 270 -> 468 (3 messages).
+(24 messages), NlpKey 270 -> 468 (3 messages).  Since issue 14, UniverseIndex carries the index
+size and the recipient's own columns instead of the whole sorted union (party-1's two
+UniverseIndex messages: 28,522 -> 759 bytes; the columns, x and the output are unchanged).
 Each party's generator (A_k, sampling draws) is seeded by its ring position and the
 permutations and universe hash keys by fixed seeds; everything
 else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.

@@ -97,6 +97,26 @@ def test_a_refusal_after_abort_names_who_aborted() -> None:
     assert refusal_origin(str(err.value)) == "party-2"  # the sender blames party-2, not party-3
 
 
+def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives() -> None:
+    """party-2 stops and aborts while the initiator's StartSession to the solver is still on
+    its way: the solver is born aborted, naming party-2, instead of waiting a deadline and
+    blaming itself ("never begun").  A stranger's early abort changes nothing."""
+    options, hosts = _hosts()
+    host, sid = hosts["solver"], options.session_id
+    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", reason="node shutting down"))
+    assert host.deliver("party-2", early, now=0.0).messages == [] and host.state(sid)[0] == "unknown"
+    start = cels_pb2.Envelope(session_id=sid, sender="party-1", start_session=cels_pb2.StartSession(config=options.to_config()))
+    effects = host.deliver("party-1", start, now=0.5)
+    assert [e.kind for e in effects.events] == ["created", "phase", ABORTED] and effects.messages == []
+    assert host.state(sid) == (ABORTED, "party-2", "node shutting down")
+    other = _hosts()[0]
+    stranger = cels_pb2.Envelope(session_id=other.session_id, sender="mallory", abort=cels_pb2.Abort(session_id=other.session_id))
+    host.deliver("mallory", stranger, now=1.0)
+    start = cels_pb2.Envelope(session_id=other.session_id, sender="party-1", start_session=cels_pb2.StartSession(config=other.to_config()))
+    host.deliver("party-1", start, now=1.5)
+    assert host.state(other.session_id)[0] == PREPARED
+
+
 def test_a_first_step_message_begins_a_prepared_session_and_finish_needs_the_role_done() -> None:
     options, hosts = _hosts()
     host = hosts["solver"]

@@ -19,10 +19,11 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cels.cli.service import add_stock_arguments, session_stock
+from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
@@ -128,14 +129,19 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
     }
 
 
-def bench_processes(shares: list[SearchLog], options: SessionOptions, fmt_args: list[str], stock: dict[str, int] | None) -> dict[str, Any]:
+def bench_processes(
+    shares: Sequence[SearchLog | Path], options: SessionOptions, fmt_args: list[str], stock: dict[str, int] | None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> dict[str, Any]:  # fmt: skip
     """One session over gRPC between node processes (the ``cels simulate`` machinery); with
-    ``stock`` the nodes run the offline phase first and the session's wall time is online."""
+    ``stock`` the nodes run the offline phase first and the session's wall time is online.
+    A share is a log or the path of a log file in ``fmt_args``' format; ``timeout`` bounds
+    the offline phase and the session together."""
     from cels.cli.service import run_nodes
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
-        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, stock=stock)
+        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, stock=stock, timeout=timeout)
         wall = time.perf_counter() - start
     offline = report.get("offline")
     note = (
@@ -241,6 +247,8 @@ def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
             for node in sorted({n for p in report["phases"].values() for n in p["bytes"]})
         },
         "wire": report.get("wire"),
+        "phase_wall_seconds": report.get("phase_wall_seconds"),
+        "peak_rss_bytes": report.get("peak_rss_bytes"),
         "sizes": report.get("sizes"),
         "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report["solver"]},
     }

@@ -1,11 +1,11 @@
-"""``cels bench {mechanism,crypto,protocol}``: benchmarks that print JSON."""
+"""``cels bench {mechanism,crypto,protocol,scale}``: benchmarks that print JSON."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol")
+BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol", "cels.bench.scale")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -46,6 +46,7 @@ class SessionProgress:
         self.bars: dict[str, tqdm] = {}
         self.show_bars = bars
         self.lines: list[str] = []
+        self.seen: dict[tuple[str, str, str], float] = {}  # (node, phase, "start" | "end") -> seconds since t0
 
     def _write(self, line: str) -> None:
         self.lines.append(line)
@@ -68,6 +69,7 @@ class SessionProgress:
         """A node entered a phase (RunEvent ``phase_start``)."""
         if (report.node, report.phase) in self.started:
             return
+        self.seen[(report.node, report.phase, "start")] = time.monotonic() - self.t0
         self.started.add((report.node, report.phase))
         self._bar(report.phase)
         self._write(self._line(report.node, report.phase, "started"))
@@ -76,6 +78,7 @@ class SessionProgress:
         """A node finished a phase (RunEvent ``progress``): print it once every earlier phase
         of that node is printed, so each node's lines come in protocol order."""
         phases = self.expected[report.node]
+        self.seen.setdefault((report.node, report.phase, "end"), time.monotonic() - self.t0)
         self.ended.setdefault(report.node, {})[report.phase] = report
         self.printed.setdefault(report.node, 0)
         if report.phase not in phases:  # a phase outside the protocol order (e.g. control)
@@ -119,6 +122,21 @@ class SessionProgress:
                 if (node, phase) not in self.shown:
                     self._print_end(rep)
         self.close()
+
+    def phase_wall_seconds(self) -> dict[str, float]:
+        """Wall-clock seconds of each phase as this console saw the initiator's events: from it
+        entering the phase to entering its next one (to leaving it, for the last).  The phases
+        follow one another (docs/protocol.md) and the initiator takes part in each; the
+        solver's phase lies inside the initiator's phase of the same name."""
+        phases = self.expected[self.initiator]
+        walls = {}
+        for k, phase in enumerate(phases):
+            start = self.seen.get((self.initiator, phase, "start"))
+            following = self.seen.get((self.initiator, phases[k + 1], "start")) if k + 1 < len(phases) else None
+            end = following if following is not None else self.seen.get((self.initiator, phase, "end"))
+            if start is not None and end is not None:
+                walls[phase] = end - start
+        return walls
 
     def close(self) -> None:
         for bar in self.bars.values():

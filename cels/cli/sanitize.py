@@ -22,6 +22,7 @@ from cels.fileio import atomic_write_json, check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
+from cels.logs.textio import ENCODING
 from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.mechanism.solvers import (
@@ -140,7 +141,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-header", action="store_true", help="the input has no header line")
     parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
     parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
-    parser.add_argument("--encoding", default="utf-8", help="how the log bytes are text (default utf-8; e.g. latin-1): a line not valid in it is an error naming file, line and field")
+    parser.add_argument("--encoding", default=ENCODING, help="the input's text encoding, e.g. latin-1 (default utf-8; bytes not valid in it are refused; outputs are UTF-8)")
 
 
 def input_options(args: argparse.Namespace) -> LoadOptions:

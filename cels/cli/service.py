@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -32,6 +32,7 @@ from cels.node.client import (
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
 from cels.node.config import Number, check_tables, load_toml
+from cels.node.health import wait_serving
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
 from cels.protocol.wire import cels_pb2
 
@@ -103,18 +104,19 @@ def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums) before the session starts",
+        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums of --solve transformed) before the session starts",
     )
 
 
 def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
     """Key owner -> stock size for the keys a session encrypts under (None: no offline phase).
-    The private solve encrypts nothing under the solver's key: its --stock-nlp is not filled."""
+    Only the paper's mode (--solve transformed) encrypts with Paillier; the private mode masks
+    its sums and solve (docs/protocol.md), so neither stock is filled for it."""
     if args.stock_nlp < 0 or args.stock_sum < 0:
         raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    stock = {options.parties[0]: args.stock_sum}
-    if options.solve == "transformed":
-        stock[options.solver] = args.stock_nlp
+    if options.solve != "transformed":
+        return None
+    stock = {options.parties[0]: args.stock_sum, options.solver: args.stock_nlp}
     return {owner: n for owner, n in stock.items() if n > 0} or None
 
 
@@ -258,7 +260,7 @@ def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
 
 
 def run_nodes(
-    shares: list[SearchLog],
+    shares: Sequence[SearchLog | Path],
     options: SessionOptions,
     out: Path,
     suffix: str,
@@ -266,6 +268,7 @@ def run_nodes(
     extra: dict[str, Any] | None = None,
     record_view: Path | None = None,
     stock: dict[str, int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
@@ -275,8 +278,14 @@ def run_nodes(
     ``stock`` (key owner -> obfuscators) runs the offline phase first: every party node stocks
     that many obfuscators for each owner's node key, and the session starts once all stocks
     are complete; the report's ``offline`` key has its seconds and what the session used.
-    Without it the nodes stock nothing (obfuscators are computed during the session)."""
+    Without it the nodes stock nothing (obfuscators are computed during the session).
+
+    A share is a SearchLog (written to a temporary file) or the path of a log file already in
+    the format ``fmt_args`` name.  ``timeout`` bounds the offline phase and the session
+    together (TimeoutError or SessionAborted past it).  The report adds each phase's wall
+    clock seen here (``phase_wall_seconds``) and every node's peak RSS (``peak_rss_bytes``)."""
     parties = list(options.parties)
+    limit = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
         certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
@@ -297,21 +306,28 @@ def run_nodes(
                 if name == SOLVER:
                     cluster.start(name, addresses[name], python_module("solver_node") + argv)
                 else:
-                    data = work / f"{name}{suffix}"
-                    write_log(shares[parties.index(name)], data)
+                    share = shares[parties.index(name)]
+                    if isinstance(share, SearchLog):
+                        data = work / f"{name}{suffix}"
+                        write_log(share, data)
+                    else:
+                        data = share
                     party = python_module("party_node") + argv + ["--data", str(data), *fmt_args, *stocking]
                     cluster.start(name, addresses[name], party)
             cluster.wait_ready(timeout=60)
-            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
             ctrl = certs[CONTROLLER]
+            # the nodes make their node keys at start-up: a deployment's nodes are long-running,
+            # so the session (and its online clock) starts once every node is SERVING
+            wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()))
+            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
-            offline = offline_phase(controller, party_addresses) if stock else None
+            offline = offline_phase(controller, party_addresses, limit - time.monotonic()) if stock else None
             print(f"session {options.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)
             progress = SessionProgress(options)
             try:
                 report = run_on_nodes(
-                    controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", DEFAULT_TIMEOUT,
+                    controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", limit - time.monotonic(),
                     progress.step, extra=extra, on_phase_start=progress.start,
                 )  # fmt: skip
             finally:
@@ -319,11 +335,13 @@ def run_nodes(
             progress.finish(report)
             if offline is not None:
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
-                atomic_write_json(out / "report.json", report)
+            report["phase_wall_seconds"] = progress.phase_wall_seconds()
+            report["peak_rss_bytes"] = cluster.peak_rss_bytes()
+            atomic_write_json(out / "report.json", report)
             return report
 
 
-def offline_phase(controller: Controller, nodes: dict[str, str]) -> dict[str, Any]:
+def offline_phase(controller: Controller, nodes: dict[str, str], timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:
     """Wait (with a progress bar) until every party node's obfuscator stock is complete."""
     from tqdm import tqdm
 
@@ -334,7 +352,7 @@ def offline_phase(controller: Controller, nodes: dict[str, str]) -> dict[str, An
             bar.total = target
             bar.update(ready - bar.n)
 
-        statuses = wait_for_stock(controller, nodes, DEFAULT_TIMEOUT, progress)
+        statuses = wait_for_stock(controller, nodes, timeout, progress)
     return {"seconds": time.perf_counter() - start, "before": statuses}
 
 

@@ -26,11 +26,16 @@ HASH_DOMAIN = b"cels/x25519-hash/v1\x00"
 ELEMENT_BYTES = 32
 
 
+_DOMAIN_HASH = hashlib.sha256(HASH_DOMAIN)
+_CLEAR_BIT_255 = bytes(range(128)) * 2  # bytes.translate table: b -> b & 0x7F
+
+
 def hash_to_u(data: bytes) -> bytes:
     """SHA-256 of the id as a little-endian u-coordinate with bit 255 cleared."""
-    digest = bytearray(hashlib.sha256(HASH_DOMAIN + data).digest())
-    digest[31] &= 0x7F
-    return bytes(digest)
+    h = _DOMAIN_HASH.copy()
+    h.update(data)
+    digest = h.digest()
+    return digest[:31] + digest[31:].translate(_CLEAR_BIT_255)
 
 
 class X25519Hash:
@@ -46,13 +51,19 @@ class X25519Hash:
         return self.apply([hash_to_u(i) for i in ids])
 
     def apply(self, elements: Sequence[bytes]) -> list[bytes]:
-        """Apply this party's scalar to u-coordinates other parties produced."""
-        out = []
-        for i, u in enumerate(elements):
-            if len(u) != ELEMENT_BYTES:
-                raise CommutativeCipherError(f"x25519 element {i}: {len(u)} bytes, expected {ELEMENT_BYTES}")
-            try:
-                out.append(self._key.exchange(X25519PublicKey.from_public_bytes(u)))
-            except ValueError as exc:  # a small-order point: never produced by hash_to_u in practice
-                raise CommutativeCipherError(f"x25519 element {i}: {exc}") from None
-        return out
+        """Apply this party's scalar to u-coordinates other parties produced.
+
+        One comprehension with the two calls bound once (the per-element cost is the scalar
+        multiplication itself, docs/crypto.md); a bad element is located only on failure."""
+        exchange, point = self._key.exchange, X25519PublicKey.from_public_bytes
+        try:
+            return [exchange(point(u)) for u in elements]
+        except ValueError:  # a wrong length or a small-order point (never produced by hash_to_u)
+            for i, u in enumerate(elements):
+                if len(u) != ELEMENT_BYTES:
+                    raise CommutativeCipherError(f"x25519 element {i}: {len(u)} bytes, expected {ELEMENT_BYTES}") from None
+                try:
+                    exchange(point(u))
+                except ValueError as exc:
+                    raise CommutativeCipherError(f"x25519 element {i}: {exc}") from None
+            raise

@@ -159,10 +159,21 @@ class PrivateKey:
 
     def decrypt_raw(self, c) -> gmpy2.mpz:
         """Paillier decryption with CRT: m mod p and m mod q from c^(p-1) mod p^2, c^(q-1) mod q^2."""
+        return self.decrypt_raw_list([c])[0]
+
+    def decrypt_raw_list(self, ciphertexts: Sequence) -> list:
+        """:meth:`decrypt_raw` of many ciphertexts: the two exponentiations of all of them in
+        two gmpy2 ``powmod_base_list`` calls, which release the GIL (threads decrypt in parallel)."""
         p, q = self.p, self.q
-        mp = (gmpy2.powmod(c, p - 1, p * p) - 1) // p * self.hp % p
-        mq = (gmpy2.powmod(c, q - 1, q * q) - 1) // q * self.hq % q
-        return mq + q * ((mp - mq) * self.q_inverse % p)
+        cp = gmpy2.powmod_base_list(ciphertexts, p - 1, p * p)
+        cq = gmpy2.powmod_base_list(ciphertexts, q - 1, q * q)
+        hp, hq, q_inverse = self.hp, self.hq, self.q_inverse
+        out = []
+        for xp, xq in zip(cp, cq):
+            mp = (xp - 1) // p * hp % p
+            mq = (xq - 1) // q * hq % q
+            out.append(mq + q * ((mp - mq) * q_inverse % p))
+        return out
 
 
 def _prime_3_mod_4(bits: int) -> int:
@@ -451,7 +462,7 @@ def encrypt(public_key: PublicKey, values: np.ndarray, packing: Packing, obfusca
 
 
 DECRYPT_CHUNK = 256
-"""Ciphertexts per task when a process pool decrypts (each task is a few hundred ms at 2048 bits)."""
+"""Ciphertexts per task when a pool decrypts (each task is a few hundred ms at 2048 bits)."""
 
 
 def int_bytes(x) -> bytes:
@@ -460,18 +471,20 @@ def int_bytes(x) -> bytes:
 
 
 def _decrypt_chunk(n: bytes, hs: bytes, p: bytes, q: bytes, ciphertexts: list[bytes]) -> list[bytes]:
-    """Worker-process entry: CRT decryption of big-endian ciphertexts under the key (N, h_s, p, q)."""
+    """Pool entry (a worker process or thread): CRT decryption of big-endian ciphertexts under
+    the key (N, h_s, p, q)."""
     public = phe.PaillierPublicKey(int.from_bytes(n, "big"))
     public_key = PublicKey(public.n, int.from_bytes(hs, "big"))
     key = PrivateKey.from_phe(public_key, phe.PaillierPrivateKey(public, int.from_bytes(p, "big"), int.from_bytes(q, "big")))
-    return [int_bytes(key.decrypt_raw(gmpy2.mpz(int.from_bytes(c, "big")))) for c in ciphertexts]
+    return [int_bytes(m) for m in key.decrypt_raw_list([gmpy2.mpz(int.from_bytes(c, "big")) for c in ciphertexts])]
 
 
 def decrypt_raw_many(private_key: PrivateKey, ciphertexts: Sequence, executor: Executor | None = None) -> list:
-    """CRT decryption of many ciphertexts, in chunks on ``executor`` (a process pool) if given.
-    The key's factors and the ciphertexts reach the workers as big-endian bytes."""
+    """CRT decryption of many ciphertexts, in chunks on ``executor`` if given: a process pool,
+    or a thread pool (the exponentiations release the GIL).  The key's factors and the
+    ciphertexts reach the pool as big-endian bytes (nothing pickled)."""
     if executor is None or len(ciphertexts) < 2 * DECRYPT_CHUNK:
-        return [private_key.decrypt_raw(c) for c in ciphertexts]
+        return private_key.decrypt_raw_list(ciphertexts)
     public_key = private_key.public_key
     key = [int_bytes(v) for v in (public_key.n, public_key.hs, private_key.p, private_key.q)]
     chunks = [

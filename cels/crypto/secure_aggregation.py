@@ -10,8 +10,9 @@ ChaCha20 into a vector PRG(s_kl, t) of uint64 words.  Party k's mask is
 so the masks of all r parties cancel in the sum and each masked vector alone is uniform to
 anyone without the seeds (ChaCha20 as a PRF).  Each sum of a session has its own stream (the
 nonce is stream || round), so no mask is ever used twice: VERDICTS for the rounds' verdicts,
-NOISE for the noise shares.  A single party (r = 1) has no peers and a zero mask: the sum is its
-own vector, which it would reveal anyway.
+NOISE for the noise shares, SUMS for the private mode's secure sums (round = the sum's
+number).  A single party (r = 1) has no peers and a zero mask: the sum is its own vector,
+which it would reveal anyway.
 
 OR-aggregation of verdict bits v_kq in {0, 1}: party k sends w_kq = rho_kq * v_kq + mask_kq
 with rho_kq uniform and non-zero; sum_k w_kq = sum_k rho_kq v_kq is 0 iff no party said 1,
@@ -37,6 +38,8 @@ VERDICTS = 0
 """Mask stream of the OR-aggregated verdicts (one round number per round)."""
 NOISE = 1
 """Mask stream of the summed noise shares."""
+SUMS = 2
+"""Mask stream of the private mode's secure sums (one round number per sum of the session)."""
 
 
 class MaskError(ValueError):
@@ -104,11 +107,11 @@ class PairwiseMasks:
         rho = uniform_nonzero(len(v))
         return rho * v + self.mask(round_number, len(v))
 
-    def masked_values(self, values: Sequence[int], stream: int = NOISE) -> np.ndarray:
+    def masked_values(self, values: Sequence[int], stream: int = NOISE, round_number: int = 0) -> np.ndarray:
         """w = values + mask (mod 2^64, two's complement): a signed integer vector whose sum over
         the parties is read back with :func:`signed`."""
         v = np.asarray(values, dtype=np.int64).view(np.uint64)
-        return v + self.mask(0, len(v), stream)
+        return v + self.mask(round_number, len(v), stream)
 
 
 def uniform_nonzero(length: int) -> np.ndarray:

@@ -195,15 +195,20 @@ def write_table(rows: Sequence[dict], out_dir: Path, name: str, meta: dict) -> N
     """``name.csv`` (one row per measurement) and ``name.json`` (meta + rows), atomically."""
     if not rows:
         raise ValueError(f"experiment {name} produced no rows")
+    write_csv(rows, out_dir / f"{name}.csv")
+    atomic_write_json(out_dir / f"{name}.json", {"meta": meta, "rows": list(rows)})
+
+
+def write_csv(rows: Sequence[dict], path: Path) -> None:
+    """One CSV row per dict (columns: every key, in first-seen order; floats to 6 digits), atomically."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _cell(v) for k, v in row.items()})
-    with atomic_write(out_dir / f"{name}.csv") as fh:
+    with atomic_write(path) as fh:
         fh.write(buffer.getvalue())
-    atomic_write_json(out_dir / f"{name}.json", {"meta": meta, "rows": list(rows)})
 
 
 def _cell(value: object) -> object:

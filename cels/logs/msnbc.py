@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from cels.logs.model import LogError, LogRecord, SearchLog
 from cels.logs.options import LoadOptions, skip_or_raise
-from cels.logs.textio import decode, read_bytes
+from cels.logs.textio import read_bytes, undecodable
 
 HEADER_END = "% Sequences"
 _MAX_HEADER_LINES = 50
@@ -51,8 +51,13 @@ def _split_header(path: str, data: bytes, options: LoadOptions) -> _Parsed:
     while pos < len(data) and len(header_lines) < _MAX_HEADER_LINES:
         end = data.find(b"\n", pos)
         end = len(data) if end < 0 else end
-        line = decode(data[pos:end]).rstrip("\r")
         lineno = len(header_lines) + 1
+        try:
+            line = data[pos:end].decode(options.encoding).rstrip("\r")
+        except UnicodeDecodeError as exc:
+            if seen_end:
+                break  # a data line: the data parser names it
+            raise LogError(path, lineno, "header", undecodable(data[pos:end], exc, options.encoding)) from None
         if seen_end and line.strip():
             break
         header_lines.append(line)
@@ -121,7 +126,7 @@ def _parse_line(path: str, lineno: int, raw: bytes, n_categories: int) -> list[i
                 path,
                 lineno,
                 "category",
-                f"visit {position} is {decode(token)!r}, not a category number 1..{n_categories}",
+                f"visit {position} is {token.decode('ascii', 'backslashreplace')!r}, not a category number 1..{n_categories}",
             )
         values.append(int(token))
     return values

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cels.logs.model import LogError, normalise_query
+from cels.logs.textio import ENCODING, check_encoding
 
 FORMATS = ("aol", "msnbc", "tsv", "histogram")
 COLUMN_NAMES = ("user", "query", "url", "count")
@@ -24,9 +24,8 @@ class LoadOptions:
     ``header``: ``None`` detects it (see docs/formats.md), ``True``/``False`` force it.
     ``lenient`` skips bad lines (counted in ``source["skipped_lines"]``) instead of failing.
     ``max_users`` keeps the first N users in file order.
-    ``encoding``: how the file's bytes are text (docs/formats.md, "Encoding"); a line that is
-    not valid in it is refused naming file, line and field (default UTF-8; ``latin-1`` reads
-    any byte).
+    ``encoding`` decodes the bytes, strictly: a byte sequence not valid in it is bad input
+    (default UTF-8; ``latin-1`` for old logs, docs/formats.md).
     """
 
     format: str
@@ -36,13 +35,9 @@ class LoadOptions:
     delimiter: str = "\t"
     max_users: int | None = None
     normalise: Callable[[str], str] = normalise_query
-    encoding: str = "utf-8"
+    encoding: str = ENCODING
 
     def __post_init__(self) -> None:
-        try:
-            codecs.lookup(self.encoding)
-        except LookupError:
-            raise ValueError(f"unknown encoding {self.encoding!r} (e.g. utf-8, latin-1)") from None
         if self.format not in FORMATS:
             raise ValueError(f"unknown log format {self.format!r}; choose one of {', '.join(FORMATS)}")
         if self.format == "tsv":
@@ -55,6 +50,7 @@ class LoadOptions:
             raise ValueError(f"delimiter must be one character other than a line break, not {self.delimiter!r}")
         if self.max_users is not None and self.max_users < 1:
             raise ValueError(f"max_users must be a positive number of users, not {self.max_users}")
+        check_encoding(self.encoding)
 
 
 def skip_or_raise(options: LoadOptions, source: dict, error: LogError) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cels.logs.model import LogError, LogRecord, SearchLog
 from cels.logs.msnbc import iter_msnbc, load_msnbc
 from cels.logs.options import LoadOptions, skip_or_raise
-from cels.logs.textio import BOM, decode, iter_lines
+from cels.logs.textio import BOM, iter_lines, undecodable
 
 AOL_HEADER = ("AnonID", "Query", "QueryTime", "ItemRank", "ClickURL")
 HISTOGRAM_HEADER = ("user", "query", "url", "count")
@@ -30,6 +30,14 @@ class Layout:
     names: dict[str, str]
     url_optional: bool = False  # AOL rows without a click may stop after QueryTime
     max_fields: int | None = None
+    header: tuple[str, ...] = ()  # every column's name, where the format fixes them
+
+    def field_name(self, col: int) -> str:
+        """The name errors use for 0-based column ``col``."""
+        for name, c in self.columns.items():
+            if c == col:
+                return self.names[name]
+        return self.header[col] if col < len(self.header) else f"column {col + 1}"
 
 
 AOL_LAYOUT = Layout(
@@ -37,8 +45,11 @@ AOL_LAYOUT = Layout(
     {"user": "AnonID", "query": "Query", "url": "ClickURL"},
     url_optional=True,
     max_fields=len(AOL_HEADER),
+    header=AOL_HEADER,
 )
-HISTOGRAM_LAYOUT = Layout({name: k for k, name in enumerate(HISTOGRAM_HEADER)}, {n: n for n in HISTOGRAM_HEADER})
+HISTOGRAM_LAYOUT = Layout(
+    {name: k for k, name in enumerate(HISTOGRAM_HEADER)}, {n: n for n in HISTOGRAM_HEADER}, header=HISTOGRAM_HEADER
+)
 
 
 def layout_of(options: LoadOptions) -> Layout:
@@ -74,12 +85,12 @@ class DelimitedReader:
         kept: set[str] = set()
         for lineno, raw, ending in iter_lines(self.path):
             try:
-                text = raw.decode(self.options.encoding)
-            except UnicodeDecodeError as exc:
-                skip_or_raise(self.options, self.source, self._undecodable(raw, lineno, exc))
+                text = self._decode(raw, lineno)
+            except LogError as exc:
+                skip_or_raise(self.options, self.source, exc)
                 continue
             if lineno == 1:
-                self.source["newline"] = decode(ending) or "\n"
+                self.source["newline"] = ending.decode("ascii") or "\n"
                 if text.startswith(BOM):
                     text = text[1:]
                     self.source["bom"] = True
@@ -102,15 +113,14 @@ class DelimitedReader:
                 kept.add(record.user)
             yield record
 
-    def _undecodable(self, raw: bytes, lineno: int, exc: UnicodeDecodeError) -> LogError:
-        """The field holding the first byte that is not ``options.encoding`` (issue 13 item 6)."""
-        column = raw[: exc.start].count(self.options.delimiter.encode(self.options.encoding, "replace"))
-        names = {col: self.layout.names[name] for name, col in self.layout.columns.items()}
-        field = names.get(column, f"column {column + 1}")
-        return LogError(
-            self.path, lineno, field,
-            f"byte 0x{raw[exc.start]:02x} is not valid {self.options.encoding.upper()} (a log in another encoding: --encoding, e.g. latin-1)",
-        )  # fmt: skip
+    def _decode(self, raw: bytes, lineno: int) -> str:
+        """The line in ``options.encoding``; bytes not valid in it raise LogError naming the field."""
+        try:
+            return raw.decode(self.options.encoding)
+        except UnicodeDecodeError as exc:
+            before = raw[: exc.start].decode(self.options.encoding).split(self.options.delimiter)
+            field = self.layout.field_name(len(before) - 1)
+            raise LogError(self.path, lineno, field, undecodable(raw, exc, self.options.encoding)) from None
 
     def _is_header(self, fields: list[str]) -> bool:
         """Forced by ``options.header``; else AOL: first field ``AnonID``; with a count column:

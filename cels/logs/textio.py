@@ -1,12 +1,14 @@
 """Byte-exact text I/O shared by the readers and writers.
 
-Logs are read as bytes and split on ``\\n`` only (a stray ``\\r`` inside a query stays part of
-it); the readers decode each line strictly in the log's encoding (``LoadOptions.encoding``).
-Outputs are UTF-8.  ``.gz`` files are (de)compressed transparently.
+Logs are read as bytes, split on ``\\n`` only (a stray ``\\r`` inside a query stays part of
+it), and decoded strictly in the log's encoding (``LoadOptions.encoding``, default UTF-8):
+bytes that are not valid in it are refused by the readers, naming file, line and field
+(docs/formats.md).  Every writer writes UTF-8.  ``.gz`` files are (de)compressed transparently.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import os
@@ -19,8 +21,7 @@ from tqdm import tqdm
 
 from cels.fileio import atomic_write
 
-ENCODING = "utf-8"
-ERRORS = "surrogateescape"
+ENCODING = "utf-8"  # the default input encoding and the one every output is written in
 BOM = "\ufeff"
 _PROGRESS_EVERY = 1 << 16  # lines between progress-bar updates
 
@@ -29,8 +30,23 @@ def is_gzip(path: str | os.PathLike[str]) -> bool:
     return str(path).endswith(".gz")
 
 
-def decode(raw: bytes) -> str:
-    return raw.decode(ENCODING, ERRORS)
+def check_encoding(encoding: str) -> None:
+    """Raise ValueError unless ``encoding`` is a codec that keeps ``\\n`` and ``\\r`` as those single bytes."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r}; e.g. utf-8 (the default) or latin-1") from None
+    if "\r\n".encode(encoding) != b"\r\n":
+        raise ValueError(f"encoding {encoding!r} does not write a line break as the byte 0x0a; logs must use an ASCII-compatible encoding")
+
+
+def undecodable(raw: bytes, error: UnicodeDecodeError, encoding: str) -> str:
+    """What a refusal says about ``raw[error.start]``, the first byte that is not valid ``encoding``."""
+    label = codecs.lookup(encoding).name.upper()
+    return (
+        f"byte 0x{raw[error.start]:02x} is not valid {label} (byte {error.start + 1} of the line); "
+        "read a log in another encoding with the encoding option (e.g. --encoding latin-1, [data] encoding = \"latin-1\")"
+    )
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
@@ -63,11 +79,11 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bytes
 
 @contextmanager
 def open_text_output(path: str | os.PathLike[str], bom: bool = False) -> Iterator[TextIO]:
-    """Atomically write text (UTF-8, surrogateescape, newlines untranslated), gzip for ``.gz``."""
+    """Atomically write text (UTF-8, newlines untranslated), gzip for ``.gz``."""
     with atomic_write(path, mode="wb") as raw, (
         gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if is_gzip(path) else nullcontext(raw)
     ) as sink:
-        text = io.TextIOWrapper(sink, encoding=ENCODING, errors=ERRORS, newline="")
+        text = io.TextIOWrapper(sink, encoding=ENCODING, newline="")
         try:
             if bom:
                 text.write(BOM)

@@ -1,7 +1,7 @@
 """Writers: a (sanitized) histogram back in its input's format, written atomically.
 
 Rows with count 0 (pairs the mechanism suppressed) are not written.  Values are written as
-stored (queries normalised, urls stripped), byte-exact through surrogateescape.
+stored (queries normalised, urls stripped), in UTF-8 whatever the input's encoding.
 """
 
 from __future__ import annotations

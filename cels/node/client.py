@@ -70,11 +70,20 @@ def wait_for_stock(
     poll: float = 1.0,
 ) -> dict[str, cels_pb2.NodeStatus]:
     """The offline phase seen from outside: read every node's ``Status`` until its obfuscator
-    stock is complete; ``on_progress(ready, target)`` gets the totals over all nodes.  Raises
-    TimeoutError after ``timeout`` seconds."""
+    stock is complete; ``on_progress(ready, target)`` gets the totals over all nodes.  A node
+    that does not answer a poll (UNAVAILABLE, DEADLINE_EXCEEDED: e.g. a handshake dropped
+    while it loads a large log) is polled again.  Raises TimeoutError after ``timeout`` seconds."""
     limit = time.monotonic() + timeout
     while True:
-        statuses = node_statuses(controller, nodes)
+        try:
+            statuses = node_statuses(controller, nodes)
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            if time.monotonic() > limit:
+                raise TimeoutError(f"obfuscator stocks not complete after {timeout:g}s (last poll: {exc.code().name}: {exc.details()})") from None
+            time.sleep(poll)
+            continue
         if on_progress is not None:
             entries = [e for st in statuses.values() for e in st.stock]
             on_progress(sum(min(e.ready, e.target) for e in entries), sum(e.target for e in entries))

@@ -96,6 +96,28 @@ class LocalCluster:
                         raise TimeoutError(f"node {node.name} not listening on {node.address} after {timeout:g}s") from None
                     time.sleep(0.05)
 
+    def peak_rss_bytes(self) -> dict[str, dict[str, int]]:
+        """Per running node: the high-water mark of its resident memory (``VmHWM``) and the sum
+        of its descendants' (the obfuscator / decryption worker processes), from /proc; empty
+        where /proc is not there.  Read it before :meth:`stop`."""
+        children: dict[int, list[int]] = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")) if os.path.isdir("/proc") else ():
+            ppid = _proc_ppid(int(entry))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry))
+        out = {}
+        for name, node in self.nodes.items():
+            own = _proc_peak_rss(node.process.pid)
+            if own is None:
+                continue
+            below, todo = [], list(children.get(node.process.pid, []))
+            while todo:
+                pid = todo.pop()
+                below.append(pid)
+                todo.extend(children.get(pid, []))
+            out[name] = {"process": own, "workers": sum(_proc_peak_rss(pid) or 0 for pid in below), "worker_processes": len(below)}
+        return out
+
     def kill(self, name: str) -> None:
         """SIGKILL one node (failure tests)."""
         node = self.nodes[name]
@@ -116,6 +138,24 @@ class LocalCluster:
                 node.process.wait(10)
             if node._log is not None:
                 node._log.close()
+
+
+def _proc_ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):  # gone meanwhile
+        return None
+
+
+def _proc_peak_rss(pid: int) -> int | None:
+    """``VmHWM`` of /proc/PID/status in bytes (None: gone, or a zombie without memory)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def python_module(module: str) -> list[str]:

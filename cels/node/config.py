@@ -71,7 +71,8 @@ NODE_TABLES: dict[str, dict[str, Any] | None] = {
              "min_key_bits": int, "record_view": str},
     "tls": {"ca": str, "cert": str, "key": str},
     "peers": None,  # node name -> "host:port"
-    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str, "encoding": str},
+    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str,
+             "encoding": str},
     "solver": {"time_limit": Number},
     "keys": {"session_keys": bool, "key_bits": int, "obfuscators": int, "stock": dict, "workers": int, "nice": int},
     "ledger": {"path": str, "budget_epsilon": Number, "budget_delta": Number, "window_days": Number},
@@ -131,6 +132,16 @@ class NodeConfig:
             for n in ("ca", "cert", "key"):
                 if not Path(getattr(self, n)).is_file():
                     raise ValueError(f"{n} file {getattr(self, n)} does not exist")
+            from cels.node.tls import certificate_identity  # grpc: only once the node is configured
+
+            try:
+                identity = certificate_identity(Path(self.cert).read_bytes())
+            except ValueError as exc:
+                raise ValueError(f"cert file {self.cert} is no node certificate: {exc}") from None
+            if identity.name != self.name:
+                raise ValueError(f"cert file {self.cert} names {identity.name!r}, not this node {self.name!r}")
+            if not identity.serves:
+                raise ValueError(f"cert file {self.cert} lacks extended key usage serverAuth (a node serves its peers)")
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,12 +296,13 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
     parser.add_argument("--delimiter", help="tsv field delimiter, one character (default tab)")
     parser.add_argument("--lenient", action="store_true", default=None, help="skip bad lines instead of failing")
-    parser.add_argument("--encoding", help="how the log bytes are text (default utf-8 or [data] encoding; e.g. latin-1): a line not valid in it is an error naming file, line and field")
+    parser.add_argument("--encoding", help="the log's text encoding, e.g. latin-1 (default utf-8; bytes not valid in it abort the session)")
 
 
 def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, Any]:
     """The data file and its LoadOptions from the flags over the ``[data]`` table."""
     from cels.logs import LoadOptions, parse_columns
+    from cels.logs.textio import ENCODING
 
     base = table.get("base", Path.cwd())
     path = args.data if args.data is not None else (base / table["path"] if "path" in table else None)
@@ -307,7 +319,7 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
         header=header,
         lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
         delimiter=args.delimiter or table.get("delimiter", "\t"),
-        encoding=args.encoding or table.get("encoding", "utf-8"),
+        encoding=args.encoding or table.get("encoding", ENCODING),
     )
     return Path(path), options
 

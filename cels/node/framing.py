@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from google.protobuf.message import DecodeError
 
 from cels.node.handlers import Unparsed
-from cels.protocol.roles import Envelope, ProtocolError, check_session_id, step_name
+from cels.protocol.roles import Envelope, ProtocolError, check_session_id, quoted, step_name
 from cels.protocol.wire import cels_pb2
 
 CHUNK_BYTES = 1 << 20
@@ -74,6 +74,6 @@ def from_frames(frames: Iterable[cels_pb2.Frame]) -> tuple[Envelope, int]:
     if envelope.session_id != first.session_id:
         raise ProtocolError(
             ProtocolError.INVALID_ARGUMENT,
-            f"envelope session {envelope.session_id!r} differs from its frames' {first.session_id!r}",
+            f"envelope session {quoted(envelope.session_id)} differs from its frames' {quoted(first.session_id)}",
         )
     return envelope, wire

@@ -33,7 +33,7 @@ import grpc
 
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
-from cels.node.wire import PeerPhase, Wire
+from cels.node.wire import PeerPhase, Wire, hold_seconds
 from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
@@ -42,7 +42,7 @@ from cels.node.peers import PeerClients, Refused
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, quoted, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -53,12 +53,13 @@ OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
 STATUS = {ProtocolError.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION, ProtocolError.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT}
 SIGNALS = {cels_pb2.SessionSignal.PROBE, cels_pb2.SessionSignal.BEGIN, cels_pb2.SessionSignal.FINISH}
-GONE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-"""A FINISH failing so means the peer is gone, not that it refuses."""
+REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
+"""The codes a node refuses with; a FINISH failing with any other (UNAVAILABLE, DEADLINE_EXCEEDED,
+CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
+SERVER_POOL = 32
+"""Threads serving RPCs (started lazily and kept); a held out-of-order message occupies one."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
-REORDER_WINDOW = 5.0
-"""Seconds a message refused as out of order is held back and retried (at most deadline / 4)."""
 
 
 class Node(cels_pb2_grpc.CelsNodeServicer):
@@ -84,7 +85,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix=self.config.name))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name))
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
@@ -100,10 +101,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         return port
 
     def stop(self, grace: float = 1.0) -> None:
-        """Abort every running session, let the Abort notices reach the peers (at most
-        NOTICE_SECONDS), then stop serving."""
+        """Abort every session whose part on this node is not over, let the Abort notices
+        reach the peers (at most NOTICE_SECONDS), then stop serving.  A session whose part is
+        over is left to the initiator's FINISH (a node gone then does not void the release)."""
         for session_id in list(self.wires):
-            self.abort(session_id, self.config.name, "node shutting down")
+            if not self.host.role(session_id).finished:
+                self.abort(session_id, self.config.name, "node shutting down")
         limit = time.monotonic() + NOTICE_SECONDS
         for notice in list(self.notices):
             notice.join(max(0.0, limit - time.monotonic()))
@@ -120,7 +123,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         """The caller's node name: one its certificate carries and ``allowed`` contains."""
         names = {claimed} if self.config.insecure else {self.identify(context)}
         if claimed is not None and claimed not in names:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {claimed!r} but the certificate names {sorted(names)}")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"message claims sender {quoted(claimed)} but the certificate names {sorted(names)}")
         known = (names & {claimed} if claimed is not None else names) & allowed
         if not known and not (self.config.insecure and claimed is None):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{self.config.name} does not expect a peer named {sorted(n for n in names if n)}")
@@ -189,7 +192,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def take(self, sender: str, envelope: Envelope) -> None:
         """Give an envelope to the host, holding back one refused as out of order (module doc)."""
-        limit = time.monotonic() + min(REORDER_WINDOW, self.host.sessions[envelope.session_id].options.deadline / 4) if envelope.session_id in self.host.sessions else 0
+        limit = time.monotonic() + hold_seconds(self.host.sessions[envelope.session_id].options.deadline) if envelope.session_id in self.host.sessions else 0
         while True:
             try:
                 self.call(lambda now: self._deliver(sender, envelope, now), envelope.session_id)
@@ -207,8 +210,15 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             wire.events.put(envelope.step_report)  # the initiator streams it, before "finished"
         return effects
 
-    def abort(self, session_id: str, origin: str, reason: str) -> None:
-        self.call(lambda now: self.host.abort(session_id, origin, reason, now), session_id)
+    def abort(self, session_id: str, origin: str, reason: str, unless: Callable[[Role], bool] | None = None) -> None:
+        """Abort the session naming ``origin``; not if ``unless(role)`` holds under the host lock."""
+
+        def act(now: float) -> Effects:
+            if unless is not None and session_id in self.host.sessions and unless(self.host.role(session_id)):
+                return Effects()
+            return self.host.abort(session_id, origin, reason, now)
+
+        self.call(act, session_id)
 
     def expire(self) -> None:
         self.call(self.host.expire)
@@ -244,8 +254,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             if request.kind not in SIGNALS:
                 raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
             sid = request.session_id
-            if request.kind == cels_pb2.SessionSignal.BEGIN:
-                self.call(lambda now: self.host.begin(sid, now), sid)
+            if request.kind == cels_pb2.SessionSignal.BEGIN:  # refused now, or begun in the background
+                self.host.check(sid, "begin")
+                threading.Thread(target=self._begin, args=(sid,), name=f"begin-{sid}", daemon=True).start()
             elif request.kind == cels_pb2.SessionSignal.FINISH:
                 self.call(lambda now: self.host.finish(sid, now), sid)
             wire = self.wires.get(sid) or self.ended_wires.get(sid)
@@ -257,6 +268,15 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")
+
+    def _begin(self, session_id: str) -> None:
+        """BEGIN's work (the log's load and the first hashes: seconds at scale) off the Signal
+        call, so that the initiator's BEGINs start every party at once, not one after another.
+        A role failure aborts the session (host); a refusal here means it ended meanwhile."""
+        try:
+            self.call(lambda now: self.host.begin(session_id, now), session_id)
+        except ProtocolError as exc:
+            log.info("%s: session %s not begun: %s", self.config.name, session_id, exc)
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
         """The node key for peers; with the obfuscator stock for controllers only (how many
@@ -330,7 +350,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
             except grpc.RpcError as exc:
                 detail = f"{exc.code().name}: {exc.details()}"
-                if exc.code() not in GONE:  # the peer refuses: its part is not over, or it aborted
+                if exc.code() in REFUSALS:  # the peer refuses: its part is not over, or it aborted
                     origin = refusal_origin(exc.details() or "") or peer
                     self.abort(sid, origin, f"finishing the session failed at {peer}: {detail}")
                     yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=detail))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 log = logging.getLogger("cels.node")
 
@@ -67,8 +67,8 @@ def peer_identity(context: grpc.ServicerContext) -> Identity:
     """The identity of the client's certificate (gRPC has verified its chain to the CA).
 
     Raises ValueError (issue 13 item 12) for a certificate that is itself a CA, that lacks EKU
-    clientAuth, or that does not carry exactly one DNS SAN (a subject CN alone names nobody;
-    several SANs would let one certificate pose as several nodes)."""
+    clientAuth, that does not carry exactly one DNS SAN (a subject CN alone names nobody;
+    several SANs would let one certificate pose as several nodes), or whose CN names another."""
     pem = context.auth_context().get("x509_pem_cert")
     if not pem:
         raise ValueError("no client certificate")
@@ -90,6 +90,9 @@ def certificate_identity(pem: bytes) -> Identity:
     names = san.get_values_for_type(x509.DNSName) if san is not None else []
     if len(names) != 1:
         raise ValueError(f"a node's certificate names exactly one node in a DNS SAN; this one names {len(names)} (a subject CN alone names none)")
+    cns = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if any(cn != names[0] for cn in cns):
+        raise ValueError(f"the certificate's CN {cns[0][:40]!r} differs from its name {names[0]!r}")
     return Identity(names[0], ExtendedKeyUsageOID.SERVER_AUTH in usages)
 
 

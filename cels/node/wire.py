@@ -34,6 +34,14 @@ def delivery_timeout(deadline: float, size: int) -> float:
     return deadline + size / LINK_FLOOR
 
 
+def hold_seconds(deadline: float) -> float:
+    """How long a message refused as out of order is held back and retried: one second more
+    than the watchdog needs to see a killed peer (2i + p, :meth:`Wire._watchdog`), so that a
+    message waiting for a dead node's is refused only after the session is aborted, naming
+    that node, not the recipient."""
+    return 2 * min(1.0, deadline / 4) + min(5.0, deadline / 4) + 1.0
+
+
 @dataclass
 class PeerPhase:
     """A peer entered ``phase`` (seen by the initiator's watchdog), ``seconds`` into the session."""
@@ -92,6 +100,19 @@ class Wire:
             finally:
                 self.outbox.task_done()
 
+    def _watched(self) -> list[str]:
+        """The peers the watchdog probes: all of them while this node's part runs; once it is
+        over, only the initiator, whose FINISH or abort ends the session (the initiator itself
+        then probes nobody: a peer gone after its part does not void the release, Node._initiate)."""
+        if not self.node.host.role(self.id).finished:
+            return self.others
+        return [peer for peer in self.others if peer == self.options.initiator]
+
+    def _peer_gone(self, peer: str, reason: str) -> None:
+        """Abort naming ``peer``, unless (checked under the host's lock) this node's part is over
+        and ``peer`` is not the initiator: a probe begun before the part ended decides nothing."""
+        self.node.abort(self.id, peer, reason, unless=lambda role: role.finished and peer != self.options.initiator)
+
     def _watchdog(self) -> None:
         """Probe every peer while running; the host's timers end stalled or never-begun sessions.
 
@@ -105,22 +126,20 @@ class Wire:
             self.node.expire()
             if self.node.host.state(self.id)[0] != "running":
                 continue
-            if self.options.initiator == self.node.config.name and self.node.host.role(self.id).finished:
-                continue  # the output and every report are in: FINISH decides (Node._initiate)
             total, anyone_busy = 0, False
-            for peer in self.others:
+            for peer in self._watched():
                 try:
                     state = self.node.peers.signal(peer, self.id, cels_pb2.SessionSignal.PROBE, self.probe_timeout)
                 except grpc.RpcError as exc:
                     since = unreachable_since.setdefault(peer, time.monotonic())
                     if time.monotonic() - since >= self.probe_timeout:
-                        self.node.abort(self.id, peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
+                        self._peer_gone(peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
                     continue
                 unreachable_since.pop(peer, None)
-                if state.state in (ABORTED, "unknown"):
+                if state.state == "unknown":
+                    self._peer_gone(peer, f"{peer} no longer knows session {self.id} (restarted?)")
+                elif state.state == ABORTED:
                     origin, _, reason = state.reason.partition(": ")
-                    if state.state == "unknown":
-                        origin, reason = peer, f"{peer} no longer knows session {self.id} (restarted?)"
                     self.node.abort(self.id, origin or peer, reason)
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
                 if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, "prepared"):

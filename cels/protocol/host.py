@@ -111,6 +111,8 @@ class SessionHost:
         self.meter = meter
         self.sessions: dict[str, HostedSession] = {}
         self.ended: OrderedDict[str, HostedSession] = OrderedDict()
+        self.forewarned: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        """Aborts that arrived before their session's StartSession: id -> (sender, origin, reason)."""
         self._events: list[Event] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -127,7 +129,12 @@ class SessionHost:
         session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
         role.phase_hook = lambda old, new: self._phase(session, old, new)
         self.sessions[options.session_id] = session
-        return Effects(events=[Event(options.session_id, self.name, "created", phase=PREPARED)], wake_at=session.expires_at)
+        created = Effects(events=[Event(options.session_id, self.name, "created", phase=PREPARED)], wake_at=session.expires_at)
+        sender, origin, reason = self.forewarned.pop(options.session_id, ("", "", ""))
+        if sender in options.nodes:  # a node of the session aborted it before it reached this one
+            notice = Envelope(session_id=options.session_id, sender=sender, abort=cels_pb2.Abort(session_id=options.session_id, origin=origin, reason=reason))
+            created.extend(self._call(session, lambda: role.receive(sender, notice), now))
+        return created
 
     def deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
         """A protocol message for one of this node's sessions (a StartSession creates it)."""
@@ -143,6 +150,8 @@ class SessionHost:
             if options.initiator != sender:
                 raise fail(f"{self.name}: StartSession from {sender!r}, but the session's initiator is {options.initiator!r}")
             return self.create(options, now)
+        if step == "abort" and envelope.session_id not in self.sessions and envelope.session_id not in self.ended:
+            return self._forewarn(sender, envelope.abort)
         session = self._session(envelope.session_id, "abort" if step == "abort" else "step")
         if sender not in session.options.nodes:
             raise fail(f"{self.name}: {sender!r} is not a node of session {session.options.session_id!r}")
@@ -150,6 +159,10 @@ class SessionHost:
         if session.state == PREPARED and step != "abort":  # a first step message also begins it
             effects.extend(self._call(session, session.role.begin, now))
         return effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
+
+    def check(self, session_id: str, what: str) -> None:
+        """Raise the refusal that ``what`` (a step, "begin", "finish", "abort") would get now."""
+        self._session(session_id, what)
 
     def begin(self, session_id: str, now: float) -> Effects:
         """BEGIN: start this node's role (idempotent once running)."""
@@ -261,6 +274,14 @@ class SessionHost:
         session.role.seconds[old] = seconds
         session.mark = now
         self._events.append(Event(session.options.session_id, self.name, "phase", phase=new, old=old, seconds=seconds))
+
+    def _forewarn(self, sender: str, abort: cels_pb2.Abort) -> Effects:
+        """An Abort overtook its session's StartSession (each travels its own call): kept, so
+        that the session is born aborted if ``sender`` is one of its nodes (a bounded memory)."""
+        self.forewarned[abort.session_id] = (sender, abort.origin or sender, abort.reason)
+        while len(self.forewarned) > KEPT_STATES:
+            self.forewarned.popitem(last=False)
+        return Effects()
 
     def _end(self, session: HostedSession, state: str, origin: str = "", reason: str = "") -> list[Event]:
         session.state, session.origin, session.reason = state, origin, reason

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
+from concurrent.futures import Executor
 
 import numpy as np
 import scipy.sparse as sp
@@ -38,22 +39,26 @@ from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
 from cels.mechanism.sanitize import privacy_accounting
+from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
 from cels.mechanism.greedy import ProposalRule
 from cels.mechanism.noise import noise_scale
 from cels.protocol.private_solve import PrivateSolveParty
 from cels.protocol.sampling import StagedSampler, paper_trials
-from cels.protocol.transform import fixed_point_packing, share_bounds, transform_constraints
+from cels.protocol.transform import share_packings, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
 
 COUNT_BOUND = 2**31 - 1
 """Public packing bound of every party's count and stage-total vectors (secure sums)."""
 
 
+_ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
+
+
 def encode_item(*fields) -> bytes:
     """Injective byte encoding of a pair id (query, url) or an output record."""
-    return json.dumps(list(fields), ensure_ascii=False, separators=(",", ":")).encode()
+    return _ITEM_JSON(list(fields)).encode()
 
 
 def union_record(data: bytes) -> LogRecord:
@@ -80,7 +85,8 @@ class PartyRole(SessionRole):
     """P_k for one session.  ``log`` is the private log or a callable that loads it (a load
     failure aborts the session with the loader's message).  ``obfuscators`` maps a public key
     N to its obfuscator source (a node's stock, cels.node.keys); ``keypair`` is the node key
-    this party uses when it is P_1 (default: a fresh pair for the session)."""
+    this party uses when it is P_1 (default: a fresh pair for the session); ``decryption_pool``
+    (a thread or process pool) spreads P_1's CRT decryptions of the secure sums over cores."""
 
     def __init__(
         self,
@@ -91,6 +97,7 @@ class PartyRole(SessionRole):
         allow_insecure_key_bits: bool = False,
         obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
+        decryption_pool: Executor | None = None,
     ) -> None:
         super().__init__(name, options)
         if name not in self.parties:
@@ -103,11 +110,13 @@ class PartyRole(SessionRole):
         self._log_source = log
         self._allow_insecure = allow_insecure_key_bits
         self._obfuscators = obfuscators
+        self._decryption_pool = decryption_pool
         self._hash = commutative_hash(options, allow_paper_bits=allow_insecure_key_bits)
         self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
         self.log: SearchLog | None = None
         self.reports: list[cels_pb2.StepReport] = []
-        self._sums: dict[str, SecureSum] = {}
+        self._sums: dict[str, SecureSum | MaskedSum] = {}
+        self._sums_begun = 0  # masked sums so far: each one's mask round number
         self.nlp_key: paillier.PublicKey | None = None
         self._summed = False  # this party's share is in the NLP sum
         self._sampler: StagedSampler | None = None
@@ -135,15 +144,18 @@ class PartyRole(SessionRole):
         local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
         own = np.flatnonzero(local_totals > 0)
         self._enter("universe")
-        first = self._hash.hash([encode_item(*log.pairs[i]) for i in own])
-        order = sorted(range(len(own)), key=lambda t: first[t])  # ids leave sorted, not in log order
+        pairs = log.pairs
+        first = self._hash.hash([encode_item(*pairs[i]) for i in own])
+        order = sorted(range(len(own)), key=first.__getitem__)  # ids leave sorted, not in log order
         self._own_pairs = own[order]
         self._full_ids: list[bytes] | None = None
         self._universe_sets: dict[str, list[bytes]] = {}
+        self._ids_seen = len(own)  # every party's set passes this party: the union has at most this many
         hop = cels_pb2.UniverseHop(
             session_id=self.session_id, owner=self.name, applied=[self.name], ids=[first[t] for t in order]
         )
-        return self._send(self.successor, universe_hop=hop)
+        masks = self._private.mask_keys() if self._private is not None else []  # for the masked sums from phase 2 on
+        return masks + self._send(self.successor, universe_hop=hop)
 
     def _on_universe_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         applied = list(msg.applied)
@@ -153,6 +165,7 @@ class PartyRole(SessionRole):
             self._expect_sender(sender, self.predecessor, "universe_hop")
             if self.name in applied or applied != [self.parties[(self.parties.index(msg.owner) + t) % self.r] for t in range(len(applied))]:
                 raise fail(f"{self.name}: universe_hop of {msg.owner} arrived out of ring order")
+            self._ids_seen += len(msg.ids)
             try:
                 ids = self._hash.apply(list(msg.ids))
             except CommutativeCipherError as exc:
@@ -172,36 +185,50 @@ class PartyRole(SessionRole):
             return self._collect_universe(self.name, self._full_ids)
         if self.name != self.key_holder or sender != msg.owner:
             raise fail(f"{self.name}: complete universe ids of {msg.owner} from {sender}")
-        return self._collect_universe(msg.owner, list(msg.ids))
+        ids = list(msg.ids)
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            raise malformed(f"{self.name}: complete universe ids of {msg.owner} are not sorted and distinct")
+        return self._collect_universe(msg.owner, ids)
 
     def _collect_universe(self, owner: str, ids: list[bytes]) -> list[Outgoing]:
-        """P_1 assembles the sorted union of the fully hashed ids (the index of variables)."""
+        """P_1 assembles the sorted union of the fully hashed ids (the index of variables) and
+        tells every party its size and the columns of that party's own ids (docs/protocol.md)."""
         if owner in self._universe_sets:
             raise fail(f"{self.name}: second complete universe set of {owner}")
         self._universe_sets[owner] = ids
         if len(self._universe_sets) < self.r:
             return []
         index = sorted(set().union(*self._universe_sets.values()))
-        msg = cels_pb2.UniverseIndex(session_id=self.session_id, ids=index)
-        others = [p for p in self.parties if p != self.name]
-        return self._send(others, universe_index=msg) + self._apply_index(index)
+        position = {pid: i for i, pid in enumerate(index)}
+        out = []
+        for party in self.parties:
+            if party != self.name:
+                columns = [position[f] for f in self._universe_sets[party]]
+                out += self._send(party, universe_index=cels_pb2.UniverseIndex(session_id=self.session_id, size=len(index), columns=columns))
+        self._universe_sets = {}
+        own = np.array([position[f] for f in self._full_ids], dtype=np.int64)
+        return out + self._apply_index(len(index), own)
 
     def _on_universe_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
+        """The index size and the columns of this party's ids, in the sorted order it sent them."""
         self._expect_sender(sender, self.key_holder, "universe_index")
         if self._full_ids is None:
             raise fail(f"{self.name}: universe_index before its own ids came back")
-        return self._apply_index(list(msg.ids))
+        by_id = np.asarray(msg.columns, dtype=np.int64)
+        if msg.size > self._ids_seen:
+            raise malformed(f"{self.name}: universe_index of {msg.size} pairs, more than the {self._ids_seen} ids of all parties")
+        if len(by_id) != len(self._full_ids) or np.any(np.diff(by_id) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
+            raise malformed(
+                f"{self.name}: universe_index: {len(by_id)} columns for {len(self._full_ids)} ids, "
+                f"not strictly increasing below the index size {msg.size}"
+            )
+        cols = np.empty_like(by_id)
+        cols[sorted(range(len(self._full_ids)), key=self._full_ids.__getitem__)] = by_id
+        return self._apply_index(int(msg.size), cols)
 
-    def _apply_index(self, index: list[bytes]) -> list[Outgoing]:
-        """Map own pairs to index columns; start the secure counts sum (Algorithm 1)."""
-        position = {pid: i for i, pid in enumerate(index)}
-        if len(position) != len(index):
-            raise malformed(f"{self.name}: universe index has duplicate ids")
-        try:
-            cols = np.array([position[f] for f in self._full_ids], dtype=np.int64)
-        except KeyError:
-            raise RoleFailure("universe index lacks one of this party's pairs") from None
-        self.n = len(index)
+    def _apply_index(self, n: int, cols: np.ndarray) -> list[Outgoing]:
+        """Own pair t is index column ``cols[t]`` of ``n``; start the secure counts sum (Algorithm 1)."""
+        self.n = n
         select = sp.csr_matrix(
             (np.ones(len(cols), dtype=np.int64), (np.arange(len(cols)), cols)), shape=(len(cols), self.n)
         )
@@ -220,7 +247,20 @@ class PartyRole(SessionRole):
         return self._obfuscator_sources[n]
 
     def _start_sum(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
-        """Join secure sum ``sum_id`` (P_1's key, one key pair for the whole session)."""
+        """Join secure sum ``sum_id``: by pairwise masks in the private mode (once every mask
+        key is in), else Algorithm 1 (P_1's key, one key pair for the whole session)."""
+        bound = 1 if sum_id == "unique" else COUNT_BOUND
+        if self._private is not None:
+            try:
+                masked = MaskedSum(
+                    name=self.name, session_id=self.session_id, sum_id=sum_id, ring=self.parties, values=vector,
+                    bound=bound, masks=self._private.masks, round_number=self._sums_begun,
+                )  # fmt: skip
+            except paillier.PackingOverflowError as exc:
+                raise RoleFailure(str(exc)) from None
+            self._sums_begun += 1
+            self._sums[sum_id] = masked
+            return self._start_masked_sums()
         if self.k == 0 and self._sum_keypair is None:
             self._sum_keypair = paillier.generate_keypair(self.options.key_bits, allow_insecure_key_bits=self._allow_insecure)
         try:
@@ -230,16 +270,28 @@ class PartyRole(SessionRole):
                 sum_id=sum_id,
                 ring=self.parties,
                 values=vector,
-                bound=1 if sum_id == "unique" else COUNT_BOUND,
+                bound=bound,
                 key_bits=self.options.key_bits,
                 allow_insecure_key_bits=self._allow_insecure,
                 keypair=self._sum_keypair,
                 obfuscators=self._obfuscators_for,
+                nonnegative=True,
+                decryption_pool=self._decryption_pool,
             )
         except paillier.PackingOverflowError as exc:
             raise RoleFailure(str(exc)) from None
         self._sums[sum_id] = secure_sum
         return secure_sum.start()
+
+    def _start_masked_sums(self) -> list[Outgoing]:
+        """Start every masked sum not yet started, once this party has every mask key."""
+        out: list[Outgoing] = []
+        if not self._private.masks.complete:
+            return out
+        for sum_id, masked in list(self._sums.items()):
+            if not masked.started and not masked.done:
+                out += self._after_sum(sum_id, masked, masked.start())
+        return out
 
     def _on_sum_message(self, sender: str, envelope) -> list[Outgoing]:
         """Secure sum messages go to the running sum of their id."""
@@ -247,8 +299,11 @@ class PartyRole(SessionRole):
         secure_sum = self._sums.get(sum_id)
         if secure_sum is None:
             raise fail(f"{self.name}: message for secure sum {sum_id!r}, which is not running (phase {self.phase!r})")
-        out = secure_sum.receive(sender, envelope)
-        if secure_sum.done:
+        return self._after_sum(sum_id, secure_sum, secure_sum.receive(sender, envelope))
+
+    def _after_sum(self, sum_id: str, secure_sum: SecureSum | MaskedSum, out: list[Outgoing]) -> list[Outgoing]:
+        """A finished sum's result moves the session on."""
+        if secure_sum.done and self._sums.get(sum_id) is secure_sum:
             del self._sums[sum_id]
             out = out + self._on_sum_done(sum_id, np.asarray(secure_sum.result).ravel())
         return out
@@ -275,7 +330,7 @@ class PartyRole(SessionRole):
             size = round(self.options.output_size) if self.options.output_size is not None else None
             frequent = c[self.active] / c.sum() >= self.options.support if self.options.objective == "frequent" else None
             rule = ProposalRule(self.options.objective, c[self.active], self.options.round_batch, size, frequent)
-            return self._private_progress(self._private.mask_keys() + self._private.start(rule, self.rows, self.b))
+            return self._private_progress(self._private.start(rule, self.rows, self.b))
         self._enter("nlp")
         shape = cels_pb2.ConstraintShape(session_id=self.session_id, party=self.name, rows=self.rows.shape[0])
         return self._send(self.solver, constraint_shape=shape)
@@ -284,7 +339,7 @@ class PartyRole(SessionRole):
     def _on_mask_key(self, sender: str, msg: cels_pb2.MaskKey) -> list[Outgoing]:
         if self._private is None:
             raise fail(f"{self.name}: mask_key in a session that solves with {self.options.solve!r}")
-        return self._private_progress(self._private.on_mask_key(sender, msg))
+        return self._private_progress(self._private.on_mask_key(sender, msg)) + self._start_masked_sums()
 
     def _on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:
         return self._private_progress(self._private.on_round_verdict(sender, msg))
@@ -334,15 +389,11 @@ class PartyRole(SessionRole):
         share = transform_constraints(self.rows, self.b, self.ell, self._rng)
         count_row = self.totals[self.active] if self.k == 0 else np.zeros(len(self.active))
         self._share = {"at": np.vstack([share.at, count_row[None, :]]), "ab": share.ab}
-        at_bound, af_bound, ab_bound = share_bounds(int(self.totals.max(initial=1)), self.b, max(rows))
-        self._packings = {
-            "at": fixed_point_packing(key, at_bound, self.r),
-            "ab": fixed_point_packing(key, ab_bound, self.r),
-        }
+        self._packings = share_packings(key, int(self.totals.max(initial=1)), self.b, rows, self.r)
         self._obf = self._obfuscators_for(key)
         out = []
         if rows[self.k]:
-            af = paillier.encrypt(key, share.af, fixed_point_packing(key, af_bound, 1), self._obf)
+            af = paillier.encrypt(key, share.af, self._packings["af"], self._obf)
             block = cels_pb2.NlpSlackBlock(session_id=self.session_id, party=self.name, af=codec.matrix_message(af))
             out = self._send(self.solver, nlp_slack_block=block)
         if self.k != 0:
@@ -357,13 +408,13 @@ class PartyRole(SessionRole):
         for w in which:
             shape = shapes[w]
             try:
-                enc = codec.matrix_of(getattr(msg, w), self.nlp_key)
+                enc = codec.matrix_of(getattr(msg, w), self.nlp_key, self._packings[w])
             except ValueError as exc:
                 raise malformed(f"{self.name}: {step}.{w}: {exc}") from None
-            if (enc.rows, enc.cols) != shape or enc.packing != self._packings[w] or enc.terms != terms:
+            if (enc.rows, enc.cols) != shape or enc.terms != terms:
                 raise malformed(
                     f"{self.name}: {step}.{w} is {enc.rows}x{enc.cols} with {enc.terms} shares, "
-                    f"expected {shape[0]}x{shape[1]} with {terms} in the session's packing"
+                    f"expected {shape[0]}x{shape[1]} with {terms}"
                 )
             out[w] = enc
         return out
@@ -592,11 +643,12 @@ class PartyRole(SessionRole):
         "sum_key": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "sum_hop": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "sum_result": accepts(("counts", "sampling"), _on_sum_message, whole=True),
+        "masked_sum_share": accepts(("counts", "sampling"), _on_sum_message, whole=True),
         "nlp_key": accepts("nlp", _on_nlp_key),
         "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
         "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
         "nlp_solution": accepts("nlp", _on_nlp_solution),
-        "mask_key": accepts(("counts", "solve"), _on_mask_key),
+        "mask_key": accepts(("universe", "counts", "solve"), _on_mask_key),
         "round_verdict": accepts("solve", _on_round_verdict),
         "noise_total": accepts("solve", _on_noise_total),
         "union_encrypt_hop": accepts("union", _on_union, whole=True),

@@ -45,7 +45,7 @@ STEP_PHASE = {
 def phase_of(envelope: Envelope) -> str:
     """Phase of a message: counts (sum ids "counts"/"unique"), sampling ("sampling-*"), ..."""
     step = step_name(envelope)
-    if step.startswith("sum_"):
+    if step.startswith("sum_") or step == "masked_sum_share":
         sum_id = getattr(envelope, step).sum_id
         return "sampling" if sum_id.startswith("sampling") else "counts"
     return STEP_PHASE[step]

@@ -39,6 +39,15 @@ class ProtocolError(Exception):
         self.code = code
 
 
+QUOTE_CHARS = 40
+"""Characters of a peer's string a refusal quotes (refusals travel as gRPC metadata)."""
+
+
+def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``repr(text)``, cut to ``limit`` characters of ``text`` (a peer's string in an error message)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 def fail(message: str) -> ProtocolError:
     """A message out of protocol order, from the wrong sender, or for an unknown session."""
     return ProtocolError(ProtocolError.FAILED_PRECONDITION, message)

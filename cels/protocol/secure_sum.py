@@ -113,7 +113,10 @@ class SecureSum(RingMember):
         keypair: tuple[PublicKey, PrivateKey] | None = None,
         obfuscators: ObfuscatorFactory | None = None,
         decryption_pool: Executor | None = None,
+        nonnegative: bool = False,
     ) -> None:
+        """``nonnegative``: every party's values are >= 0 (counts), so a total below this
+        party's own values is refused as forged."""
         super().__init__(name, session_id, ring)
         self.sum_id = sum_id
         self.values = np.asarray(values)
@@ -123,14 +126,16 @@ class SecureSum(RingMember):
         self._keypair = keypair
         self._obfuscators = obfuscators or _inline
         self._decryption_pool = decryption_pool
+        self.nonnegative = nonnegative
         self.public_key: PublicKey | None = None
         self.result: np.ndarray | None = None
         self._pending_hop: tuple[str, Envelope] | None = None
         self._started = False
-        outside = ~(np.abs(self.values) <= bound)
+        low = 0 if nonnegative else -bound
+        outside = ~((self.values >= low) & (self.values <= bound))
         if np.any(outside):
             index = tuple(np.argwhere(outside)[0])
-            raise PackingOverflowError(f"sum {sum_id!r}: value {self.values[index]} at {index} exceeds the bound {bound}")
+            raise PackingOverflowError(f"sum {sum_id!r}: value {self.values[index]} at {index} is outside [{low}, {bound}]")
 
     @property
     def key_holder(self) -> str:
@@ -141,6 +146,22 @@ class SecureSum(RingMember):
 
     def _packing(self, public_key: PublicKey) -> Packing:
         return Packing.for_values(public_key, self.bound, self.r, self.scale_bits)
+
+    def _check_total(self, fixed: np.ndarray, what: str) -> None:
+        """The others' part of a total (fixed point) must be a sum of r - 1 values within the bound
+        (and >= 0 for a non-negative sum); else the total is forged (e.g. an encryption of 0)."""
+        own = np.rint(self._matrix().astype(np.float64) * 2.0**self.scale_bits).astype(np.int64)
+        limit = (self.r - 1) * max(1, int(np.ceil(self.bound * 2**self.scale_bits)))
+        others = fixed.astype(object) - own.astype(object)  # exact: a forged total may be near 2^63
+        low = 0 if self.nonnegative else -limit
+        bad = np.argwhere((others < low) | (others > limit))
+        if bad.size:
+            index = int(np.ravel_multi_index(tuple(bad[0]), fixed.shape))
+            raise ProtocolError(
+                ProtocolError.INVALID_ARGUMENT,
+                f"secure sum {self.sum_id!r}: {what}[{index}] = {int(fixed.flat[index])} is not this party's value plus "
+                f"{self.r - 1} others in [{low}, {limit}]",
+            )
 
     def _finish(self, fixed: np.ndarray) -> None:
         values = fixed if self.scale_bits == 0 else fixed.astype(np.float64) / float(2**self.scale_bits)
@@ -232,6 +253,7 @@ class SecureSum(RingMember):
             fixed = decrypt_fixed(self._keypair[1], total, self._decryption_pool)
         except (CiphertextError, PackingOverflowError) as exc:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"secure sum {self.sum_id!r}: {exc}") from None
+        self._check_total(fixed, "sum_hop.partial")
         rows, cols = fixed.shape
         result = cels_pb2.SumResult(
             session_id=self.session_id, sum_id=self.sum_id, values=fixed.ravel().tolist(),
@@ -246,5 +268,7 @@ class SecureSum(RingMember):
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumResult from {sender!r}")
         if (message.rows, message.cols, message.scale_bits) != (rows, cols, self.scale_bits) or len(message.values) != rows * cols:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumResult shape {message.rows}x{message.cols} differs from {rows}x{cols}")
-        self._finish(np.array(message.values, dtype=np.int64).reshape(rows, cols))
+        fixed = np.array(message.values, dtype=np.int64).reshape(rows, cols)
+        self._check_total(fixed, "sum_result.values")
+        self._finish(fixed)
         return []

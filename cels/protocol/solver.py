@@ -24,7 +24,7 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
-from cels.protocol.transform import agreed_ell, eliminate_slacks, fixed_point_packing, share_bounds
+from cels.protocol.transform import agreed_ell, check_count_row, eliminate_slacks, implied_at_packing, share_packings
 from cels.protocol.wire import cels_pb2, codec
 
 
@@ -105,33 +105,34 @@ class SolverRole(SessionRole):
         key = cels_pb2.NlpKey(session_id=self.session_id, key=codec.public_key_message(self.public_key), ell=self.ell, shape_rows=rows)
         return self._send(list(reversed(self.parties)), nlp_key=key)
 
-    def _decrypt(self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int) -> np.ndarray:
+    def _decrypt(
+        self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int, packing: paillier.Packing | None
+    ) -> tuple[np.ndarray, paillier.Packing]:
+        """Parse (in the session's ``packing`` where P_0 knows it), check and decrypt a share sum.
+
+        A sum of ``terms`` honest shares never reaches the packing's limit +-terms * offset (each
+        share would have to sit on its bound, docs/crypto.md): an entry there is a forged
+        plaintext (e.g. an encryption of 0, whose slots all decode to -terms * offset)."""
         try:
-            enc = codec.matrix_of(msg, self.public_key)
+            enc = codec.matrix_of(msg, self.public_key, packing)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
         if (enc.rows, enc.cols) != shape:
             raise malformed(f"{self.name}: {what} is {enc.rows}x{enc.cols}, expected {shape[0]}x{shape[1]}")
         if enc.terms != terms:
             raise malformed(f"{self.name}: {what} sums {enc.terms} shares, expected {terms}")
-        if enc.packing != self._packing(what, enc.packing):
-            raise malformed(f"{self.name}: {what} arrives in packing {enc.packing}, not the session's {self._packing(what, enc.packing)}")
         try:
-            return paillier.decrypt(self._private_key, enc, self._decryption_pool)
+            fixed = paillier.decrypt_fixed(self._private_key, enc, self._decryption_pool)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
+        if np.any(np.abs(fixed) >= terms * enc.packing.offset):
+            raise malformed(f"{self.name}: {what}: an entry at the packing's limit (+-{terms} x offset): a forged plaintext, not a sum of shares")
+        return fixed.astype(np.float64) / float(2**enc.packing.scale_bits), enc.packing
 
-    def _packing(self, what: str, got: paillier.Packing) -> paillier.Packing:
-        """The packing the parties must use (party.py, ``_on_nlp_key``): AF's and AB's bounds are
-        public (share_bounds); AT's depends on the pair totals, which the solver learns only
-        from AT, so AT's packing must be the one its own bound and scale imply."""
-        _at, af_bound, ab_bound = share_bounds(1, self.b, max(self.shapes.values()))
-        r = len(self.parties)
-        if what == "at":
-            return fixed_point_packing(self.public_key, got.offset / 2**got.scale_bits, r)
-        if what == "ab":
-            return fixed_point_packing(self.public_key, ab_bound, r)
-        return fixed_point_packing(self.public_key, af_bound, 1)
+    def _packing(self, which: str) -> paillier.Packing:
+        """The session's packing of AF or AB (they do not depend on the counts, which P_0 does not know)."""
+        rows = [self.shapes[p] for p in self.parties]
+        return share_packings(self.public_key, 1, self.b, rows, len(self.parties))[which]
 
     def _expect_nlp(self, step: str) -> None:
         if self.public_key is None or self._private_key is None:
@@ -142,7 +143,7 @@ class SolverRole(SessionRole):
         self._expect_nlp("nlp_slack_block")
         if msg.party != sender or sender not in self.parties or sender in self._af or not self.shapes[sender]:
             raise fail(f"{self.name}: unexpected slack block of {msg.party!r} from {sender!r}")
-        self._af[sender] = self._decrypt(f"slack block of {sender}", msg.af, (self.ell, self.shapes[sender]), 1)
+        self._af[sender] = self._decrypt("nlp_slack_block.af", msg.af, (self.ell, self.shapes[sender]), 1, self._packing("af"))[0]
         return self._solve_when_complete()
 
     def _on_nlp_sum_hop(self, sender: str, msg: cels_pb2.NlpSumHop) -> list[Outgoing]:
@@ -151,7 +152,7 @@ class SolverRole(SessionRole):
         self._expect_sender(sender, self.parties[-1], "nlp_sum_hop")
         if self._ab is not None or msg.hops != len(self.parties):
             raise fail(f"{self.name}: nlp_sum_hop (hops={msg.hops}) out of order")
-        self._ab = self._decrypt("ab", msg.ab, (self.ell, 1), len(self.parties))[:, 0]
+        self._ab = self._decrypt("nlp_sum_hop.ab", msg.ab, (self.ell, 1), len(self.parties), self._packing("ab"))[0][:, 0]
         return self._solve_when_complete()
 
     def _on_nlp_permute_hop(self, sender: str, msg: cels_pb2.NlpPermuteHop) -> list[Outgoing]:
@@ -160,7 +161,17 @@ class SolverRole(SessionRole):
         self._expect_sender(sender, self.parties[-1], "nlp_permute_hop")
         if self._at is not None or msg.hops != len(self.parties):
             raise fail(f"{self.name}: nlp_permute_hop after {msg.hops} of {len(self.parties)} permutations")
-        self._at = self._decrypt("at", msg.at, (self.ell + 1, msg.at.cols), len(self.parties))
+        what = "nlp_permute_hop.at"
+        try:
+            implied = implied_at_packing(codec.packing_of(msg.at.packing), self.public_key, len(self.parties))
+        except ValueError as exc:
+            raise malformed(f"{self.name}: {what}: {exc}") from None
+        at, packing = self._decrypt(what, msg.at, (self.ell + 1, msg.at.cols), len(self.parties), implied)
+        try:
+            check_count_row(packing, at[-1])
+        except ValueError as exc:
+            raise malformed(f"{self.name}: {what}: {exc}") from None
+        self._at = at
         return self._solve_when_complete()
 
     def _solve_when_complete(self) -> list[Outgoing]:

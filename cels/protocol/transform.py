@@ -67,9 +67,43 @@ def share_bounds(max_total: int, b: float, max_rows: int) -> tuple[float, float,
 
     A column of T_k sums -ln(1 - c_ij/c_i) over P_k's users; with every c_ij <= c_i - 1 and
     sum_j c_ij <= c_i that is at most ln c_i + 1, so |(A_k T_k)_si| <= A_CLIP (ln c_max + 1).
+    Only the first depends on ``max_total`` (which the solver learns from the count row).
     """
     at = max(A_CLIP * (math.log(max(max_total, 1)) + 1.0), float(max_total))
     return at, A_CLIP * SLACK_RANGE[1], A_CLIP * b * max(max_rows, 1)
+
+
+def share_packings(public_key: paillier.PublicKey, max_total: int, b: float, shape_rows: list[int], parties: int) -> dict[str, paillier.Packing]:
+    """The packings of a session's encrypted shares: ``at`` and ``ab`` summed over ``parties``,
+    ``af`` one party's block.  Parties and solver derive them alike (docs/protocol.md)."""
+    at_bound, af_bound, ab_bound = share_bounds(max_total, b, max(shape_rows, default=1))
+    return {
+        "at": fixed_point_packing(public_key, at_bound, parties),
+        "ab": fixed_point_packing(public_key, ab_bound, parties),
+        "af": fixed_point_packing(public_key, af_bound, 1),
+    }
+
+
+def implied_at_packing(received: paillier.Packing, public_key: paillier.PublicKey, parties: int) -> paillier.Packing:
+    """The packing of AT that the received one's own bound offset / 2^scale_bits implies.
+
+    AT's bound depends on max c_i, which the solver learns only from AT's last row, so it
+    checks AT's packing in two steps: here, that it is what :func:`fixed_point_packing` gives
+    for its own bound (honest packings are; raises ValueError for a bound no packing has);
+    after decrypting, :func:`check_count_row`."""
+    if received.scale_bits > FRACTION_BITS or not 0 < received.offset <= paillier.MAX_ENCODED_BOUND:
+        raise ValueError(f"packing.scale_bits {received.scale_bits} or packing.offset {received.offset} out of range")
+    return fixed_point_packing(public_key, received.offset / 2**received.scale_bits, parties)
+
+
+def check_count_row(packing: paillier.Packing, counts: np.ndarray) -> None:
+    """AT's decrypted last row must be non-negative integer counts that the packing's bound covers."""
+    if np.any(counts < 0) or np.any(counts != np.rint(counts)):
+        raise ValueError("its count row is not non-negative integers (a forged plaintext)")
+    bound = packing.offset / 2**packing.scale_bits
+    needed = share_bounds(int(counts.max(initial=1)), 0.0, 1)[0]
+    if bound < needed:
+        raise ValueError(f"packing bound {bound:.6g} is below {needed:.6g}, what its count row needs")
 
 
 FRACTION_BITS = 32

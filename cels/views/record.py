@@ -136,7 +136,9 @@ def describe(role: object, direction: str, envelope: Envelope) -> tuple[dict, di
     if step == "universe_hop":
         return content, arrays, False, _universe_learns(msg, getattr(role, "name", ""))
     if step == "universe_index":
-        return content, arrays, False, "the size of the union of all pairs (hashed ids)"
+        return content, arrays, False, "the size of the union of all pairs and its own pairs' columns in it"
+    if step == "masked_sum_share":
+        return content, arrays, False, "other parties' vectors under pairwise masks (uniform without the seeds they share)"
     if step == "union_encrypt_hop":
         return content, arrays, False, "the owner and size of a party's sampled set (ciphertexts)"
     if step == "union_decrypt_hop":

@@ -6,8 +6,7 @@ deselected in pyproject's addopts, 1,000 fuzzed messages).  After the run the te
 kill matrix (role x phase x signal -> outcome, seconds to abort, blamed node), the restart
 times, and one JSON line ``FAULTS-SUMMARY {...}`` with the counts of
 :data:`fault_harness.SUMMARY_COUNTS`; ``CELS_FAULTS_SUMMARY=FILE`` also writes it to FILE.
-TLS cases are what tests/faults/test_tls_matrix.py records in ``FAULTS.counts["tls_cases"]``,
-else its passed test cases.
+TLS cases are the live cases tests/faults/test_tls_matrix.py records in ``FAULTS.counts["tls_cases"]``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import pytest
 
 from fault_harness import FAULTS, SUMMARY_COUNTS, FaultCluster
 
-_TLS_PASSED: list[str] = []
 _XFAILED: dict[str, str] = {}
 _RAN: list[str] = []
 
@@ -53,13 +51,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _RAN.append(report.nodeid)
     if hasattr(report, "wasxfail"):
         _XFAILED[report.nodeid] = report.wasxfail
-    elif report.passed and "test_tls_matrix" in report.nodeid:
-        _TLS_PASSED.append(report.nodeid)
 
 
 def summary() -> dict:
     counts = {key: int(FAULTS.counts.get(key, 0)) for key in SUMMARY_COUNTS}
-    counts["tls_cases"] = max(counts["tls_cases"], len(_TLS_PASSED))
     fuzz = dict(sorted(FAULTS.replies.items()))
     return {
         **counts,

@@ -48,9 +48,7 @@ def restore_log(path: Path, good: bytes) -> None:
     path.write_bytes(good)
 
 
-@pytest.mark.parametrize(
-    "case", list(CASES)
-)
+@pytest.mark.parametrize("case", CASES)
 def test_bad_log_on_one_party_aborts_naming_it(cluster: FaultCluster, tmp_path: Path, case: str) -> None:
     path = cluster.data[VICTIM]
     good = path.read_bytes()

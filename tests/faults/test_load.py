@@ -6,10 +6,17 @@ thread pool and the allocator reach their working size), SETTLE seconds after th
 Tolerance, per node (summed over its process session): resident memory +20 %, threads +2, file
 descriptors +0, processes +0, and no file in its TMPDIR.  After the load the nodes get up to
 SETTLE_LIMIT seconds to come back within it.
+
+gRPC's server pool starts its threads lazily, up to SERVER_POOL (cels.node.service), and keeps
+them: a burst of held messages can grow it past its warm-up size without any leak.  So a node
+over the thread tolerance gets one more round of 4 concurrent sessions: a leak grows with every
+round, a pool does not, so it must then stay within +2 threads of its count after the load,
+and within the pool's bound of the baseline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from cels.node.service import SERVER_POOL
 from fault_harness import FAULTS, NODES, FaultCluster, Usage, usage
 
 pytestmark = pytest.mark.faults_long
@@ -55,6 +63,18 @@ def within(base: Usage, now: Usage) -> list[str]:
     return over
 
 
+def settled(pids: dict[str, int], base: dict[str, Usage]) -> tuple[dict[str, Usage], dict[str, list[str]]]:
+    """Every node's usage once it is back within ``base`` (or SETTLE_LIMIT passed), and what is over."""
+    limit = time.monotonic() + SETTLE_LIMIT
+    time.sleep(SETTLE)
+    while True:
+        now = {n: usage(pid) for n, pid in pids.items()}
+        over = {n: within(base[n], now[n]) for n in NODES}
+        if not any(over.values()) or time.monotonic() > limit:
+            return now, over
+        time.sleep(1.0)
+
+
 def test_sessions_back_to_back_and_concurrent_return_to_baseline(cluster: FaultCluster, tmp_path: Path) -> None:
     cluster.run(cluster.options(), tmp_path / "warm")
     warm = concurrent(cluster, tmp_path / "warm-c", 4)
@@ -76,14 +96,14 @@ def test_sessions_back_to_back_and_concurrent_return_to_baseline(cluster: FaultC
     FAULTS.add("load_sessions", len(results) - len(failed))
     assert not failed, failed
 
-    limit = time.monotonic() + SETTLE_LIMIT
-    time.sleep(SETTLE)
-    while True:
-        now = {n: usage(pid) for n, pid in pids.items()}
-        over = {n: within(base[n], now[n]) for n in NODES}
-        if not any(over.values()) or time.monotonic() > limit:
-            break
-        time.sleep(1.0)
+    now, over = settled(pids, base)
+    grown = [n for n in NODES if over[n] and all(o.startswith("threads") for o in over[n])]
+    if grown and not [o for n in NODES if n not in grown for o in over[n]]:  # only a thread pool grown?
+        again = concurrent(cluster, tmp_path / "again", 4)
+        assert all(isinstance(r, dict) for r in again), again
+        FAULTS.add("load_sessions", len(again))
+        ceiling = {n: dataclasses.replace(base[n], threads=min(now[n].threads, base[n].threads + SERVER_POOL)) for n in grown}
+        now, over = settled(pids, {**base, **ceiling})
     left = cluster.leftovers()
     FAULTS.add("leftovers", len(left))
     FAULTS.resources.append({

@@ -7,7 +7,8 @@ Signal(PROBE) on party-2 (Deliver for the spoofed sender) and states the status 
 - refused in the TLS handshake (gRPC's verification against the node's CA, which also checks
   that a client certificate allows clientAuth): UNAVAILABLE;
 - a verified certificate that is no node identity (issue 13 item 12: a CA, a node without
-  serverAuth, a CN alone, two names): UNAUTHENTICATED, from cels.node.tls.peer_identity;
+  serverAuth, no EKU, a CN alone, two names, a CN naming another than the SAN):
+  UNAUTHENTICATED, from cels.node.tls.peer_identity;
 - a node identity the node does not expect, or a message whose ``sender`` is not the
   certificate's name: PERMISSION_DENIED.
 """
@@ -111,6 +112,8 @@ def cases(cluster: FaultCluster, ca: DevCA) -> dict[str, tuple[grpc.StatusCode, 
         "a CA certificate (CA:TRUE)": (grpc.StatusCode.UNAUTHENTICATED, secure(certificate(ca, is_ca=True))),
         "CN alone, no SAN": (grpc.StatusCode.UNAUTHENTICATED, secure(certificate(ca, sans=None))),
         "two node names": (grpc.StatusCode.UNAUTHENTICATED, secure(certificate(ca, sans=["party-1", "solver"]))),
+        "CN differs from the SAN": (grpc.StatusCode.UNAUTHENTICATED, secure(certificate(ca, cn="solver", sans=["party-1"]))),
+        "no EKU at all": (grpc.StatusCode.UNAUTHENTICATED, secure(certificate(ca, usages=[]))),
         "spoofed sender": (grpc.StatusCode.PERMISSION_DENIED, lambda: spoofed_delivery(tls_channel(cluster, root, certificate(ca)))),
     }
 
@@ -118,7 +121,7 @@ def cases(cluster: FaultCluster, ca: DevCA) -> dict[str, tuple[grpc.StatusCode, 
 CASES = [
     "no client certificate", "another CA", "expired", "not yet valid", "plaintext", "server is not the node dialled",
     "a name that is no node", "wrong EKU (serverAuth only)", "no serverAuth for a node", "a CA certificate (CA:TRUE)",
-    "CN alone, no SAN", "two node names", "spoofed sender",
+    "CN alone, no SAN", "two node names", "CN differs from the SAN", "no EKU at all", "spoofed sender",
 ]  # fmt: skip
 
 
@@ -143,3 +146,5 @@ def test_what_cels_certs_issues_is_a_node_identity(ca: DevCA) -> None:
     assert (identity.name, identity.serves) == ("party-7", True)
     with pytest.raises(ValueError, match="names 2"):
         certificate_identity(certificate(ca, sans=["party-1", "solver"])[0])
+    with pytest.raises(ValueError, match="CN 'solver' differs from its name 'party-1'"):
+        certificate_identity(certificate(ca, cn="solver", sans=["party-1"])[0])

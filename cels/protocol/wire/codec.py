@@ -1,13 +1,16 @@
 """Paillier values <-> their proto messages (the primitives in cels.crypto know no protobuf).
 
 Ciphertexts and moduli travel as big-endian bytes of fixed width; parsing validates what the
-primitives need (key size policy, packing fits the key, ciphertexts in Z*_{N^2}) and raises
-ValueError (CiphertextError / KeySizeError) for a malformed message.
+primitives need (key size policy, packing fits the key, ciphertexts in Z*_{N^2}) and, where
+the receiver knows it, that the packing is the one the session implies; it raises ValueError
+(CiphertextError / KeySizeError) naming the field for a malformed message.
 """
 
 from __future__ import annotations
 
-from cels.crypto.paillier import EncryptedMatrix, Packing, PublicKey
+from dataclasses import fields
+
+from cels.crypto.paillier import CiphertextError, EncryptedMatrix, Packing, PublicKey
 from cels.protocol.wire import cels_pb2
 
 
@@ -43,5 +46,17 @@ def matrix_message(matrix: EncryptedMatrix) -> cels_pb2.EncryptedMatrix:
     )
 
 
-def matrix_of(msg: cels_pb2.EncryptedMatrix, public_key: PublicKey) -> EncryptedMatrix:
-    return EncryptedMatrix.from_bytes(public_key, msg.rows, msg.cols, packing_of(msg.packing), msg.terms, list(msg.ciphertexts))
+def matrix_of(msg: cels_pb2.EncryptedMatrix, public_key: PublicKey, packing: Packing | None = None) -> EncryptedMatrix:
+    """The encrypted matrix of ``msg``; with ``packing``, its packing must be exactly that one."""
+    received = packing_of(msg.packing)
+    if packing is not None:
+        check_packing(received, packing)
+    return EncryptedMatrix.from_bytes(public_key, msg.rows, msg.cols, received, msg.terms, list(msg.ciphertexts))
+
+
+def check_packing(received: Packing, expected: Packing) -> None:
+    """Raise CiphertextError naming the first ``packing.<field>`` that differs from ``expected``."""
+    for field in fields(Packing):
+        got, want = getattr(received, field.name), getattr(expected, field.name)
+        if got != want:
+            raise CiphertextError(f"packing.{field.name} is {got}, the session implies {want}")

@@ -1,0 +1,141 @@
+"""`cels bench scale`: the smallest point end to end over node processes, the time limit that
+stops a series, the slope fit, and the synthetic generator (exact pair count, seeded)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from cels.bench.scale import fitted_slope, parse_sizes
+from cels.cli import main
+from cels.cli.progress import party_phases
+from cels.logs import LoadOptions, load_log
+from cels.logs.synthetic import synthetic_histogram
+
+NODES = {"party-1", "party-2", "party-3", "solver"}
+
+
+def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
+    """2K pairs over 3 party nodes and a solver (512-bit keys): JSON, CSV and PNG with the stated fields."""
+    out = tmp_path / "scale"
+    assert main(["bench", "scale", "--pairs", "2K", "--parties", "3", "--key-bits", "512", "--out", str(out)]) == 0
+    result = json.loads((out / "scale.json").read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["machine"]["cores"] == os.cpu_count() and len(result["machine"]["load_average_start"]) == 3
+    (point,) = result["points"]
+    assert (point["status"], point["solve"], point["parties"], point["pairs"], point["key_bits"]) == ("ok", "private", 3, 2000, 512)
+    assert point["total_seconds"] == pytest.approx(point["offline_seconds"] + point["online_seconds"])
+    # the private solve sums by pairwise masks: no obfuscator stocked, none computed, no offline phase
+    assert point["offline_seconds"] == 0 and 0 < point["online_seconds"] < point["point_seconds"]
+    assert point["obfuscators"] == {"stocked_per_party": None, "computed_online": None}
+    phases = point["phases"]
+    assert list(phases) == list(party_phases("private"))
+    assert sum(p["bytes"] for p in phases.values()) == point["bytes_total"] > 0
+    assert point["wire_bytes_total"] >= point["bytes_total"]  # frames and envelopes on top of the messages
+    for phase in phases.values():
+        assert phase["wall_seconds"] >= 0 and phase["busy_seconds"] == pytest.approx(sum(phase["busy_seconds_by_node"].values()))
+    assert sum(p["wall_seconds"] for p in phases.values()) <= point["online_seconds"] + 0.5  # the phases follow one another
+    assert point["outside_phases_seconds"] == pytest.approx(point["online_seconds"] - sum(p["wall_seconds"] for p in phases.values()))
+    assert set(point["peak_rss_bytes"]) == NODES
+    for node in point["peak_rss_bytes"].values():  # a Python node process with grpc and numpy holds tens of MB
+        assert 20e6 < node["process"] < 4e9 and node["worker_processes"] >= 1
+    (series,) = result["series"]
+    assert (series["solve"], series["parties"], series["points"], series["stopped"]) == ("private", 3, 1, None)
+    assert series["slope"]["bytes_total"] is None  # one size: no line to fit
+    with open(out / "scale.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert (row["solve"], row["parties"], row["pairs"], row["status"]) == ("private", "3", "2000", "ok")
+    assert int(row["bytes_total"]) == point["bytes_total"] and float(row["universe_busy_seconds"]) > 0
+    assert row["nlp_bytes"] == ""  # the private solve has no NLP phase
+    assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_limit_stops_the_series(tmp_path) -> None:
+    """A point over its limit is recorded as such, and the series' larger sizes are skipped."""
+    out = tmp_path / "scale"
+    argv = ["bench", "scale", "--pairs", "2K,4K", "--parties", "3", "--key-bits", "512", "--point-time-limit", "0.5", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads((out / "scale.json").read_text())
+    first, second = result["points"]
+    assert (first["pairs"], first["status"]) == (2000, "time_limit") and first["point_seconds"] >= 0.5
+    assert (second["pairs"], second["status"]) == (4000, "skipped")
+    (series,) = result["series"]
+    assert series["stopped"]["pairs"] == 2000 and series["stopped"]["status"] == "time_limit" and series["points"] == 0
+
+
+def test_fitted_slope_on_known_curves() -> None:
+    pairs = [1e4, 1e5, 1e6, 4e6]
+    slope, intercept = fitted_slope(pairs, [3.0 * n**1.05 for n in pairs])
+    assert slope == pytest.approx(1.05) and intercept == pytest.approx(math.log(3.0))
+    # least squares, not end points: the fit of log y = 2 + 1 log x + (+e, -e, +e, -e) keeps slope ~1
+    noisy = [math.exp(2.0 + math.log(n) + e) for n, e in zip(pairs, (0.1, -0.1, 0.1, -0.1))]
+    expected = np.polyfit(np.log(pairs), np.log(noisy), 1)[0]
+    assert fitted_slope(pairs, noisy)[0] == pytest.approx(expected) and abs(expected - 1.0) < 0.05
+    assert fitted_slope([1e4], [2.0]) is None and fitted_slope([1e4, 1e4], [2.0, 3.0]) is None
+
+
+def test_parse_sizes() -> None:
+    assert parse_sizes("10K,100K,1M,4M", "--pairs") == [10_000, 100_000, 1_000_000, 4_000_000]
+    assert parse_sizes("2500, 1.5M", "--pairs") == [2500, 1_500_000]
+    for bad in ("1M,10K", "10K,10K", "ten", "0", "1.5"):
+        with pytest.raises(ValueError, match="--pairs"):
+            parse_sizes(bad, "--pairs")
+
+
+@pytest.mark.parametrize("pairs", [2, 2999, 20_000])
+def test_synthetic_histogram_has_exactly_the_requested_pairs(pairs) -> None:
+    h = synthetic_histogram(pairs, seed=3)
+    assert h.pairs == pairs and set(np.unique(h.pair).tolist()) == set(range(pairs))
+    keys = h.user * pairs + h.pair
+    assert np.all(np.diff(keys) > 0)  # sorted by user then pair, no (user, pair) twice
+    assert h.count.min() >= 1 and np.array_equal(np.unique(h.user), np.arange(h.users))
+
+
+def test_synthetic_histogram_shape_is_aol_like() -> None:
+    """Within stated tolerances of the AOL slice: ~98 % of pairs held by one user, ~1.38 per
+    entry, ~300 pairs per user, a heavy tail of users."""
+    h = synthetic_histogram(200_000, seed=1)
+    shape = h.shape()
+    assert 0.005 < shape["shared_pairs"] / h.pairs < 0.05
+    assert 1.3 < h.count.mean() < 1.5
+    assert 550 < shape["users"] <= 667
+    per_user = np.bincount(h.user)
+    assert per_user.max() > 10 * np.median(per_user)
+
+
+def test_synthetic_histogram_is_seeded_and_files_read_back(tmp_path) -> None:
+    one, two, other = synthetic_histogram(3000, seed=5), synthetic_histogram(3000, seed=5), synthetic_histogram(3000, seed=6)
+    for field in ("user", "pair", "count", "n_words", "picks"):
+        assert np.array_equal(getattr(one, field), getattr(two, field))
+    assert not np.array_equal(one.count, other.count) or not np.array_equal(one.user, other.user)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    paths, again = one.write_shares(tmp_path / "a", 3), two.write_shares(tmp_path / "b", 3)
+    assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]  # same seed, same files
+    logs = [load_log(p, LoadOptions(format="histogram")) for p in paths]
+    assert len({pair for log in logs for pair in log.pairs}) == 3000  # exactly the pairs asked for
+    assert sum(log.size for log in logs) == one.size
+    users = [set(log.users) for log in logs]
+    assert sum(map(len, users)) == len(set().union(*users)) == one.users  # every user at exactly one party
+
+
+def test_resume_keeps_earlier_points_and_refuses_other_settings(tmp_path, capsys) -> None:
+    """--resume reruns nothing that ran or ran out of time; a different key size is refused."""
+    out = tmp_path / "scale"
+    argv = ["bench", "scale", "--pairs", "2K", "--parties", "3", "--key-bits", "512", "--point-time-limit", "0.5", "--out", str(out)]
+    assert main(argv) == 0
+    first = json.loads((out / "scale.json").read_text())
+    assert main([*argv, "--resume"]) == 0
+    again = json.loads((out / "scale.json").read_text())
+    assert again["points"] == first["points"] and again["resumed"]["points_kept"] == 1
+    assert main([*argv, "--resume", "--solve", "transformed"]) == 0  # another series: the private point stays
+    both = json.loads((out / "scale.json").read_text())
+    assert {p["solve"] for p in both["points"]} == {"private", "transformed"} and first["points"][0] in both["points"]
+    capsys.readouterr()
+    assert main([a if a != "512" else "1024" for a in argv] + ["--resume"]) == 2  # bad input
+    assert "--resume" in capsys.readouterr().err and json.loads((out / "scale.json").read_text()) == both

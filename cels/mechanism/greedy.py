@@ -11,8 +11,12 @@ exceeds the count it was proposed at.
 
 Rules (one per objective, all deterministic, ties broken by index):
 
-- ``kl`` and ``max-output``: largest marginal gain c_i ln((x_i + 2)/(x_i + 1)) (the gain of
-  one unit in CELS eq. 9's sum_i c_i ln(x_i + 1)).
+- ``kl``: largest marginal gain c_i ln((x_i + 2)/(x_i + 1)) (the gain of one unit in CELS
+  eq. 9's sum_i c_i ln(x_i + 1)).
+- ``max-output``: the top band, deepened -- the active pairs with c_i >= max_A c / 2, largest
+  c_i first, each proposed again every round until rejected; smaller totals wait until the
+  band has left A.  Every unit is worth 1, so nothing calls for spreading; a unit's only public
+  cost hint is c_i (a holder pays at least ln(c_i / (c_i - 1)) ~ 1/c_i).
 - ``frequent`` (F-UMP, EDBT section 5.2): only the frequent pairs (c_i / |D| >= support), largest
   c_i / (x_i + 1) first -- the D'Hondt divisor rule, which apportions units in proportion to c,
   the target x_i / |O| = c_i / |D| of F-UMP.
@@ -42,6 +46,9 @@ import scipy.sparse as sp
 
 DEFAULT_BATCH = 64
 """Proposals per round B (the AOL slice: 241 units in 49 rounds; B = 1 takes 3,096 rounds)."""
+MAX_OUTPUT_BAND = 2.0
+"""max-output proposes only the active pairs whose total is within this factor of the largest
+active total (docs/protocol.md, "Private solve": the rules measured)."""
 LOAD_SLACK = 1e-9
 """Relative margin below b a tentative load must keep (float sums of ln t in another order
 must still pass the exact check sum_i x_i ln t_ij <= b)."""
@@ -97,15 +104,21 @@ class ProposalRule:
         return GreedyState(start, target > start, target)
 
     def propose(self, state: GreedyState) -> np.ndarray:
-        """The round's proposals: up to B active pair indices, best first."""
+        """The round's proposals: up to B active pair indices, best first, by the objective's
+        rule (docs/protocol.md, "Private solve", Rules).  max-output takes only the top band
+        c_i >= max_A c / 2 and never lowers a pair's key as x_i grows: with every unit worth 1,
+        the band's likely-cheap pairs are filled before any smaller total is tried."""
         x = state.x
         budget = self.batch if self.size is None or state.target is not None else min(self.batch, self.size - int(x.sum()))
         candidates = np.flatnonzero(state.active)
         if budget <= 0 or not len(candidates):
             return np.zeros(0, dtype=np.int64)
         c, xc = self.c[candidates].astype(np.float64), x[candidates]
-        if self.objective in ("kl", "max-output"):
+        if self.objective == "kl":
             key = c * np.log((xc + 2) / (xc + 1))
+        elif self.objective == "max-output":
+            band = c >= c.max() / MAX_OUTPUT_BAND
+            candidates, key = candidates[band], c[band]
         elif self.objective == "frequent":
             key = c / (xc + 1)
         else:

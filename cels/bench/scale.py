@@ -4,8 +4,9 @@ For every input size (distinct query-url pairs, default 10K, 100K, 1M, 4M), numb
 (default 3 and 10) and phase-3 mode (``--solve``, default private) it generates an AOL-shaped
 synthetic histogram (:func:`cels.logs.synthetic.synthetic_histogram`), writes the parties' files
 and runs one session over node processes as ``cels bench protocol --runner processes`` does
-(:func:`cels.bench.protocol.bench_processes`): an offline phase that stocks the obfuscators of
-the counts phase's secure sums, then the session.  Each point records the seconds of every
+(:func:`cels.bench.protocol.bench_processes`): for ``--solve transformed`` an offline phase
+that stocks the obfuscators of the counts phase's secure sums, then the session (the private
+solve masks its sums and has no offline phase).  Each point records the seconds of every
 phase (wall clock and busy), its bytes, every node's peak RSS and the offline / online totals.
 
 A (solve, r) series runs from the smallest size up; a point that exceeds ``--point-time-limit``
@@ -173,7 +174,8 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
 
 def outside_phases_seconds(point: dict[str, Any]) -> float:
     """Online seconds not inside any phase's wall clock: the session's start (StartSession to
-    every party, each opening its session, before the initiator enters "load") and its finish."""
+    every node, BEGIN, and the initiator's own start -- its log's load and first hashes --
+    before its first phase event) and its finish."""
     return point["online_seconds"] - sum(p["wall_seconds"] or 0.0 for p in point["phases"].values())
 
 

@@ -255,7 +255,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"unknown signal kind {request.kind}")
             sid = request.session_id
             if request.kind == cels_pb2.SessionSignal.BEGIN:  # refused now, or begun in the background
-                self.host.check(sid, "begin")
+                with self.lock:
+                    self.host.check(sid, "begin")
                 threading.Thread(target=self._begin, args=(sid,), name=f"begin-{sid}", daemon=True).start()
             elif request.kind == cels_pb2.SessionSignal.FINISH:
                 self.call(lambda now: self.host.finish(sid, now), sid)

@@ -17,7 +17,7 @@ from cels.node.framing import to_frames
 from cels.node.peers import Refused
 from cels.protocol.host import ABORTED, Event, refusal_origin
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2
 
 if TYPE_CHECKING:
@@ -100,18 +100,21 @@ class Wire:
             finally:
                 self.outbox.task_done()
 
+    def _matters(self, peer: str, role: Role) -> bool:
+        """Whether ``peer`` gone ends the session here: any peer while this node's part runs;
+        once it is over, only the initiator, whose FINISH or abort ends it (a peer gone after
+        its part does not void the release, Node._initiate)."""
+        return not role.finished or peer == self.options.initiator
+
     def _watched(self) -> list[str]:
-        """The peers the watchdog probes: all of them while this node's part runs; once it is
-        over, only the initiator, whose FINISH or abort ends the session (the initiator itself
-        then probes nobody: a peer gone after its part does not void the release, Node._initiate)."""
-        if not self.node.host.role(self.id).finished:
-            return self.others
-        return [peer for peer in self.others if peer == self.options.initiator]
+        """The peers the watchdog probes (the initiator, once its part is over, probes nobody)."""
+        role = self.node.host.role(self.id)
+        return [peer for peer in self.others if self._matters(peer, role)]
 
     def _peer_gone(self, peer: str, reason: str) -> None:
-        """Abort naming ``peer``, unless (checked under the host's lock) this node's part is over
-        and ``peer`` is not the initiator: a probe begun before the part ended decides nothing."""
-        self.node.abort(self.id, peer, reason, unless=lambda role: role.finished and peer != self.options.initiator)
+        """Abort naming ``peer`` if it still matters, checked under the host's lock: a probe
+        begun before this node's part ended decides nothing."""
+        self.node.abort(self.id, peer, reason, unless=lambda role: not self._matters(peer, role))
 
     def _watchdog(self) -> None:
         """Probe every peer while running; the host's timers end stalled or never-begun sessions.

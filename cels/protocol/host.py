@@ -278,19 +278,22 @@ class SessionHost:
     def _forewarn(self, sender: str, abort: cels_pb2.Abort) -> Effects:
         """An Abort overtook its session's StartSession (each travels its own call): kept, so
         that the session is born aborted if ``sender`` is one of its nodes (a bounded memory)."""
-        self.forewarned[abort.session_id] = (sender, abort.origin or sender, abort.reason)
-        while len(self.forewarned) > KEPT_STATES:
-            self.forewarned.popitem(last=False)
+        _keep(self.forewarned, abort.session_id, (sender, abort.origin or sender, abort.reason))
         return Effects()
 
     def _end(self, session: HostedSession, state: str, origin: str = "", reason: str = "") -> list[Event]:
         session.state, session.origin, session.reason = state, origin, reason
         sid = session.options.session_id
         self.sessions.pop(sid, None)
-        self.ended[sid] = session
-        while len(self.ended) > KEPT_STATES:
-            self.ended.popitem(last=False)
+        _keep(self.ended, sid, session)
         return [Event(sid, self.name, state, origin=origin, reason=reason)]
+
+
+def _keep(memory: OrderedDict, key: str, value: object) -> None:
+    """Remember ``value`` under ``key``, forgetting the oldest beyond KEPT_STATES."""
+    memory[key] = value
+    while len(memory) > KEPT_STATES:
+        memory.popitem(last=False)
 
 
 def refusal_origin(detail: str) -> str | None:

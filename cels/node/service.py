@@ -336,7 +336,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=event.node, phase=event.phase, seconds=event.seconds))
             elif isinstance(event, Event) and event.kind == "phase":  # this node, the initiator
                 if event.old not in ("prepared", "done"):
-                    yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds))
+                    yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds, bytes_sent=event.bytes_sent))
                 if event.phase not in ("done", ABORTED):
                     since = time.monotonic() - wire.started
                     yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=me, phase=event.phase, seconds=since))

@@ -52,8 +52,8 @@ KEPT_STATES = 256
 @dataclass
 class Event:
     """Something worth a log line or a progress event: ``kind`` is "created", "phase" (the
-    node's role left ``old`` for ``phase``, ``seconds`` spent in ``old``), "finished" (the
-    initiator holds the output and every report), "aborted" or "done"."""
+    node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent`` sent in ``old``),
+    "finished" (the initiator holds the output and every report), "aborted" or "done"."""
 
     session_id: str
     node: str
@@ -61,6 +61,7 @@ class Event:
     phase: str = ""
     old: str = ""
     seconds: float = 0.0
+    bytes_sent: int = 0
     origin: str = ""
     reason: str = ""
 
@@ -249,6 +250,8 @@ class SessionHost:
             session.steps += 1
             session.last_progress = now
         events, self._events = self._events, []
+        for event in (e for e in events if e.kind == "phase"):  # a step's bytes count once it is over
+            event.bytes_sent = session.role.bytes_sent.get(event.old, 0)
         if session.state == PREPARED:
             session.state = RUNNING
         aborted = session.role.aborted

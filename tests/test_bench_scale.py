@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from cels.bench.scale import fitted_slope, parse_sizes
+from cels.bench.scale import fitted_slope, paper_comparison, parse_sizes, series_summary
 from cels.cli import main
 from cels.cli.progress import party_phases
 from cels.logs import LoadOptions, load_log
@@ -66,6 +66,19 @@ def test_time_limit_stops_the_series(tmp_path) -> None:
     assert (second["pairs"], second["status"]) == (4000, "skipped")
     (series,) = result["series"]
     assert series["stopped"]["pairs"] == 2000 and series["stopped"]["status"] == "time_limit" and series["points"] == 0
+
+
+def test_a_series_is_extrapolated_to_every_size_in_the_file() -> None:
+    """A resumed run asking for 10K-1M still guesses the 4M point of a series that stopped
+    earlier (Table 5's comparison reads it), from the fitted line: bytes = 50 pairs^1.3."""
+    point = lambda solve, n, status="ok": {"solve": solve, "parties": 10, "pairs": n, "status": status, "error": None,
+                                           "total_seconds": 1e-3 * n, "online_seconds": 1e-3 * n, "bytes_total": 50.0 * n**1.3}  # fmt: skip
+    points = [point("private", n) for n in (10_000, 100_000, 1_000_000, 4_000_000)] + [point("transformed", n) for n in (10_000, 100_000)]
+    series = {s["solve"]: s for s in series_summary(points, [10_000, 100_000, 1_000_000])}
+    guess = series["transformed"]["extrapolated"]
+    assert set(guess) == {"1000000", "4000000"} and series["private"]["extrapolated"] == {}
+    assert guess["4000000"]["bytes_total"] == pytest.approx(50.0 * 4e6**1.3)
+    assert paper_comparison(points, list(series.values()))["transformed"] == {"bytes": pytest.approx(50.0 * 4e6**1.3), "measured": False}
 
 
 def test_fitted_slope_on_known_curves() -> None:

@@ -181,7 +181,9 @@ def outside_phases_seconds(point: dict[str, Any]) -> float:
 
 def series_summary(points: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
     """Per (solve, r): the fitted slopes of total and online seconds and of bytes, why the
-    series stopped, and the fitted curve at the sizes it did not reach."""
+    series stopped, and the fitted curve at the sizes it did not reach (this run's and every
+    size in the file, so a resumed run keeps the 4M guesses of the series it did not run)."""
+    sizes = sorted(set(sizes) | {p["pairs"] for p in points})
     out = []
     for key in dict.fromkeys((p["solve"], p["parties"]) for p in points):
         mine = [p for p in points if (p["solve"], p["parties"]) == key]

@@ -71,8 +71,8 @@ def test_time_limit_stops_the_series(tmp_path) -> None:
 def test_a_series_is_extrapolated_to_every_size_in_the_file() -> None:
     """A resumed run asking for 10K-1M still guesses the 4M point of a series that stopped
     earlier (Table 5's comparison reads it), from the fitted line: bytes = 50 pairs^1.3."""
-    point = lambda solve, n, status="ok": {"solve": solve, "parties": 10, "pairs": n, "status": status, "error": None,
-                                           "total_seconds": 1e-3 * n, "online_seconds": 1e-3 * n, "bytes_total": 50.0 * n**1.3}  # fmt: skip
+    point = lambda solve, n: {"solve": solve, "parties": 10, "pairs": n, "status": "ok", "error": None,
+                               "total_seconds": 1e-3 * n, "online_seconds": 1e-3 * n, "bytes_total": 50.0 * n**1.3}  # fmt: skip
     points = [point("private", n) for n in (10_000, 100_000, 1_000_000, 4_000_000)] + [point("transformed", n) for n in (10_000, 100_000)]
     series = {s["solve"]: s for s in series_summary(points, [10_000, 100_000, 1_000_000])}
     guess = series["transformed"]["extrapolated"]

@@ -1,6 +1,6 @@
 """End to end with the product's defaults: `cels simulate` with 2048-bit keys and the private
 solve, 3 party node processes and a solver node over mutual TLS, on a small synthetic log (the
-ONE slow test)."""
+ONE slow test), and the private mode's end-to-end noise over node processes with test-only keys."""
 
 from __future__ import annotations
 

@@ -99,12 +99,9 @@ class MaskedSum(RingMember):
         total = np.zeros(len(self.values), dtype=np.uint64)
         for share in self._shares.values():
             total += share  # wraps mod 2^64
-        total = signed(total).copy()
-        if np.any((total < 0) | (total > self.r * self.bound)):
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
+        self._finish(signed(total).copy(), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
         self._shares = {}
-        self._finish(total)
-        result = cels_pb2.SumResult(session_id=self.session_id, sum_id=self.sum_id, values=total.tolist(), rows=len(total), cols=1)
+        result = cels_pb2.SumResult(session_id=self.session_id, sum_id=self.sum_id, values=self.result.tolist(), rows=len(total), cols=1)
         return [(p, self.envelope(sum_result=result)) for p in self.others()]
 
     def _on_result(self, sender: str, msg: cels_pb2.SumResult) -> list[Outgoing]:
@@ -112,12 +109,12 @@ class MaskedSum(RingMember):
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumResult from {sender!r}")
         if (msg.rows, msg.cols, msg.scale_bits) != (len(self.values), 1, 0) or len(msg.values) != len(self.values):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumResult of {self.sum_id!r}: {len(msg.values)} values for {len(self.values)}")
-        total = np.array(msg.values, dtype=np.int64)
-        if np.any((total < 0) | (total > self.r * self.bound)):
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumResult of {self.sum_id!r} outside [0, r * bound]")
-        self._finish(total)
+        self._finish(np.array(msg.values, dtype=np.int64), f"SumResult of {self.sum_id!r} outside [0, r * bound]")
         return []
 
-    def _finish(self, total: np.ndarray) -> None:
+    def _finish(self, total: np.ndarray, refusal: str) -> None:
+        """Keep the total, refused (INVALID_ARGUMENT, ``refusal``) outside [0, r * bound]."""
+        if np.any((total < 0) | (total > self.r * self.bound)):
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, refusal)
         self.result = total
         self.done = True

@@ -249,39 +249,26 @@ class PartyRole(SessionRole):
     def _start_sum(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
         """Join secure sum ``sum_id``: by pairwise masks in the private mode (once every mask
         key is in), else Algorithm 1 (P_1's key, one key pair for the whole session)."""
-        bound = 1 if sum_id == "unique" else COUNT_BOUND
-        if self._private is not None:
-            try:
-                masked = MaskedSum(
-                    name=self.name, session_id=self.session_id, sum_id=sum_id, ring=self.parties, values=vector,
-                    bound=bound, masks=self._private.masks, round_number=self._sums_begun,
-                )  # fmt: skip
-            except paillier.PackingOverflowError as exc:
-                raise RoleFailure(str(exc)) from None
-            self._sums_begun += 1
-            self._sums[sum_id] = masked
-            return self._start_masked_sums()
-        if self.k == 0 and self._sum_keypair is None:
+        common = {"name": self.name, "session_id": self.session_id, "sum_id": sum_id, "ring": self.parties, "values": vector,
+                  "bound": 1 if sum_id == "unique" else COUNT_BOUND}  # fmt: skip
+        if self._private is None and self.k == 0 and self._sum_keypair is None:
             self._sum_keypair = paillier.generate_keypair(self.options.key_bits, allow_insecure_key_bits=self._allow_insecure)
         try:
-            secure_sum = SecureSum(
-                name=self.name,
-                session_id=self.session_id,
-                sum_id=sum_id,
-                ring=self.parties,
-                values=vector,
-                bound=bound,
-                key_bits=self.options.key_bits,
-                allow_insecure_key_bits=self._allow_insecure,
-                keypair=self._sum_keypair,
-                obfuscators=self._obfuscators_for,
-                nonnegative=True,
-                decryption_pool=self._decryption_pool,
-            )
+            if self._private is not None:
+                joined = MaskedSum(**common, masks=self._private.masks, round_number=self._sums_begun)
+            else:
+                joined = SecureSum(
+                    **common, key_bits=self.options.key_bits, allow_insecure_key_bits=self._allow_insecure,
+                    keypair=self._sum_keypair, obfuscators=self._obfuscators_for, nonnegative=True,
+                    decryption_pool=self._decryption_pool,
+                )  # fmt: skip
         except paillier.PackingOverflowError as exc:
             raise RoleFailure(str(exc)) from None
-        self._sums[sum_id] = secure_sum
-        return secure_sum.start()
+        self._sums[sum_id] = joined
+        if isinstance(joined, SecureSum):
+            return joined.start()
+        self._sums_begun += 1
+        return self._start_masked_sums()
 
     def _start_masked_sums(self) -> list[Outgoing]:
         """Start every masked sum not yet started, once this party has every mask key."""

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from cels.bench.scale import fitted_slope, paper_comparison, parse_sizes, series_summary
+from cels.bench.scale import fitted_slope, load_range, paper_comparison, parse_sizes, series_summary
 from cels.cli import main
 from cels.cli.progress import party_phases
 from cels.logs import LoadOptions, load_log
@@ -29,6 +29,7 @@ def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
     assert result["machine"]["cores"] == os.cpu_count() and len(result["machine"]["load_average_start"]) == 3
     (point,) = result["points"]
     assert (point["status"], point["solve"], point["parties"], point["pairs"], point["key_bits"]) == ("ok", "private", 3, 2000, 512)
+    assert point["load_average_start"] >= 0
     assert point["total_seconds"] == pytest.approx(point["offline_seconds"] + point["online_seconds"])
     # the private solve sums by pairwise masks: no obfuscator stocked, none computed, no offline phase
     assert point["offline_seconds"] == 0 and 0 < point["online_seconds"] < point["point_seconds"]
@@ -79,6 +80,18 @@ def test_a_series_is_extrapolated_to_every_size_in_the_file() -> None:
     assert set(guess) == {"1000000", "4000000"} and series["private"]["extrapolated"] == {}
     assert guess["4000000"]["bytes_total"] == pytest.approx(50.0 * 4e6**1.3)
     assert paper_comparison(points, list(series.values()))["transformed"] == {"bytes": pytest.approx(50.0 * 4e6**1.3), "measured": False}
+
+
+def test_the_plot_states_the_load_at_each_point_start() -> None:
+    """The title's load is the range over the points that ran (a skipped one has none); a point
+    kept from an older file without its own load counts with that run's start load."""
+    machine = {"load_average_start": [0.3, 0.2, 0.1]}
+    ran = [{"status": "ok", "load_average_start": 0.2}, {"status": "time_limit", "load_average_start": 1.46}, {"status": "skipped"}]
+    assert load_range({"machine": machine, "points": ran}) == "load 0.2-1.5 at the points' start"
+    kept = {"status": "ok"}  # an older file's point: no load of its own
+    resumed = {"machine": machine, "resumed": {"machine_before": {"load_average_start": [2.0, 0, 0]}}, "points": [kept, ran[0]]}
+    assert load_range(resumed) == "load 0.2-2.0 at the points' start"
+    assert load_range({"machine": machine, "points": [ran[2]]}) == "load 0.3 at the points' start"
 
 
 def test_fitted_slope_on_known_curves() -> None:

@@ -124,7 +124,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     options = SessionOptions.create(parties, epsilon=args.epsilon, delta=args.delta, key_bits=args.key_bits, solve=solve)
     # the private solve sums by pairwise masks: it encrypts nothing, so it has no offline phase
     stock = None if args.no_stock or solve == "private" else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
-    point: dict[str, Any] = {"solve": solve, "parties": parties, **histogram.shape(), "key_bits": args.key_bits}
+    point: dict[str, Any] = {"solve": solve, "parties": parties, **histogram.shape(), "key_bits": args.key_bits, "load_average_start": os.getloadavg()[0]}
     start = time.perf_counter()
     try:
         result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit)
@@ -263,9 +263,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    m = result["machine"]
-    fig.suptitle(f"cels bench scale: {result['key_bits']}-bit keys, {m['cores']} cores (load {m['load_average_start'][0]:.1f} at start)", fontsize=10)
+    fig.suptitle(f"cels bench scale: {result['key_bits']}-bit keys, {result['machine']['cores']} cores ({load_range(result)})", fontsize=10)
     save_figure(fig, path)
+
+
+def load_range(result: dict[str, Any]) -> str:
+    """The 1-minute load at the start of the points (each point's own; a point kept from an
+    older file without one: the load at that run's start), as the plot's title states it."""
+    before = result.get("resumed", {}).get("machine_before", result["machine"])["load_average_start"][0]
+    loads = [p.get("load_average_start", before) for p in result["points"] if p["status"] != "skipped"] or [before]
+    low, high = min(loads), max(loads)
+    return f"load {low:.1f} at the points' start" if f"{low:.1f}" == f"{high:.1f}" else f"load {low:.1f}-{high:.1f} at the points' start"
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:

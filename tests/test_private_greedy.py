@@ -96,8 +96,8 @@ def fill_in_order(cond, order) -> int:
 
 @pytest.mark.realdata
 def test_max_output_reaches_0_9_only_in_the_lp_order(aol) -> None:
-    """Why no public rule reaches 0.9 of the max-output MIP (284-288, so >= 256-260) on the
-    AOL slice: filling in an order that knows each pair's private costs stays at 242 / 246;
+    """Why the public rules measured stay below 0.9 of the max-output MIP (284-288, so >= 256-260)
+    on the AOL slice: filling in an order that knows each pair's private costs stays at 242 / 246;
     only the LP relaxation's order, which needs every row, passes it (docs/protocol.md, "What
     reaching 0.9 takes")."""
     G = aol.G.tocsc()

@@ -26,10 +26,12 @@ def atomic_write(
     mode: str = "w",
     encoding: str | None = "utf-8",
     newline: str | None = None,
+    file_mode: int | None = None,
 ) -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; rename it to ``path`` on success.
 
-    ``mode`` is ``"w"`` (text, with ``encoding`` and ``newline``) or ``"wb"`` (binary).
+    ``mode`` is ``"w"`` (text, with ``encoding`` and ``newline``) or ``"wb"`` (binary);
+    ``file_mode`` the permissions (default: the replaced file's, else 0o666 & ~umask).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', not {mode!r}")
@@ -38,7 +40,7 @@ def atomic_write(
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     _OPEN_TEMPORARIES.add(tmp_name)
     try:
-        os.chmod(tmp_name, _final_mode(target))
+        os.chmod(tmp_name, _final_mode(target) if file_mode is None else file_mode)
         if mode == "wb":
             fh: IO[Any] = os.fdopen(fd, "wb")
         else:
@@ -116,9 +118,9 @@ def _final_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, file_mode: int | None = None) -> None:
     """Write ``obj`` as indented JSON (with a final newline) atomically."""
-    with atomic_write(path) as fh:
+    with atomic_write(path, file_mode=file_mode) as fh:
         json.dump(obj, fh, indent=2, sort_keys=False)
         fh.write("\n")
 

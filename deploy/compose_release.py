@@ -4,7 +4,7 @@
 DIR/input.tsv and split by user into DIR/party-{1..R}.tsv (what docker-compose.yml mounts).
 
 ``audit --input DIR/input.tsv --out OUT --session session.toml``: OUT/sanitized.tsv and
-OUT/report.json against the input and the session's parameters: every released pair is an input
+OUT/operator/report.json against the input and the session's parameters: every released pair is an input
 pair, no unique pair is released (CELS Theorem 2, condition 1), every user's
 sum_i x_i ln t_ij <= b (conditions 2+3; cels.mechanism.conditions), the report counts the
 released rows and has every phase of every party (docs/protocol.md).  Exit 1 naming the
@@ -55,7 +55,7 @@ def audit(input_path: Path, out: Path, session_path: Path) -> list[str]:
     doc = load_toml(session_path)
     options = session_options({**doc["session"], "initiator": doc["run"]["initiator"]})
     log, release = load_log(input_path, AOL), load_log(out / "sanitized.tsv", AOL)
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "operator" / "report.json").read_text())
     x = released_counts(log, release)
     cond, var_pairs = build_conditions(log, options.b, options.min_count, options.cap, prune=False)
     problems = []
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", type=Path, required=True)
     a = sub.add_parser("audit", help="the release against its input and session")
     a.add_argument("--input", type=Path, required=True)
-    a.add_argument("--out", type=Path, required=True, help="the directory with sanitized.tsv and report.json")
+    a.add_argument("--out", type=Path, required=True, help="the directory with sanitized.tsv, its release note and operator/report.json")
     a.add_argument("--session", type=Path, required=True, help="the session.toml of the run")
     args = parser.parse_args(argv)
     if args.command == "slice":

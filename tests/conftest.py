@@ -17,6 +17,15 @@ def data_dir() -> Path:
     return Path(os.environ.get("CELS_DATA", REPO.parent / "shared" / "data"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def operator_report_dir(tmp_path_factory) -> Path:
+    """Operator reports a test does not place go to a temporary directory, not the user's home
+    (cels.reports: $CELS_REPORT_DIR; node processes and CLI subprocesses inherit it)."""
+    path = tmp_path_factory.mktemp("operator-reports")
+    os.environ["CELS_REPORT_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     path = data_dir()

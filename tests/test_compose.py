@@ -150,7 +150,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
             stock, earlier = {e.owner: e for e in status.stock}, {e.owner: e for e in before[name].stock}
             assert set(stock) == {"solver", "party-1", "party-2", "party-3"} and stock["solver"].n == solver_key
             assert {o: e.handed_out for o, e in stock.items()} == {o: e.handed_out for o, e in earlier.items()}
-        released = {name: (tmp_path / "out" / name).read_bytes() for name in ("sanitized.tsv", "report.json")}
+        released = {name: (tmp_path / "out" / name).read_bytes() for name in ("sanitized.tsv", "sanitized.tsv.release-note.json", "operator/report.json")}
         # a malformed log on party-2: the session aborts, the run reports party-2's error, nothing is written
         bad = tmp_path / "data" / "party-2.tsv"
         bad.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\tt\tr\thttp://x/\textra\n")
@@ -158,9 +158,9 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         assert failed.returncode == 1, failed.stderr
         assert "session aborted by party-2" in failed.stderr and f"{bad}, line 2" in failed.stderr, failed.stderr
         assert {name: (tmp_path / "out" / name).read_bytes() for name in released} == released
-        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.json", "sanitized.tsv"]
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["operator", "sanitized.tsv", "sanitized.tsv.release-note.json"]
     sanitized = (tmp_path / "out" / "sanitized.tsv").read_text().splitlines()
     assert sanitized[0] == "AnonID\tQuery\tQueryTime\tItemRank\tClickURL"  # the parties' input format (AOL)
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    report = json.loads((tmp_path / "out" / "operator" / "report.json").read_text())
     assert report["solver"]["integer_total"] == len(sanitized) - 1  # one AOL row per released click
     assert {"privacy", "solver", "utility", "phases", "bytes_total", "wire"} <= set(report)

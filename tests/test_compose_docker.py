@@ -50,5 +50,5 @@ def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
     assert audit is not None, run.stdout[-4000:]
     assert int(audit.group(2)) > 0  # a non-empty release was audited
     assert "compose-test: PASSED" in run.stderr
-    assert (tmp_path / "out" / "sanitized.tsv").is_file() and (tmp_path / "out" / "report.json").is_file()
+    assert (tmp_path / "out" / "sanitized.tsv").is_file() and (tmp_path / "out" / "operator" / "report.json").is_file()
     assert leftovers() == {"containers": [], "volumes": [], "networks": []}

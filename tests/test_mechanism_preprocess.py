@@ -1,4 +1,5 @@
-"""App. C preprocessing: after it, no remaining user moves any optimal count by more than d."""
+"""App. C preprocessing: after it, no remaining user moves the optimal counts by more than d in
+L1 (Lap(d/eps') per pair is eps'-DP only for an L1 sensitivity d)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def random_log(seed: int) -> SearchLog:
     return SearchLog([f"u{j}" for j in range(9)], [(f"q{i}", "") for i in range(6)], sp.csr_matrix(dense))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_remaining_users_move_counts_by_at_most_d(seed):
+@pytest.mark.parametrize("seed", [0, 3, 6])  # 3 and 6 keep a user moving two counts by 1 under a per-pair check
+def test_remaining_users_move_counts_by_at_most_d_in_l1(seed):
     log = random_log(seed)
     d = 1
     kept, info = preprocess(log, counts_of, d, progress=False)
@@ -37,7 +38,7 @@ def test_remaining_users_move_counts_by_at_most_d(seed):
     x, _ = counts_of(kept)
     for j in range(kept.n_users):
         without, _ = counts_of(kept.select_users(np.delete(np.arange(kept.n_users), j)))
-        assert np.max(np.abs(without - x)) <= d
+        assert np.abs(without - x).sum() <= d
 
 
 def test_large_d_drops_nobody_and_sanitize_reports_it():
@@ -47,4 +48,4 @@ def test_large_d_drops_nobody_and_sanitize_reports_it():
     params = SanitizeParams(epsilon=4, delta=0.9, noise_epsilon=1, sensitivity=2, preprocess=True, objective="max-output", seed=1)
     _, report = sanitize(log, params, progress=False)
     assert report["solver"]["integer_method"] == "greedy" != report["solver"]["integer_requested"]  # the time-limited MIP is not a function of D
-    assert report["preprocess"]["solves"] >= 1 and "bounded by App. C" in report["privacy"]["note"]
+    assert report["preprocess"]["solves"] >= 1 and "bounded in L1 by App. C" in report["privacy"]["against_recipients"]

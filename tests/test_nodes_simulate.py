@@ -8,6 +8,8 @@ import json
 import math
 import socket
 
+from pathlib import Path
+
 import pytest
 
 from cels.cli import main
@@ -19,13 +21,15 @@ from cels.views import load_views
 def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     out, views = tmp_path / "out", tmp_path / "views"
     argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
-            "--record-view", str(views)]  # fmt: skip
+            "--record-view", str(views), "--report", str(tmp_path / "operator" / "report.json")]  # fmt: skip
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "started 4 node processes on 127.0.0.1" in console.err
     assert "released |O| = " in console.out
+    assert "privacy: learns (private solve, noise off): party: " in console.err
 
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((tmp_path / "operator" / "report.json").read_text())
+    assert (tmp_path / "operator").stat().st_mode & 0o777 == 0o700
     assert report["key_bits"] == 2048
     assert report["privacy"]["b"] == pytest.approx(min(1.0 / 2, math.log(1 / (1 - 0.4))))
     assert report["simulation"]["users_per_party"] == [20, 20, 20]  # 60 users split by user
@@ -74,15 +78,29 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
 
 def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     """--noise-epsilon in the private mode over gRPC (CELS App. C): the parties' masked Polya
-    shares reach the solver node, the release stays within the noisy target, and the report
-    accounts epsilon + epsilon' end to end (small test-only keys: no Paillier in this mode)."""
+    shares reach the solver node and the release stays within the noisy target (small test-only
+    keys: no Paillier in this mode).  Issue 22: the public release note beside the release holds
+    no exact total, utility, rounds or timings, its learns row says what partners learn, and the
+    operator report (default place, mode 0600) holds the rest."""
     out = tmp_path / "out"
     argv = ["simulate", "--parties", "3", "--synthetic-users", "60", "--synthetic-pairs", "30", "--out", str(out),
             "--key-bits", "512", "--epsilon", "4", "--delta", "0.9", "--noise-epsilon", "1", "--sensitivity", "5",
             "--round-batch", "8"]  # fmt: skip
     assert main(argv) == 0
-    console = capsys.readouterr().err
-    report = json.loads((out / "report.json").read_text())
+    captured = capsys.readouterr()
+    console = captured.err
+    operator = Path(next(l for l in captured.out.splitlines() if "confidential operator report" in l).rsplit(" is ", 1)[1])
+    assert operator.parent != out and operator.stat().st_mode & 0o777 == 0o600
+    report = json.loads(operator.read_text())
+    assert next(iter(report)) == "confidential"
+    assert sorted(p.name for p in out.iterdir()) == ["node-logs", "sanitized.tsv", "sanitized.tsv.release-note.json"]
+    note_text = (out / "sanitized.tsv.release-note.json").read_text()
+    note = json.loads(note_text)
+    for secret in ("total_before", "utility", "kl", "rounds", "seconds", "bytes", "phases", "noise_l1", "input_size"):
+        assert f'"{secret}"' not in note_text, secret
+    assert note["sizes"] == {"output_size": report["sizes"]["output_size"], "output_records": report["sizes"]["output_records"]}
+    assert "noise-free first-pass counts x, the noise total z" in note["privacy"]["learns"]["party"]
+    assert note["privacy"]["end_to_end"] is False
     # the initiator's own progress lines carry its bytes too (the report's figure, in MB)
     line = next(l for l in console.splitlines() if "party-1 (initiator) counts" in l and "done" in l)
     assert float(line.split("busy")[1].split()[0]) == pytest.approx(report["phases"]["counts"]["bytes"]["party-1"] / 1e6, abs=6e-4)  # printed to 3 decimals
@@ -90,6 +108,6 @@ def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     assert noise["scale"] == 5.0 and noise["noise_l1"] > 0
     assert noise["total_after_repair"] <= noise["total_noisy"]
     assert noise["total_after_repair"] == report["solver"]["integer_total"]
-    assert report["privacy"]["end_to_end"] and report["privacy"]["total_epsilon"] == 5.0
+    assert report["privacy"]["end_to_end"] is False and "no end-to-end bound" in report["privacy"]["against_recipients"]
     steps = report["wire"]["nodes"]["solver"]["messages_sent"]
     assert steps["noise_total"] == 3  # z to every party, from the masked shares

@@ -126,12 +126,18 @@ def test_msnbc_private_release_audits_clean(msnbc_path, r) -> None:
 
 def test_end_to_end_noise_in_the_private_solve() -> None:
     """CELS App. C in the private mode: z = sum of the parties' Polya shares, no node chooses it;
-    the release still audits clean and the report says end to end."""
+    the release still audits clean; the report claims no end-to-end bound and says that every
+    partner holds the noise-free x and z (issue 22 finding 1)."""
     log = synthetic_log(seed=9, users=60)
     config, roles, _ = run_private(log, 3, epsilon=8.0, delta=0.9, noise_epsilon=1.0, sensitivity=5.0, round_batch=8)
     lead = roles[config.initiator]
     audit(log, lead.output, config.b)
     noise = lead.report["solver"]["noise"]
     assert noise["scale"] == 5.0 and noise["total_after_repair"] == lead.x.sum()
-    assert lead.report["privacy"]["end_to_end"] and lead.report["privacy"]["total_epsilon"] == 9.0
+    privacy = lead.report["privacy"]
+    assert privacy["end_to_end"] is False and "total_epsilon" not in privacy and privacy["private"] is True
+    assert privacy["learns"]["mode"] == "private solve, noise on"
+    assert "noise-free first-pass counts x, the noise total z" in privacy["learns"]["party"]
+    assert "noise-free first-pass counts x; the noise total z" in privacy["learns"]["solver"]
+    assert "no differential privacy against partner organisations" in privacy["against_partners"]
     assert all(np.array_equal(roles[p].x, lead.x) for p in config.parties)

@@ -112,7 +112,11 @@ def test_noise_at_the_solver_keeps_every_condition(log) -> None:
     out, report = run_session(split(log, 3), config, allow_insecure_key_bits=True)
     noise = report["noise"]
     assert noise["noise_epsilon"] == 1.0 and noise["sensitivity"] == 2
-    assert report["privacy"]["end_to_end"] and report["privacy"]["total_epsilon"] == EPS + 1.0
+    privacy = report["privacy"]
+    assert privacy["end_to_end"] is False and privacy["private"] is False  # issue 22 finding 8
+    assert privacy["not_private_because"] == ["the transformed solve lets the solver rebuild every party's constraint rows"]
+    assert privacy["learns"]["mode"] == "transformed solve (Algorithm 2), noise on"
+    assert "can rebuild every party's constraint rows" in privacy["learns"]["solver"]
     assert out.size == noise["total_after_repair"]
     assert out.n_users > 0 and not set(out.users) & set(log.users)  # fresh pseudonyms by default
     check_output(log, out, b)

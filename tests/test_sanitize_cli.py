@@ -100,10 +100,14 @@ def test_failed_run_keeps_an_existing_output_untouched(tmp_path):
     assert (tmp_path / "out.tsv").read_text() == "previous\n"
 
 
-def test_noise_run_reports_end_to_end_accounting(tmp_path):
+def test_noise_run_claims_no_end_to_end_bound(tmp_path):
+    """Issue 22 finding 2: the repair reads the data again, so a noisy run claims no
+    (eps + eps', delta) composition, only the sampling given the released counts."""
     assert run(tmp_path, "--epsilon", "40", "--delta", "0.9999999", "--noise-epsilon", "1", "--sensitivity", "2", "--seed", "4") == 0
     privacy = json.loads((tmp_path / "report.json").read_text())["privacy"]
-    assert privacy["end_to_end"] and privacy["total_epsilon"] == 41.0 and "ASSUMED" in privacy["note"]
+    assert privacy["end_to_end"] is False and "total_epsilon" not in privacy
+    assert "no end-to-end bound is claimed" in privacy["against_recipients"] and "d assumed" in privacy["against_recipients"]
+    assert "basic composition" not in json.dumps(privacy)
 
 
 def test_method_registry_shape():
@@ -114,8 +118,9 @@ def test_demo_runs(tmp_path, capsys):
     assert main(["demo", "--dir", str(tmp_path / "demo-out")]) == 0
     out = capsys.readouterr().out
     assert "KL" in out and "recall" in out and "b = " in out
-    report = json.loads((tmp_path / "demo-out" / "report.json").read_text())
-    assert report["solver"]["integer_total"] > 0
+    note = json.loads((tmp_path / "demo-out" / "sanitized.tsv.release-note.json").read_text())
+    assert note["sizes"]["output_size"] > 0 and "utility" not in note
+    assert sorted(p.name for p in (tmp_path / "demo-out").iterdir()) == ["input.tsv", "sanitized.tsv", "sanitized.tsv.release-note.json"]
     assert (tmp_path / "demo-out" / "sanitized.tsv").read_text().startswith("AnonID")
 
 

@@ -79,23 +79,32 @@ def test_report_equal_to_out_is_refused(tmp_path, capsys):
     assert not (tmp_path / "o.tsv").exists()
 
 
-def test_report_is_written_beside_the_output_without_report_flag(tmp_path, capsys):
+def test_only_the_release_note_is_written_beside_the_output_without_report_flag(tmp_path, capsys, operator_report_dir):
+    """Issue 22 finding 3: beside the release goes the public note; the operator report (mode
+    0600, confidential first) goes to the operator report directory."""
     src = aol_file(tmp_path / "s.tsv", figure1_rows())
     assert sanitize(src, tmp_path / "o.tsv") == 0
-    privacy = json.loads((tmp_path / "o.tsv.report.json").read_text())["privacy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.tsv", "o.tsv.release-note.json", "s.tsv"]
+    privacy = json.loads((tmp_path / "o.tsv.release-note.json").read_text())["privacy"]
     assert privacy["end_to_end"] is False and "NOT end-to-end" in privacy["guarantee"]
+    (operator,) = [p for p in operator_report_dir.iterdir() if p.name.startswith("o.tsv.")]
+    assert operator.stat().st_mode & 0o777 == 0o600
+    assert next(iter(json.loads(operator.read_text()))) == "confidential"
+    assert str(operator) in capsys.readouterr().err
 
 
-def test_every_run_without_noise_names_the_guarantee_and_the_end_to_end_flags(tmp_path, capsys):
+def test_every_run_names_the_guarantee_for_each_observer(tmp_path, capsys):
     src = aol_file(tmp_path / "s.tsv", figure1_rows())
     assert sanitize(src, tmp_path / "o.tsv") == 0
     captured = capsys.readouterr()
-    assert "DP of the sampling only, NOT end-to-end" in captured.out  # the summary line
-    assert "--noise-epsilon E' --sensitivity d" in captured.err
+    assert "DP of the sampling given the counts, NOT end-to-end" in captured.out  # the summary line
+    assert "privacy: against recipients: " in captured.err and "privacy: against partners: no partner" in captured.err
+    assert "privacy: learns (single holder, noise off): party: " in captured.err
     assert "not the negligible delta << 1/n" in captured.err
     assert sanitize(src, tmp_path / "n.tsv", "--noise-epsilon", "1", "--sensitivity", "2") == 0
     captured = capsys.readouterr()
-    assert "end-to-end DP (eps 41" in captured.out and "for end-to-end DP add" not in captured.err
+    assert "no end-to-end bound" in captured.out and "end-to-end DP (eps" not in captured.out
+    assert "learns (single holder, noise on)" in captured.err
 
 
 def test_empty_release_says_why_and_exits_3(tmp_path, capsys):
@@ -111,7 +120,7 @@ def test_empty_release_says_why_and_exits_3(tmp_path, capsys):
     assert f"largest per-pair bound max u_i {b / need:.4g} < 1" in err
     assert f"b >= {need:.4g}: --delta >= {1 - math.exp(-need):.4g} and --epsilon >= {2 * need:.4g}" in err
     assert (tmp_path / "o.tsv").read_text() == HEADER  # written: the report says what happened
-    assert json.loads((tmp_path / "o.tsv.report.json").read_text())["solver"]["integer_total"] == 0
+    assert json.loads((tmp_path / "o.tsv.release-note.json").read_text())["sizes"]["output_size"] == 0
 
 
 def test_tsv_takes_any_delimiter(tmp_path, capsys):

@@ -141,7 +141,7 @@ def bench_processes(
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
-        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, stock=stock, timeout=timeout)
+        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, Path(tmp) / "operator-report.json", stock=stock, timeout=timeout)
         wall = time.perf_counter() - start
     offline = report.get("offline")
     note = (

@@ -23,8 +23,10 @@ from cels.fileio import Terminated, raise_on_termination
 
 DESCRIPTION = (
     "Publish one sanitized search log from the private logs of one or several organisations. "
-    "The sampling is (epsilon, delta)-probabilistically differentially private given the counts; "
-    "with --noise-epsilon and --sensitivity the whole release is (CELS section 3.3)."
+    "Against a recipient of the release, the sampling is (epsilon, delta)-probabilistically differentially "
+    "private given the released counts; the counts are computed from the data (with --noise-epsilon, noisy "
+    "but repaired from the data), so no end-to-end bound is claimed. Partner organisations learn what "
+    "SECURITY.md's table says."
 )
 COMMANDS: dict[str, tuple[str, str]] = {
     "sanitize": ("cels.cli.sanitize", "sanitize one search log (a single data holder)"),

@@ -1,7 +1,8 @@
 """``cels demo``: sanitize the embedded synthetic log end to end and print a short summary.
 
 Writes ./demo-out/input.tsv (AOL format), then runs exactly the ``cels sanitize`` code path
-on it (load, optimal method, atomic writes) into demo-out/sanitized.tsv and demo-out/report.json.
+on it (load, optimal method, atomic writes) into demo-out/sanitized.tsv with its public release
+note; the confidential operator report goes where ``cels sanitize`` puts it (cels.reports).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         "sanitize", str(input_path), "--format", "aol",
         "--epsilon", str(args.epsilon), "--delta", str(args.delta),
         "--objective", "kl", "--time-limit", "3",
-        "--out", str(out_dir / "sanitized.tsv"), "--report", str(out_dir / "report.json"),
+        "--out", str(out_dir / "sanitized.tsv"),
     ]  # fmt: skip
     parser = argparse.ArgumentParser(prog="cels")
     sanitize_cli.register(parser.add_subparsers(dest="command"))
@@ -41,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     s, u, p, z = r["solver"], r["utility"], r["privacy"], r["sizes"]
     print(f"input      {input_path}: {z['users']} users, {z['pairs']} pairs, |D| = {z['input_size']}, "
           f"{z['nonunique_pairs']} pairs held by 2+ users, {z['constraint_rows_after_pruning']} condition rows after pruning")
-    print(f"privacy    epsilon {p['epsilon']}, delta {p['delta']} -> b = {p['b']:.5f} ({p['bound']} bound); {p['note']}")
+    print(f"privacy    epsilon {p['epsilon']}, delta {p['delta']} -> b = {p['b']:.5f} ({p['bound']} bound); against recipients: {p['against_recipients']}")
     print(f"counts     objective {s['objective']}: LP bound |O| <= {s['max_output_lp']:.2f}, target |O| = {s['output_size']:.2f}, "
           f"released {s['integer_total']} (integer ratio {s['integer_ratio']:.3f}, {s['integer_method']}, x from {s['integer_source']})")
     print(f"utility    KL {u['kl']:.4f}, recall of distinct pairs {u['recall']:.4f}, top-100 coverage {u['top_100']['coverage']:.2f}")
-    print(f"output     {sanitize_args.out} ({z['output_users']} pseudonymous users, {z['output_pairs']} pairs), report {sanitize_args.report}")
+    print(f"output     {sanitize_args.out} ({z['output_users']} pseudonymous users, {z['output_pairs']} pairs), "
+          f"release note {sanitize_args.out}.release-note.json, confidential operator report {sanitize_args.report}")
     return 0

@@ -12,11 +12,10 @@ EXIT_EMPTY_RELEASE = 3
 
 def privacy_notice(privacy: dict[str, Any]) -> list[str]:
     """Lines for stderr after every release of the optimal method or the protocol: the
-    guarantee that holds, what delta means here and, when end-to-end DP is off, the flags
-    that turn it on."""
-    lines = [f"privacy: {privacy['guarantee']}."]
-    if not privacy.get("end_to_end"):
-        lines.append(f"privacy: for end-to-end DP add {privacy['end_to_end_flags']}.")
+    guarantee against recipients and against partners, what each observer learned in the mode
+    that ran (one line), and what delta means here (cels.claims)."""
+    lines = [f"privacy: against recipients: {privacy['against_recipients']}.", f"privacy: against partners: {privacy['against_partners']}."]
+    lines.append(f"privacy: {privacy['learns']['line']}.")
     lines.append(f"privacy: {privacy['delta_meaning']}.")
     return lines
 

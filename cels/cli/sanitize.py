@@ -5,8 +5,10 @@ CELS/EDBT multinomial sampling with optimal counts).  A method is a :class:`Meth
 optional ``add_arguments(parser)`` for its own flags and ``run(args) -> Release`` (it loads
 the input it needs: the histogram for ``optimal``, the events in log order for the baselines
 ZEALOUS, Korolova et al. and Safelog of :mod:`cels.baselines`).
-OUT and REPORT (default ``OUT.report.json``) are checked before any work starts and written
-atomically only after the whole run succeeded.
+OUT, its public release note ``OUT.release-note.json`` and the confidential operator REPORT
+(mode 0600; default under ``$CELS_REPORT_DIR`` or ``~/.local/state/cels/reports``, never beside
+OUT: cels.reports) are checked before any work starts and written atomically only after the
+whole run succeeded.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
-from cels.fileio import atomic_write_json, check_output_paths
+from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
 from cels.logs.textio import ENCODING
 from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.sanitize import SanitizeParams, sanitize
+from cels.reports import default_operator_path, release_note_path, write_reports
 from cels.mechanism.solvers import (
     DEFAULT_BREAKPOINTS,
     DEFAULT_SUPPORT,
@@ -101,8 +104,8 @@ def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-size", type=float, default=None, metavar="F", help="|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5)")
     g.add_argument("--min-count", type=int, default=0, metavar="N", help="drop pairs with total count < N (CELS cleans with 20)")
     g.add_argument("--cap", type=int, default=None, metavar="K", help="per-user cap c_ij <- min(c_ij, K), applied first")
-    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts: with --sensitivity, end-to-end (eps + E', delta)-DP (CELS 3.3)")
-    g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="sensitivity d of the counts")
+    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts before the repair (CELS 3.3); no end-to-end bound is claimed: the repair reads the data (docs/security.md)")
+    g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="L1 sensitivity d of the counts (assumed; --preprocess enforces it)")
     g.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
     g.add_argument("--keep-user-ids", action="store_true", help="keep the input user ids (default: fresh pseudonyms)")
     g.add_argument("--breakpoints", type=int, default=DEFAULT_BREAKPOINTS, metavar="K", help="kl: breakpoints per variable")
@@ -126,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
     parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")
-    parser.add_argument("--report", default=None, metavar="REPORT.json", help="JSON report: privacy accounting, solver, sizes, utility, timings (default OUT.report.json)")
+    parser.add_argument("--report", default=None, metavar="REPORT.json", help="the confidential operator report (JSON, mode 0600): privacy accounting, solver, sizes, utility, timings (default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside OUT); the public release note goes to OUT.release-note.json")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     for method in METHODS.values():
         if method.add_arguments is not None:
@@ -170,16 +173,20 @@ def load_input(args: argparse.Namespace) -> SearchLog:
 
 
 def report_path(args: argparse.Namespace) -> str:
-    """REPORT, by default beside OUT: ``OUT.report.json``."""
-    return args.report if args.report is not None else f"{args.out}.report.json"
+    """The operator REPORT: ``--report``, else a new path under the operator report directory
+    (decided once per run)."""
+    if args.report is None:
+        args.report = str(default_operator_path(args.out))
+    return args.report
 
 
-def write_release_and_report(release: Release, out: str, report_path: str) -> None:
-    """OUT then REPORT, each atomic; if the report cannot be written, OUT is removed again."""
+def write_release_and_reports(release: Release, out: str, report_path: str) -> None:
+    """OUT, then its release note and the operator REPORT, each atomic; if a report cannot be
+    written, OUT is removed again."""
     existed = os.path.exists(out)
     release.write(out)
     try:
-        atomic_write_json(report_path, release.report)
+        write_reports(release.report, out, report_path)
     except BaseException:
         if not existed:
             os.unlink(out)
@@ -208,17 +215,17 @@ def summary_line(report: dict) -> str:
 
 
 def guarantee_word(privacy: dict) -> str:
-    """The summary line's word on the guarantee (the full sentence is in the report)."""
-    if privacy.get("end_to_end"):
-        return f"end-to-end DP (eps {privacy['total_epsilon']:g} by basic composition)"
-    return "DP of the sampling only, NOT end-to-end"
+    """The summary line's word on the guarantee (the full sentences are in the report)."""
+    return "DP of the sampling given the counts, NOT end-to-end" + (" (noisy counts, no end-to-end bound)" if privacy.get("noise_epsilon") else "")
 
 
 def execute(args: argparse.Namespace) -> Release:
     """Check OUT and REPORT, load, run the chosen method, write OUT and REPORT; returns the release."""
-    check_output_paths({"--out": args.out, "--report": report_path(args)}, inputs=(args.input,))
+    check_output_paths(
+        {"--out": args.out, "release note": str(release_note_path(args.out)), "--report": report_path(args)}, inputs=(args.input,)
+    )
     release = METHODS[args.method].run(args)
-    write_release_and_report(release, args.out, report_path(args))
+    write_release_and_reports(release, args.out, report_path(args))
     return release
 
 
@@ -226,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0, or EXIT_EMPTY_RELEASE (3) with the reason when nothing was released."""
     report = execute(args).report
     print(summary_line(report))
-    print(f"wrote {args.out} and {report_path(args)}", file=sys.stderr)
+    print(f"wrote {args.out}, its public release note {release_note_path(args.out)} and the confidential operator report {report_path(args)}", file=sys.stderr)
     if "guarantee" in report.get("privacy", {}):
         print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
     reason = empty_release_reason(report)

@@ -2,7 +2,8 @@
 
 - ``cels certs --out DIR --parties R``: a development CA and one certificate per node.
 - ``cels run --config session.toml``: start a session on running nodes (the initiator is a
-  party node); the sanitized log and report.json are written where the file says.
+  party node); the sanitized log and its public release note are written where ``[run] output``
+  says, the confidential operator report where ``[run] report`` says (default: cels.reports).
 - ``cels simulate``: split a log by user over R parties, start R party nodes and a solver node
   as separate processes on 127.0.0.1 with a fresh dev CA, run one session, stop them.
 """
@@ -26,7 +27,8 @@ from cels.cli.progress import SessionProgress
 from cels.cli.sanitize import _optimal_arguments, params_from_args, delimiter, guarantee_word, load_input
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
-from cels.fileio import atomic_write_json, check_output_paths
+from cels.claims import TRANSFORMED_WARNING
+from cels.fileio import check_output_paths
 from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
@@ -35,6 +37,7 @@ from cels.node.config import Number, check_tables, load_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
 from cels.protocol.wire import cels_pb2
+from cels.reports import default_operator_path, release_note_path, write_reports
 
 DEFAULT_TIMEOUT = 4 * 3600.0
 RUN_TABLE = {
@@ -73,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
     add_solve_arguments(sim)
     sim.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
-    sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, report.json and the node logs")
+    sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, its public release note sanitized.<ext>.release-note.json and the node logs")
+    sim.add_argument("--report", type=Path, metavar="REPORT.json", help="the confidential operator report (mode 0600; default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside the release)")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
     _optimal_arguments(sim)
@@ -170,7 +174,7 @@ def run_run(args: argparse.Namespace) -> int:
     check_tables(doc, args.config, session_tables())
     base = args.config.resolve().parent
     run, table = doc.get("run", {}), doc.get("session", {})
-    for key in ("initiator", "address", "output", "report"):
+    for key in ("initiator", "address", "output"):
         if key not in run:
             raise ValueError(f"{args.config}: [run] needs {key!r}")
     try:
@@ -182,10 +186,12 @@ def run_run(args: argparse.Namespace) -> int:
     if not insecure and len(paths) < 3:
         raise ValueError(f"{args.config}: [run] needs ca, cert and key (the controller's credentials) or insecure = true")
     controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
-    output, report_path = base / run["output"], base / run["report"]
-    check_output_paths({"[run] output": output, "[run] report": report_path})
+    output = base / run["output"]
+    report_path = operator_path(base / run["report"] if "report" in run else None, output)
+    check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path})
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
     print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+    warn_transformed(options, "cels run")
     progress = SessionProgress(options)
     try:
         wait_reachable(controller, nodes, CONNECT_TIMEOUT, unreachable_printer())
@@ -199,13 +205,30 @@ def run_run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     progress.finish(report)
-    return release_notes(report, f"wrote {output} and {report_path}")
+    return release_notes(report, output, report_path)
 
 
-def release_notes(report: dict[str, Any], wrote: str) -> int:
+def operator_path(given: Path | None, output: Path) -> Path:
+    """The operator report's path: the one given (its directory made 0700 if missing), else a
+    new one under the operator report directory (cels.reports), never beside the release."""
+    if given is None:
+        return default_operator_path(output)
+    given.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return given
+
+
+def warn_transformed(options: SessionOptions, command: str) -> None:
+    """The paper's Algorithm 2 lets the solver rebuild every row: say so before it runs."""
+    if options.solve == "transformed":
+        print(f"{command}: {TRANSFORMED_WARNING}", file=sys.stderr, flush=True)
+
+
+def release_notes(report: dict[str, Any], output: Path, report_path: Path, seconds: float | None = None) -> int:
     """Summary, what was written and the privacy notice; the exit code (3: empty release)."""
     print(summary(report))
-    print(wrote)
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(f"wrote {output} and its public release note {release_note_path(output)}{took}; "
+          f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
     print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
     reason = empty_release_reason(report)
     if reason is not None:
@@ -265,6 +288,7 @@ def run_nodes(
     out: Path,
     suffix: str,
     fmt_args: list[str],
+    report_path: Path,
     extra: dict[str, Any] | None = None,
     record_view: Path | None = None,
     stock: dict[str, int] | None = None,
@@ -272,7 +296,8 @@ def run_nodes(
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
-    ``out/sanitized<suffix>`` and ``out/report.json``; returns the report (SessionAborted if
+    ``out/sanitized<suffix>``, its release note and the operator report at ``report_path``
+    (cels.reports); returns the report (SessionAborted if
     the session failed; the node logs stay in ``out/node-logs``).
 
     ``stock`` (key owner -> obfuscators) runs the offline phase first: every party node stocks
@@ -327,7 +352,7 @@ def run_nodes(
             progress = SessionProgress(options)
             try:
                 report = run_on_nodes(
-                    controller, options.to_config(), out / f"sanitized{suffix}", out / "report.json", limit - time.monotonic(),
+                    controller, options.to_config(), out / f"sanitized{suffix}", report_path, limit - time.monotonic(),
                     progress.step, extra=extra, on_phase_start=progress.start,
                 )  # fmt: skip
             finally:
@@ -337,7 +362,7 @@ def run_nodes(
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
             report["phase_wall_seconds"] = progress.phase_wall_seconds()
             report["peak_rss_bytes"] = cluster.peak_rss_bytes()
-            atomic_write_json(out / "report.json", report)
+            write_reports(report, out / f"sanitized{suffix}", report_path)
             return report
 
 
@@ -381,6 +406,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory")
     options = simulate_options(args, args.parties)
+    warn_transformed(options, "cels simulate")
     if options.key_bits < DEFAULT_KEY_BITS:
         print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
     stock = session_stock(args, options)
@@ -394,17 +420,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     suffix = output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / f"sanitized{suffix}"
-    check_output_paths({"--out": output, "report": args.out / "report.json"}, inputs=(args.input,) if args.input else ())
+    report_path = operator_path(args.report, output)
+    check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else ())
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, options, args.out, suffix, fmt_args, extra, args.record_view, stock)
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1
-    return release_notes(report, f"wrote {output} and {args.out / 'report.json'} in {time.perf_counter() - t0:.1f} s")
+    return release_notes(report, output, report_path, time.perf_counter() - t0)
 
 
 def summary(report: dict[str, Any]) -> str:

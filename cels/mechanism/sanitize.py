@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cels import metrics
+from cels.claims import privacy_accounting
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import Conditions, apply_cap, build_conditions, privacy_bound
 from cels.mechanism.noise import add_noise_and_repair, default_rng
@@ -146,7 +147,11 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     bar.close()
     report = {
         "method": "optimal",
-        "privacy": privacy_accounting(params, b, noise_info),
+        "privacy": privacy_accounting(
+            epsilon=params.epsilon, delta=params.delta, b=b, bound=params.bound, noise_epsilon=params.noise_epsilon,
+            sensitivity=params.sensitivity, cap=params.cap, setting="single", seeded=params.seed is not None,
+            preprocess=params.preprocess,
+        ),
         "solver": {
             **sol.summary(),
             "integer_requested": params.integer,
@@ -176,56 +181,3 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
         "params": asdict(params),
     }
     return out, report
-
-
-END_TO_END_FLAGS = "--noise-epsilon E' --sensitivity d (and --preprocess to enforce d; CELS section 3.3, App. C)"
-"""The flags that make a release end-to-end DP (named on every run without them)."""
-
-
-def delta_meaning(delta: float) -> str:
-    """What delta promises in this mechanism (CELS eq. 4 / Theorem 2 condition 3; EDBT
-    Definition 2, probabilistic DP after Goetz et al.)."""
-    return (
-        f"delta = {delta:g} bounds, for every user, the probability that the output holds at least one record "
-        "sampled from that user's log (CELS eq. 4, Theorem 2 condition 3); for such outputs no epsilon bound is "
-        "claimed. It is a per-user disclosure probability of probabilistic DP, not the negligible delta << 1/n "
-        "of approximate DP"
-    )
-
-
-def privacy_accounting(params: SanitizeParams, b: float, noise_info: dict | None) -> dict:
-    """The privacy accounting printed with every release: which guarantee holds, what delta
-    means here, and (without noise) which flags give end-to-end DP."""
-    end_to_end = noise_info is not None
-    sampling = f"({params.epsilon:g}, {params.delta:g})-probabilistic DP of the multinomial sampling given the counts x (CELS Theorem 2)"
-    if end_to_end:
-        total = params.epsilon + params.noise_epsilon
-        guarantee = (
-            f"end-to-end ({total:g}, {params.delta:g})-DP by basic composition: Lap(d/eps') on the counts "
-            f"(eps' = {params.noise_epsilon:g}, d = {params.sensitivity:g}) then {sampling}"
-        )
-    else:
-        guarantee = f"{sampling} only: x is computed from the data without noise, so the release is NOT end-to-end DP"
-    return {
-        "epsilon": params.epsilon,
-        "delta": params.delta,
-        "b": b,
-        "bound": params.bound,
-        "noise_epsilon": params.noise_epsilon,
-        "sensitivity": params.sensitivity,
-        "cap": params.cap,
-        "guarantee": guarantee,
-        "delta_meaning": delta_meaning(params.delta),
-        "sampling_guarantee": sampling,
-        "end_to_end": end_to_end,
-        "end_to_end_flags": None if end_to_end else END_TO_END_FLAGS,
-        "total_epsilon": params.epsilon + params.noise_epsilon if end_to_end else None,
-        "note": (
-            "counts computed with Lap(d/eps') noise: basic composition gives (epsilon + eps', delta)"
-            + ("; d bounded by App. C preprocessing" if params.preprocess else "; d is ASSUMED, not enforced (no --preprocess)")
-            if end_to_end
-            else f"the optimal counts are computed without noise: only the sampling step is DP; end-to-end DP needs {END_TO_END_FLAGS}"
-        ),
-        "reproducible_seed": params.seed is not None,
-        "private": params.seed is None,
-    }

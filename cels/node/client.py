@@ -12,7 +12,8 @@ from typing import Any
 
 import grpc
 
-from cels.fileio import atomic_write, atomic_write_json
+from cels.fileio import atomic_write
+from cels.reports import write_reports
 from cels.node.tls import open_channel, warn_insecure
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
@@ -144,7 +145,8 @@ def run_on_nodes(
     extra: dict[str, Any] | None = None,
     on_phase_start: Callable[[cels_pb2.StepReport], None] | None = None,
 ) -> dict[str, Any]:
-    """Run one session; write the sanitized log and report.json atomically; return the report.
+    """Run one session; write the sanitized log, its public release note and the confidential
+    operator report at ``report_path`` (cels.reports), each atomically; return the report.
 
     Nothing is written unless the session completes: the log goes to a temporary file that is
     renamed only after the report arrived.  ``extra`` keys are added to the report.
@@ -184,5 +186,9 @@ def run_on_nodes(
         except grpc.RpcError as exc:
             raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
     report.update(extra or {})
-    atomic_write_json(report_path, report)
+    try:
+        write_reports(report, output, report_path)
+    except BaseException:
+        os.unlink(output)
+        raise
     return report

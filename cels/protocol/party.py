@@ -32,13 +32,13 @@ from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels import metrics
+from cels.claims import privacy_accounting
 from cels.logs.model import LogRecord, SearchLog
 from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
-from cels.mechanism.sanitize import privacy_accounting
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.secure_union import SecureUnion
@@ -79,6 +79,14 @@ def commutative_hash(options: SessionOptions, allow_paper_bits: bool = False) ->
     if options.universe_cipher == "x25519":
         return X25519Hash()
     return PohligHellmanHash(group_for_bits(options.group_bits, allow_paper_bits=allow_paper_bits))
+
+
+def session_privacy(options: SessionOptions, b: float) -> dict:
+    """The session's privacy accounting (cels.claims): the solve mode is the threat-model row."""
+    return privacy_accounting(
+        epsilon=options.epsilon, delta=options.delta, b=b, bound=options.bound, noise_epsilon=options.noise_epsilon,
+        sensitivity=options.sensitivity, cap=options.cap, setting=options.solve, seeded=False,
+    )
 
 
 class PartyRole(SessionRole):
@@ -586,7 +594,7 @@ class PartyRole(SessionRole):
         cleaned = self.totals >= max(opts.min_count, 1)
         return {
             "method": "cels-protocol",
-            "privacy": {**privacy_accounting(opts.params, self.b, self.solver_report.get("noise")), "min_count": opts.min_count},
+            "privacy": {**session_privacy(opts, self.b), "min_count": opts.min_count},
             "solver": self.solver_report,
             "noise": self.solver_report.get("noise"),
             "utility": {

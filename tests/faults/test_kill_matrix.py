@@ -232,7 +232,7 @@ def test_kill(cluster: FaultCluster, tmp_path: Path, role: str, phase: str, sign
     restart_seconds, attempts = fresh_session(cluster, tmp_path, restarted)
     FAULTS.restarts.append({"node": victim, "how": f"{signame} in {phase}", "seconds": restart_seconds, "attempts": attempts, "serving": serving})
 
-    expected_out = {"sanitized.tsv", "report.json"} if result == "completed" else set()
+    expected_out = {"sanitized.tsv", "sanitized.tsv.release-note.json", "report.json"} if result == "completed" else set()
     left = [p for p in cluster.leftovers(out) if p.name not in expected_out]
     if left:
         FAULTS.add("leftovers", len(left))

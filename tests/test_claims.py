@@ -40,3 +40,26 @@ def test_no_path_claims_an_end_to_end_bound(setting, noise) -> None:
         assert p["against_partners"].startswith("no differential privacy against partner organisations")
     if noise is not None and setting == "private":
         assert "noise total z" in p["learns"]["party"] and "noise total z" in p["learns"]["solver"]
+
+
+def test_a_transformed_session_is_announced_with_its_warning(capsys) -> None:
+    """Issue 22 finding 8: --solve transformed prints that the solver can rebuild every row."""
+    from cels.cli.service import warn_transformed
+    from cels.protocol.options import SessionOptions
+
+    warn_transformed(SessionOptions.create(3, epsilon=1.0, delta=0.4, solve="transformed"), "cels simulate")
+    assert "cels simulate: WARNING: --solve transformed" in capsys.readouterr().err
+    warn_transformed(SessionOptions.create(3, epsilon=1.0, delta=0.4), "cels simulate")
+    assert capsys.readouterr().err == ""
+
+
+def test_no_help_text_or_document_claims_end_to_end_dp() -> None:
+    """The README's promise is the strongest anywhere: no --help, summary or doc claims an
+    end-to-end (eps + eps') bound."""
+    from cels.cli import main
+
+    texts = {p: p.read_text() for p in [*REPO.glob("*.md"), *(REPO / "docs").glob("*.md"), *(REPO / "cels").rglob("*.py")]}
+    for banned in ("end-to-end (eps + ", "(eps + eps', delta)-DP by", "end-to-end DP (eps", "whole release is (CELS"):
+        assert not [str(p) for p, t in texts.items() if banned in t], banned
+    with pytest.raises(SystemExit):
+        main(["sanitize", "--help"])

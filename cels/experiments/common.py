@@ -95,7 +95,7 @@ def b_grid(b_min: float, b_max: float, per_decade: int) -> np.ndarray:
 
 @dataclass
 class Noise:
-    """End-to-end noise Lap(d/eps') on the optimal counts (CELS 3.3; the paper: d = 30, eps' = 1)."""
+    """The paper's noise Lap(d/eps') on the optimal counts (CELS 3.3; the paper: d = 30, eps' = 1)."""
 
     noise_epsilon: float
     sensitivity: float
@@ -148,7 +148,7 @@ class UnionSolver:
 
 @dataclass(frozen=True)
 class SolveOptions:
-    """How an experiment solves and samples: the end-to-end noise (None: none), noise draws
+    """How an experiment solves and samples: the noise on the counts (None: none), noise draws
     averaged per point, the seed of the party split and the noise, the integer method, the
     MIP time limit per solve and whether a progress bar shows."""
 
@@ -295,7 +295,7 @@ def add_dataset_arguments(parser: argparse.ArgumentParser, aol: str = DEFAULT_AO
 
 
 def add_solver_arguments(parser: argparse.ArgumentParser, grid: bool = True) -> None:
-    """The b grid, the integer method and the end-to-end noise."""
+    """The b grid, the integer method and the noise on the counts."""
     if grid:
         parser.add_argument("--b-min", type=float, default=1e-5, help="smallest b (default 1e-5, the paper's)")
         parser.add_argument("--b-max", type=float, default=10.0, help="largest b (default 10; the paper stops at 0.1)")

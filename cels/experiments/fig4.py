@@ -2,7 +2,7 @@
 
 CELS's optimal counts do not depend on the number of parties r (the distributed optimum is the
 single-holder optimum on the union log), so the paper's average over r = 2, 4, 6, 8, 10 is the
-union-log optimum itself; with end-to-end noise the average is over ``repeats`` noise draws.
+union-log optimum itself; with noise on the counts the average is over ``repeats`` noise draws.
 Every curve is computed without and with the per-user contribution cap (not in the paper).
 """
 

@@ -27,7 +27,7 @@ Output size: an absolute S stops the rounds at sum x = S; without one the rounds
 A is empty.  A fractional output size (a share of the LP bound) is refused: no node can compute
 the LP bound without the constraint rows.
 
-Noise pass (end-to-end DP, CELS 3.3 / App. C): after the first pass, the parties' noise shares
+Noise pass (noise on the counts, CELS 3.3 / App. C; no end-to-end bound: docs/security.md): after the first pass, the parties' noise shares
 add up to z (discrete Laplace per pair, :func:`cels.mechanism.noise.laplace_share`); the noisy
 target is x' = max(x + z, 0).  Units z removes are dropped (dropping keeps every condition,
 all ln t_ij >= 0); the rounds restart from min(x, x') with every pair below its target active

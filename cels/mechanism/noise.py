@@ -1,4 +1,8 @@
-"""End-to-end DP for the optimal counts (CELS 3.3): x_i <- x_i + Lap(d / eps'), then repair.
+"""Noise on the optimal counts (CELS 3.3): x_i <- x_i + Lap(d / eps'), then repair.
+
+The paper calls this end-to-end DP; the repair reads the private conditions again, so CELS
+claims no end-to-end bound for the repaired counts (docs/security.md, "End-to-end DP: what
+holds").  The noise samplers themselves are exact.
 
 Counts are integers, so the noise is the discrete Laplace (two-sided geometric) distribution
 P(k) proportional to exp(-|k| / scale), sampled exactly with the rational-arithmetic algorithm

@@ -9,7 +9,7 @@ run the monotone greedy of :mod:`cels.mechanism.greedy` over secure OR-aggregati
 3. the aggregator (the solver node) sums them mod 2^64 and sends every party the accepted bits
    (``RoundVerdict``); every party applies the same update to the public x and A;
 4. a round without proposals ends it: every party sends ``MaskedVerdicts(last)``;
-5. with end-to-end noise (``noise_scale`` = d/eps', CELS App. C), the end of the first pass is
+5. with noise on the counts (``noise_scale`` = d/eps', CELS App. C), the end of the first pass is
    instead marked by every party's ``MaskedNoiseShare`` (one masked Polya share per pair,
    :func:`cels.mechanism.noise.laplace_share`); the aggregator's sum z (one discrete Laplace
    per pair) goes to every party as ``NoiseTotal``, and the rounds go on (round numbers

@@ -49,3 +49,12 @@ def test_the_rule_catches_a_violation(tmp_path) -> None:
     bad = tmp_path / "m.py"
     bad.write_text("def f():\n    import time\n    from cels.node.service import Node\n")
     assert {"time", "cels.node.service"} <= imports(bad)
+
+
+def test_the_cipher_stream_is_a_primitive() -> None:
+    """cels/crypto/streams.py, the ChaCha20 stream of every private draw (docs/crypto.md,
+    Randomness), is under the crypto rule and imports only the standard library, numpy and
+    randomgen: no protobuf, no protocol, not even the mechanism that uses it."""
+    path = CELS / "crypto" / "streams.py"
+    assert path in modules("crypto")
+    assert {name.split(".")[0] for name in imports(path)} <= {"__future__", "random", "secrets", "numpy", "randomgen"}

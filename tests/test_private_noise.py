@@ -5,13 +5,13 @@ verdicts replay from (x, z, x''), and bad noise messages are refused without a c
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
+from cels.crypto.streams import CipherRandom
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions
 from cels.mechanism.greedy import ProposalRule, central_run, replay
@@ -35,7 +35,7 @@ def cond():
 def nodes(r: int, noise: bool = True):
     names = [f"party-{k}" for k in range(1, r + 1)]
     seeds = [11 * (k + 1) for k in range(r)]
-    parties = {n: PrivateSolveParty(n, names, "solver", SESSION, SCALE if noise else None, random.Random(s)) for n, s in zip(names, seeds)}
+    parties = {n: PrivateSolveParty(n, names, "solver", SESSION, SCALE if noise else None, CipherRandom(s)) for n, s in zip(names, seeds)}
     return parties, PrivateSolveAggregator("solver", names, SESSION), seeds
 
 
@@ -68,7 +68,7 @@ def test_noise_shares_add_up_and_the_noise_pass_replays(cond, r) -> None:
     sent = drive(cond, rule, parties, aggregator)
     expected = np.zeros(len(cond.c), dtype=np.int64)
     for seed in seeds:  # the same seeds draw the same shares again
-        again = random.Random(seed)
+        again = CipherRandom(seed)
         expected += [laplace_share(SCALE, r, again) for _ in range(len(cond.c))]
     lead = parties["party-1"]
     z, first, released = aggregator.noise_total, lead.first_x, lead.x

@@ -107,7 +107,7 @@ def test_output_position_does_not_depend_on_origin() -> None:
 
 def test_the_independence_test_detects_an_order_preserving_union(monkeypatch) -> None:
     """The same test rejects a union that does not shuffle (the leak the shuffles remove)."""
-    monkeypatch.setattr(secure_union, "_shuffle", lambda items: None)
+    monkeypatch.setattr(secure_union.SecureUnion, "_shuffle", lambda self, items: None)
     table = origin_position_table(runs=10)
     assert chi2_contingency(table).pvalue < ALPHA
 

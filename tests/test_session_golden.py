@@ -11,21 +11,26 @@ public key carries h_s (64 bytes at the golden's 256-bit keys): SumKey 2288 -> 3
 (24 messages), NlpKey 270 -> 468 (3 messages).  Since issue 14, UniverseIndex carries the index
 size and the recipient's own columns instead of the whole sorted union (party-1's two
 UniverseIndex messages: 28,522 -> 759 bytes; the columns, x and the output are unchanged).
-Each party's generator (A_k, sampling draws) is seeded by its ring position and the
-permutations and universe hash keys by fixed seeds; everything
-else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.
+Each party's ChaCha20 stream (A_k, F_k, the permutation pi_k, sampling draws, the union's
+shuffles) is seeded by its ring position and the universe hash keys are fixed; everything
+else random (Paillier keys, obfuscators) changes ciphertexts but not their sizes.  Since the
+party streams moved from PCG64 (A_k, sampling) and a seeded Mersenne Twister (F_k, pi_k,
+shuffles) to ChaCha20 (issue 22), x (40) and the message kinds are unchanged and the rest was
+re-recorded from the new streams: the output records (37, were 35: the union's messages grow
+with them), the staged sampling's secure sums (13 stages, were 10: sum_key, sum_hop and
+sum_result bytes) and the solver report's floats in NlpSolution (other A_k, other last digits:
+about 10 bytes shorter per message).
 """
 
 from __future__ import annotations
 
 import json
-import random
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from cels.crypto.streams import cipher_generator
 from cels.logs import synthetic_log
 
 GOLDEN = Path(__file__).parent / "data" / "golden_session.json"
@@ -40,12 +45,11 @@ def run_golden(monkeypatch) -> dict:
 
     def seeded_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self._rng = np.random.default_rng(1000 + self.k)  # party k's draws: A_k, Poisson, multinomial
+        # party k's stream: A_k, F_k, Poisson and multinomial draws, and the column permutation
+        # pi_k (the MIP's choice among equal optima depends on the column order it sees)
+        self._rng = cipher_generator(1000 + self.k)
 
     monkeypatch.setattr(party.PartyRole, "__init__", seeded_init)
-    # the column permutations pi_k (and the union's shuffles) too: the MIP's choice among equal
-    # optima depends on the column order it sees
-    monkeypatch.setattr(party.secrets, "SystemRandom", lambda: random.Random(5))
     # and the universe index order (sorted fully hashed ids: the same for any assignment of
     # these keys to parties, since the hash commutes)
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey

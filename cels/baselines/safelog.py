@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 from collections import Counter
 
 from cels.baselines.base import Options, TabledBaseline
@@ -25,6 +24,7 @@ from cels.baselines.pool import domain_size, draw_query_pool, inclusion_probabil
 from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import integer_threshold, noise_above, noisy, zero_count_survivors
 from cels.baselines.utility import utility_by_kind
+from cels.crypto.streams import CipherRandom
 from cels.logs.model import LogRecord
 
 
@@ -84,7 +84,7 @@ def transition_threshold(n_candidates: int, bt: float) -> int:
 
 
 def release_transitions(
-    released: list[str], transitions: Counter, bt: float, threshold: int, rng: random.Random
+    released: list[str], transitions: Counter, bt: float, threshold: int, rng: CipherRandom
 ) -> list[ReleasedItem]:
     """Noisy counts of all ordered pairs of distinct released queries; those > threshold are published.
 
@@ -114,7 +114,7 @@ def safelog(
     tau: int,
     pool: set[str],
     candidates: str,
-    rng: random.Random,
+    rng: CipherRandom,
     transitions: bool = False,
 ) -> tuple[list[ReleasedItem], dict]:
     """Steps 3-8 of Algorithm 1; returns the items and counts for the report."""
@@ -174,7 +174,7 @@ class Safelog(TabledBaseline):
     )
 
     def run(
-        self, records: list[LogRecord], args: argparse.Namespace, rng: random.Random
+        self, records: list[LogRecord], args: argparse.Namespace, rng: CipherRandom
     ) -> tuple[list[ReleasedItem], dict]:
         params = resolve(
             getattr(args, "epsilon", None),

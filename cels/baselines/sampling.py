@@ -2,7 +2,8 @@
 
 Noise on integer counts is the exact discrete Laplace of :mod:`cels.mechanism.noise`
 (``Pr[eta = k] ∝ e^{-|k|/scale}``, rational arithmetic), driven by the release's ``rng``:
-:class:`random.SystemRandom` (the OS entropy behind :mod:`secrets`) unless a test seeds it.
+a :class:`cels.crypto.streams.CipherRandom` (ChaCha20 keyed from :mod:`secrets`; seeded only
+for tests and reproduced figures, which are then not private).
 
 Thresholds are compared with integer noisy counts, so every threshold is used as an integer,
 rounded up, which keeps each stated bound.  For the discrete Laplace at integer ``k``,
@@ -11,7 +12,7 @@ neighbouring counts is at most ``e^{1/scale}``: the two facts the papers' contin
 proofs use.
 
 Selection randomness (ZEALOUS item choice, Safelog pool draw, which noise-only items pass a
-threshold) comes from the same ``rng``.
+threshold, and the binomial count of zero-count survivors) comes from the same ``rng``.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import random
 from fractions import Fraction
 from functools import lru_cache
 
-import numpy as np
-
 from cels.baselines.params import discrete_retention_probability
+from cels.crypto.streams import CipherRandom
 from cels.mechanism.noise import discrete_laplace
 
 
-def baseline_rng(seed: int | None = None) -> random.Random:
-    """SystemRandom by default; a seeded :class:`random.Random` for reproducible tests."""
-    return random.SystemRandom() if seed is None else random.Random(seed)
+def baseline_rng(seed: int | None = None) -> CipherRandom:
+    """A release's ChaCha20 stream: keyed from ``secrets``, or replayable from ``seed`` (tests,
+    reproduced figures; not private)."""
+    return CipherRandom(seed)
 
 
 @lru_cache(maxsize=64)
@@ -62,18 +63,17 @@ def noise_above(threshold: int, scale: float, rng: random.Random) -> int:
             return threshold + eta
 
 
-def zero_count_survivors(n: int, threshold: int, scale: float, rng: random.Random) -> list[int]:
+def zero_count_survivors(n: int, threshold: int, scale: float, rng: CipherRandom) -> list[int]:
     """Indices among ``n`` zero-count candidates whose noise exceeds ``threshold``.
 
     Each candidate passes independently with Pr[eta > threshold]; the number that pass is
     Binomial(n, Pr) and which ones pass is a uniform subset: the same law as drawing ``n``
     noises, in time proportional to the survivors.  ``n`` and the threshold are public (they
-    do not depend on the private log), so the binomial draw (numpy, seeded from ``rng``)
-    handles no private value.
+    do not depend on the private log); the binomial draw comes from ``rng``'s numpy Generator
+    (the same stream).
     """
     if n <= 0:
         return []
     pass_probability = discrete_retention_probability(0, threshold, scale)
-    generator = np.random.Generator(np.random.PCG64(rng.getrandbits(128)))
-    survivors = int(generator.binomial(n, pass_probability))
+    survivors = int(rng.generator.binomial(n, pass_probability))
     return rng.sample(range(n), survivors)

@@ -6,26 +6,21 @@ holds").  The noise samplers themselves are exact.
 
 Counts are integers, so the noise is the discrete Laplace (two-sided geometric) distribution
 P(k) proportional to exp(-|k| / scale), sampled exactly with the rational-arithmetic algorithm
-of Canonne, Kamath and Steinke (NeurIPS 2020, Algorithms 1-2): only uniform integers from
-``secrets.SystemRandom`` (or a seeded ``random.Random`` for non-private, reproducible runs),
-no floating-point inverse CDF (Mironov 2012).
+of Canonne, Kamath and Steinke (NeurIPS 2020, Algorithms 1-2): only uniform integers from the
+ChaCha20 stream (:class:`cels.crypto.streams.CipherRandom`, keyed from ``secrets``; seeded only
+for non-private, reproducible runs), no floating-point inverse CDF (Mironov 2012).
 """
 
 from __future__ import annotations
 
 import random
-import secrets
 from fractions import Fraction
 
 import numpy as np
 
+from cels.crypto.streams import CipherRandom
 from cels.mechanism.conditions import Conditions
 from cels.mechanism.solvers import repair
-
-
-def default_rng() -> random.Random:
-    """The private default: the OS entropy source behind ``secrets``."""
-    return secrets.SystemRandom()
 
 
 def _bernoulli(p: Fraction, rng: random.Random) -> bool:
@@ -125,8 +120,9 @@ def add_noise_and_repair(
     rng: random.Random | None = None,
 ) -> tuple[np.ndarray, dict]:
     """x_i + Lap(d/eps') per variable, negatives -> 0, then reduce counts until every condition
-    holds (:func:`cels.mechanism.solvers.repair`).  Returns (x_noisy, info)."""
-    rng = rng or default_rng()
+    holds (:func:`cels.mechanism.solvers.repair`); ``rng`` defaults to a fresh ChaCha20 stream.
+    Returns (x_noisy, info)."""
+    rng = rng or CipherRandom()
     scale = noise_scale(noise_epsilon, sensitivity)
     noise = np.array([discrete_laplace(scale, rng) for _ in range(len(x))], dtype=np.int64)
     noisy = np.maximum(np.asarray(x, dtype=np.int64) + noise, 0)

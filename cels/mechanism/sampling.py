@@ -2,27 +2,28 @@
 
 For every pair i: x_i independent trials, each picks user j with probability c_ij / c_i, so
 sum_j x_ij = x_i exactly and only users holding the pair can be picked.  Released users get
-fresh random pseudonyms (``secrets.token_hex``) unless the ids are kept on request.
+fresh random pseudonyms unless the ids are kept on request.
 
-Randomness: a numpy Generator seeded from ``secrets`` by default.  ``--seed`` makes a release
-reproducible and therefore NOT private (anyone with the seed can replay the draws).
+Randomness: the ChaCha20 stream of :mod:`cels.crypto.streams`, keyed from ``secrets`` by
+default.  ``--seed`` makes a release reproducible and therefore NOT private (anyone with the
+seed can replay the draws).
 """
 
 from __future__ import annotations
 
-import secrets
-
 import numpy as np
 import scipy.sparse as sp
 
+from cels.crypto.streams import cipher_generator
 from cels.logs.model import SearchLog
 
 PSEUDONYM_BYTES = 8
 
 
 def make_rng(seed: int | None = None) -> np.random.Generator:
-    """A Generator from ``secrets`` entropy, or from ``seed`` (reproducible, not private)."""
-    return np.random.default_rng(secrets.randbits(128) if seed is None else seed)
+    """The release's ChaCha20 stream: keyed from ``secrets``, or from ``seed`` (reproducible,
+    not private)."""
+    return cipher_generator(seed)
 
 
 def multinomial_sample(
@@ -57,14 +58,11 @@ def multinomial_sample(
     )
 
 
-def pseudonyms(k: int, rng: np.random.Generator | None = None) -> list[str]:
-    """k distinct fresh ids: ``secrets.token_hex`` by default, from ``rng`` when reproducible."""
+def pseudonyms(k: int, rng: np.random.Generator) -> list[str]:
+    """k distinct fresh ids of ``PSEUDONYM_BYTES`` random bytes each (hex), drawn from ``rng``."""
     out: set[str] = set()
     while len(out) < k:
-        if rng is None:
-            out.add(secrets.token_hex(PSEUDONYM_BYTES))
-        else:
-            out.add(rng.bytes(PSEUDONYM_BYTES).hex())
+        out.add(rng.bytes(PSEUDONYM_BYTES).hex())
     return list(out)
 
 
@@ -75,8 +73,9 @@ def released_log(
     keep_user_ids: bool = False,
     rng: np.random.Generator | None = None,
 ) -> SearchLog:
-    """The output log: users with at least one sampled row (fresh pseudonyms in random order
-    unless ``keep_user_ids``), pairs with an output count, the input's ``source`` copied."""
+    """The output log: users with at least one sampled row (fresh pseudonyms from ``rng``, by
+    default a fresh stream, in random order unless ``keep_user_ids``), pairs with an output
+    count, the input's ``source`` copied."""
     sampled = sp.csr_matrix(sampled)
     sampled.eliminate_zeros()
     users = np.flatnonzero(np.diff(sampled.indptr) > 0)
@@ -85,7 +84,7 @@ def released_log(
     if keep_user_ids:
         names = [log.users[j] for j in users]
     else:
-        names = pseudonyms(len(users), rng)
+        names = pseudonyms(len(users), rng or make_rng())
         order = np.argsort(names)  # random ids sorted: the input's user order is not revealed
         names = [names[k] for k in order]
         counts = counts[order]

@@ -7,7 +7,6 @@ cap -> [preprocess] -> conditions (unique pairs suppressed, cleaning, dominated 
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import asdict, dataclass
 
@@ -16,11 +15,12 @@ from tqdm import tqdm
 
 from cels import metrics
 from cels.claims import privacy_accounting
+from cels.crypto.streams import CipherRandom
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import Conditions, apply_cap, build_conditions, privacy_bound
-from cels.mechanism.noise import add_noise_and_repair, default_rng
+from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.preprocess import preprocess
-from cels.mechanism.sampling import make_rng, multinomial_sample, released_log
+from cels.mechanism.sampling import multinomial_sample, released_log
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, Solution, solve
 
 
@@ -126,17 +126,16 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     t = timer.step("conditions_and_solve", t)
     x_var = sol.x
     noise_info = None
+    stream = CipherRandom(params.seed)  # one ChaCha20 stream: noise, sampling, pseudonyms
     if params.noise_epsilon is not None:
-        rng = random.Random(params.seed) if params.seed is not None else default_rng()
-        x_var, noise_info = add_noise_and_repair(cond, sol.x, params.noise_epsilon, params.sensitivity, rng)
+        x_var, noise_info = add_noise_and_repair(cond, sol.x, params.noise_epsilon, params.sensitivity, stream)
         t = timer.step("noise", t)
     x = np.zeros(log.n_pairs, dtype=np.int64)
     x[var_pairs] = x_var
-    rng_np = make_rng(params.seed)
-    sampled = multinomial_sample(apply_cap(log.counts, params.cap), x, rng_np)
+    sampled = multinomial_sample(apply_cap(log.counts, params.cap), x, stream.generator)
     if not np.array_equal(np.asarray(sampled.sum(axis=0)).ravel(), x):
         raise RuntimeError("sampled user counts do not add up to the output counts")
-    out = released_log(log, sampled, keep_user_ids=params.keep_user_ids, rng=rng_np if params.seed is not None else None)
+    out = released_log(log, sampled, keep_user_ids=params.keep_user_ids, rng=stream.generator)
     t = timer.step("sample", t)
 
     # utility against the UNCAPPED input, over the pairs that pass the cleaning filter

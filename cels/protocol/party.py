@@ -19,7 +19,6 @@ One state machine per session over this party's private log D_k.  Phases, in ord
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable
 from concurrent.futures import Executor
 
@@ -31,6 +30,7 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
+from cels.crypto.streams import CipherRandom
 from cels import metrics
 from cels.claims import privacy_accounting
 from cels.logs.model import LogRecord, SearchLog
@@ -120,7 +120,9 @@ class PartyRole(SessionRole):
         self._obfuscators = obfuscators
         self._decryption_pool = decryption_pool
         self._hash = commutative_hash(options, allow_paper_bits=allow_insecure_key_bits)
-        self._rng = make_rng()  # Gaussian A_k, Poisson and multinomial draws (seeded from `secrets`)
+        # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, Poisson and
+        # multinomial draws, pseudonyms, the union's shuffles and (as CipherRandom) the noise shares
+        self._rng = make_rng()
         self.log: SearchLog | None = None
         self.reports: list[cels_pb2.StepReport] = []
         self._sums: dict[str, SecureSum | MaskedSum] = {}
@@ -134,7 +136,11 @@ class PartyRole(SessionRole):
         self._sum_keypair = paillier.checked_keypair(keypair, options.key_bits)
         scale = noise_scale(options.noise_epsilon, options.sensitivity) if options.noise_epsilon is not None else None
         self._private = (
-            PrivateSolveParty(name, self.parties, self.solver, self.session_id, noise_scale=scale) if options.solve == "private" else None
+            PrivateSolveParty(
+                name, self.parties, self.solver, self.session_id, noise_scale=scale, rng=CipherRandom(generator=self._rng)
+            )
+            if options.solve == "private"
+            else None
         )
 
     def view_keys(self) -> list:
@@ -440,9 +446,7 @@ class PartyRole(SessionRole):
         if self.nlp_key is None or msg.hops != self.k or self.pi is not None:
             raise fail(f"{self.name}: nlp_permute_hop after {msg.hops} permutations out of order")
         at = self._parse_matrices(msg, "nlp_permute_hop", terms=self.r, which=("at",))["at"]
-        perm = list(range(len(self.active)))
-        secrets.SystemRandom().shuffle(perm)
-        self.pi = np.asarray(perm, dtype=np.int64)
+        self.pi = self._rng.permutation(len(self.active)).astype(np.int64)
         at = at.permute_columns(self.pi).rerandomize(self._obf)
         hop = cels_pb2.NlpPermuteHop(session_id=self.session_id, hops=self.k + 1, at=codec.matrix_message(at))
         return self._send(self.successor if self.k < self.r - 1 else self.solver, nlp_permute_hop=hop)
@@ -521,7 +525,7 @@ class PartyRole(SessionRole):
         sampled = sp.csr_matrix(sampled)
         sampled.eliminate_zeros()
         users = np.flatnonzero(np.diff(sampled.indptr))
-        names = [self.log.users[j] for j in users] if self.options.keep_user_ids else pseudonyms(len(users))
+        names = [self.log.users[j] for j in users] if self.options.keep_user_ids else pseudonyms(len(users), self._rng)
         out = []
         for j, user in zip(users, names):
             lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
@@ -535,7 +539,7 @@ class PartyRole(SessionRole):
         self.sampled = sampled
         self._secure_union = SecureUnion(
             name=self.name, session_id=self.session_id, ring=self.parties, records=self._records(sampled),
-            group=group_for_bits(self.options.group_bits, allow_paper_bits=self._allow_insecure),
+            group=group_for_bits(self.options.group_bits, allow_paper_bits=self._allow_insecure), rng=self._rng,
         )
         return self._secure_union.start()
 

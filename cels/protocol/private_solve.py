@@ -23,15 +23,15 @@ sees its own rows.  No row, load, slack, coefficient or single noise share leave
 
 from __future__ import annotations
 
-import random
 from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate, signed
+from cels.crypto.streams import CipherRandom
 from cels.mechanism.greedy import GreedyState, ProposalRule, verdicts
-from cels.mechanism.noise import default_rng, laplace_share
+from cels.mechanism.noise import laplace_share
 from cels.protocol.roles import Envelope, Outgoing, fail, malformed
 from cels.protocol.wire import cels_pb2
 
@@ -46,7 +46,8 @@ NOISE_LIMIT = 2**62
 
 class PrivateSolveParty:
     """P_k's side for one session: its masks, its rows' loads, the public x and A; with
-    ``noise_scale`` (d/eps') its noise shares, drawn from ``rng`` (default: ``secrets``)."""
+    ``noise_scale`` (d/eps') its noise shares, drawn from ``rng`` (default: a fresh ChaCha20
+    stream, :mod:`cels.crypto.streams`)."""
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class PrivateSolveParty:
         aggregator: str,
         session_id: str,
         noise_scale: Fraction | None = None,
-        rng: random.Random | None = None,
+        rng: CipherRandom | None = None,
     ) -> None:
         self.name, self.parties, self.aggregator, self.session_id = name, parties, aggregator, session_id
         self.masks = PairwiseMasks(name, parties, session_id)
@@ -63,7 +64,7 @@ class PrivateSolveParty:
         self.round = 0
         self.proposals = np.zeros(0, dtype=np.int64)
         self.done = False
-        self.noise_scale, self.rng = noise_scale, rng or default_rng()
+        self.noise_scale, self.rng = noise_scale, rng or CipherRandom()
         self.first_x: np.ndarray | None = None  # the first pass's x, once the noise shares are sent
         self.noise_total: np.ndarray | None = None  # z, once received
         self.own_verdicts = np.zeros(0, dtype=np.uint64)

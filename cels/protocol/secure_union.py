@@ -36,8 +36,9 @@ record to exactly k chunks (a public session parameter) to hide it.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from cels.crypto.commutative_cipher import (
     CommutativeCipherError,
@@ -48,13 +49,12 @@ from cels.crypto.commutative_cipher import (
     encode_record,
 )
 from cels.crypto.groups import SafePrimeGroup
+from cels.crypto.streams import cipher_generator
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_sum import RingMember
 from cels.protocol.wire import cels_pb2
 
 Record = list  # the chunks of one record, as group elements (gmpy2 mpz)
-
-_shuffle = random.SystemRandom().shuffle
 
 
 class SecureUnion(RingMember):
@@ -62,6 +62,8 @@ class SecureUnion(RingMember):
 
     ``record_chunks``: pad every record to this many group elements (hides record lengths;
     a longer own record is a CommutativeCipherError, a received one ``invalid_argument``).
+    ``rng``: the numpy Generator the shuffles draw from (default: a fresh ChaCha20 stream,
+    :mod:`cels.crypto.streams`).
     """
 
     def __init__(
@@ -73,8 +75,10 @@ class SecureUnion(RingMember):
         records: Iterable[bytes],
         group: SafePrimeGroup | None = None,
         record_chunks: int | None = None,
+        rng: np.random.Generator | None = None,
     ) -> None:
         super().__init__(name, session_id, ring)
+        self.rng = rng or cipher_generator()
         self.record_chunks = record_chunks
         self.cipher = PohligHellman(group)
         self.group = self.cipher.group
@@ -83,6 +87,10 @@ class SecureUnion(RingMember):
         self._encrypted_for: set[str] = set()  # owners whose sets this party has encrypted
         self._pooled: dict[str, list[Record]] = {}  # coordinator only: fully encrypted sets by owner
         self._started = False
+
+    def _shuffle(self, items: list) -> None:
+        """A uniform permutation of ``items`` in place, from this party's stream."""
+        self.rng.shuffle(items)
 
     @property
     def coordinator(self) -> str:
@@ -100,7 +108,7 @@ class SecureUnion(RingMember):
         """Add this party's layer, shuffle, and pass the set on (or to the coordinator)."""
         self._encrypted_for.add(owner)
         layered = [self.cipher.encrypt_record(chunks) for chunks in records]
-        _shuffle(layered)
+        self._shuffle(layered)
         hops += 1
         if hops < self.r:
             return [(self.at(self.index + 1), self._message("union_encrypt_hop", hops, layered, owner))]
@@ -161,13 +169,13 @@ class SecureUnion(RingMember):
         if len(self._pooled) < self.r:
             return []
         pool = [record for owner in self.ring for record in self._pooled[owner]]
-        _shuffle(pool)
+        self._shuffle(pool)
         return self._decrypt_hop(0, pool)
 
     def _decrypt_hop(self, hops: int, records: list[Record]) -> list[Outgoing]:
         """Remove this party's layer, shuffle, and forward (or finish, at P_r)."""
         plain = [self.cipher.decrypt_record(chunks) for chunks in records]
-        _shuffle(plain)
+        self._shuffle(plain)
         hops += 1
         if hops < self.r:
             return [(self.at(self.index + 1), self._message("union_decrypt_hop", hops, plain))]
@@ -175,7 +183,7 @@ class SecureUnion(RingMember):
             union = list({decode_record(self.group, chunks): None for chunks in plain})
         except CommutativeCipherError as exc:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"secure union: {exc}") from None
-        _shuffle(union)
+        self._shuffle(union)
         self.result, self.done = union, True
         result = cels_pb2.UnionResult(session_id=self.session_id, records=union)
         return [(p, self.envelope(union_result=result)) for p in self.others()]

@@ -14,7 +14,6 @@ factor.  This is exactly the leak docs/protocol.md describes.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,14 +49,14 @@ def agreed_ell(rows: int, ell_ratio: float) -> int:
 def transform_constraints(
     rows: sp.csr_matrix, b: float, ell: int, rng: np.random.Generator | None = None
 ) -> TransformedShare:
-    """Eqs. 7-8 for one party: draw A_k (l x m_k, Gaussian) and F_k, return A_k [T_k | F_k | B_k]."""
+    """Eqs. 7-8 for one party: draw A_k (l x m_k, Gaussian) and F_k from ``rng`` (default: a
+    fresh ChaCha20 stream), return A_k [T_k | F_k | B_k]."""
     m_k = rows.shape[0]
     if ell < m_k:
         raise ValueError(f"l = {ell} rows of A cannot hide {m_k} constraint rows")
-    rng = rng or make_rng()  # numpy Generator seeded from `secrets`
+    rng = rng or make_rng()
     a = np.clip(rng.standard_normal((ell, m_k)), -A_CLIP, A_CLIP)
-    sysrand = secrets.SystemRandom()
-    f = np.array([sysrand.uniform(*SLACK_RANGE) for _ in range(m_k)])
+    f = rng.uniform(*SLACK_RANGE, size=m_k)
     at = np.asarray((sp.csr_matrix(rows).T @ a.T).T) if m_k else np.zeros((ell, rows.shape[1]))
     return TransformedShare(at=at, af=a * f, ab=b * a.sum(axis=1))
 

@@ -104,9 +104,10 @@ def test_max_output_reaches_0_9_only_in_the_lp_order(aol) -> None:
     heaviest = fill_in_order(aol, np.argsort(G.max(axis=0).toarray().ravel(), kind="stable"))
     summed = fill_in_order(aol, np.argsort(np.asarray(G.sum(axis=0)).ravel(), kind="stable"))
     lp = linprog(-np.ones(aol.n), A_ub=G, b_ub=aol.h, method="highs")
-    priced = fill_in_order(aol, np.argsort(G.T @ -lp.ineqlin.marginals, kind="stable"))
+    relaxed = fill_in_order(aol, np.argsort(-lp.x, kind="stable"))  # the LP's x, not its prices: the
+    # dual optimum is not unique, and the price order moves with the HiGHS version (267 -> 252)
     assert (heaviest, summed) == (242, 246)
-    assert priced >= 260
+    assert relaxed >= 260
 
 
 @pytest.mark.parametrize("objective", ["kl", "max-output", "frequent", "diversity"])

@@ -24,7 +24,9 @@ from cels.logs import synthetic_log
 from cels.node.client import Controller, SessionAborted, run_on_nodes
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
 from cels.node.telemetry import NodeTelemetry
+from cels.node.tls import open_channel
 from cels.protocol.options import SessionOptions
+from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 BIN = Path(sys.executable).parent
 EXPORTED = {
@@ -107,6 +109,9 @@ def operated(tmp_path_factory):
         except SessionAborted as exc:
             seen["refusal"] = str(exc)
         seen["metrics"] = {name: scrape(address) for name, address in metrics.items()}
+        peer = cert.with_name("party-2.pem")  # a peer gets party-1's node key, none of what its operator sees
+        with open_channel(addresses["party-1"], "party-1", ca, peer, peer.with_suffix(".key")) as channel:
+            seen["peer_view"] = cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=5)
         seen["ports"] = {name: listening_ports(node.process.pid) for name, node in cluster.nodes.items()}
         seen["grpc_ports"] = {name: int(address.rsplit(":", 1)[1]) for name, address in addresses.items()}
         peers = {n: a for n, a in addresses.items() if n != "party-1"}
@@ -177,6 +182,12 @@ def test_status_of_a_party(operated) -> None:
     assert table.returncode == 0, table.stderr
     assert "SERVING" in table.stdout and " refused " in table.stdout and " done " in table.stdout
     assert "SPENT" in table.stdout and "LEFT" in table.stdout and table.stdout.count("reachable (node key ready)") == 3
+
+
+@pytest.mark.slow
+def test_a_peer_sees_no_sessions_or_ledger(operated) -> None:
+    view = operated["peer_view"]
+    assert view.key.n and not view.sessions and not view.HasField("ledger") and not view.stock
 
 
 @pytest.mark.slow

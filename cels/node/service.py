@@ -39,7 +39,7 @@ from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.ledger import Ledger
 from cels.node.peers import PeerClients, Refused
-from cels.node.telemetry import ABORTED as ENDED_ABORTED, DONE as ENDED_DONE, CountingPool, NodeTelemetry
+from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
@@ -194,7 +194,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
             self.telemetry.session_phase(sid, event.old, event.phase)
         elif event.kind in (ABORTED, DONE):
-            self.telemetry.session_ended(sid, ENDED_ABORTED if event.kind == ABORTED else ENDED_DONE, event.origin, event.reason)
+            self.telemetry.session_ended(sid, event.kind, event.origin, event.reason)  # the outcome: done or aborted
             log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
             wire = self.wires.pop(sid, None)
             if wire is not None:

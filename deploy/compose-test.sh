@@ -2,19 +2,28 @@
 # make compose-test: docker-compose.yml run for real in containers, on a slice of the AOL log.
 #
 # 1. engine     a Docker engine (Debian's docker.io + docker-compose, installed if missing;
-#               dockerd started in the background if none answers, stopped again at the end)
+#               dockerd started in the background if none answers, stopped again at the end),
+#               and Debian's prometheus (deploy/install-prometheus.sh) for the metrics image
 # 2. base       python:3.11-slim if it is here or can be pulled; else cels-base:bookworm, a
 #               Debian bookworm image with python3 made by debootstrap + docker import (kept)
 # 3. wheelhouse every dependency's wheel, built on the host (kept while pyproject.toml is unchanged)
-# 4. image      cels:dev from the Dockerfile, offline from the wheelhouse
-# 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties
-# 6. session    docker-compose.yml + deploy/compose-test.yml (host networking, 127.0.0.1 only):
-#               certificates, a solver and three party nodes, `cels run` once all are healthy
+# 4. image      cels:dev from the Dockerfile, offline from the wheelhouse; cels-prometheus:dev
+#               from deploy/prometheus with the host's prometheus binary copied in
+# 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties,
+#               and the first $CELS_COMPOSE_TRANSFORMED_USERS for the transformed session
+# 6. session    docker-compose.yml + deploy/compose-test.yml (host networking, 127.0.0.1 only),
+#               profile metrics: Prometheus (detached), certificates, a solver and three party
+#               nodes, `cels run` once all are healthy (deploy/session.toml: the private solve)
 # 7. audit      the sanitized log against the slice (deploy/compose_release.py)
+# 8. transformed the same with `solve = "transformed"` (Paillier sums, the random-matrix
+#               transformation, the solver's NLP) on the smaller slice
+# 9. taudit     its audit
+# 10. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
 # and, even when a step fails, the containers, volumes and network go (and a dockerd it started).
 #
 # Needs root where the engine or debootstrap must be installed or started.  Environment:
 # CELS_DATA (default ../shared/data beside the checkout), CELS_COMPOSE_USERS (default 200),
+# CELS_COMPOSE_TRANSFORMED_USERS (default 80),
 # CELS_COMPOSE_WORK (default build/compose-test: wheelhouse, slice, outputs, logs), PYTHON (the
 # host Python with the project installed, for the wheelhouse, the slice and the audit).
 set -euo pipefail
@@ -23,11 +32,13 @@ REPO=$(pwd)
 PYTHON=${PYTHON:-python3}
 export CELS_DATA=${CELS_DATA:-$(cd .. && pwd)/shared/data}
 USERS=${CELS_COMPOSE_USERS:-200}
+TRANSFORMED_USERS=${CELS_COMPOSE_TRANSFORMED_USERS:-80}
 WORK=$(mkdir -p "${CELS_COMPOSE_WORK:-build/compose-test}" && cd "${CELS_COMPOSE_WORK:-build/compose-test}" && pwd)
 PROJECT=cels-compose-test
 BASE_IMAGE=python:3.11-slim
 DEBIAN_BASE=cels-base:bookworm
-COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml)
+COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics)
+PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
 NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
 TIMES=()
@@ -86,6 +97,12 @@ engine() {
     fi
     docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}' >&2
     docker-compose version --short >&2
+    need_prometheus
+}
+
+need_prometheus() {  # the binary the metrics image copies in (the image builds offline)
+    command -v prometheus >/dev/null || need_root "installing prometheus"
+    bash deploy/install-prometheus.sh "$WORK/logs/apt-prometheus.log"
 }
 
 base() {
@@ -141,23 +158,42 @@ image() {
         || { tail -30 "$WORK/logs/build.log" >&2; exit 1; }
     docker run --rm --network none cels:dev cels --help >/dev/null
     say "image cels:dev on $BASE_IMAGE: $(docker image inspect cels:dev --format '{{.Size}}' | awk '{printf "%.0f MB", $1 / 1e6}')"
+    local context="$WORK/prometheus-context"
+    rm -rf "$context" && mkdir -p "$context/bin"
+    cp deploy/prometheus/Dockerfile deploy/prometheus/prometheus.yml "$context/"
+    cp "$(command -v prometheus)" "$context/bin/prometheus"
+    docker build --quiet --tag cels-prometheus:dev --build-arg BASE_IMAGE="$BASE_IMAGE" "$context" >"$WORK/logs/build-prometheus.log" 2>&1 \
+        || { tail -30 "$WORK/logs/build-prometheus.log" >&2; exit 1; }
+    rm -rf "$context"
+    say "image cels-prometheus:dev: $(docker run --rm --network none cels-prometheus:dev --version 2>&1 | head -1)"
 }
 
-data() {
-    rm -rf "$WORK/data" "$WORK/out"
-    mkdir -p "$WORK/data" "$WORK/out"
-    "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$USERS" --parties 3 --out "$WORK/data"
-    chown 1000:1000 "$WORK/out" 2>/dev/null || chmod 0777 "$WORK/out"  # the image's cels user writes there
+data() {  # one slice, session.toml and output directory per session ($CELS_COMPOSE_RUN suffix)
+    local run users
+    for run in "" -transformed; do
+        users=$USERS
+        [ -z "$run" ] || users=$TRANSFORMED_USERS
+        rm -rf "$WORK/data$run" "$WORK/out$run"
+        mkdir -p "$WORK/data$run" "$WORK/out$run"
+        "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$users" --parties 3 --out "$WORK/data$run"
+        chown 1000:1000 "$WORK/out$run" 2>/dev/null || chmod 0777 "$WORK/out$run"  # the image's cels user writes there
+    done
+    cp deploy/session.toml "$WORK/session.toml"
+    sed 's/^solve = "private"/solve = "transformed"/' deploy/session.toml >"$WORK/session-transformed.toml"
+    grep -q '^solve = "transformed"' "$WORK/session-transformed.toml" || { say "deploy/session.toml has no solve = \"private\" line"; exit 1; }
 }
 
-session() {
-    export CELS_COMPOSE_WORK=$WORK
-    "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # a crashed earlier run
+session() {  # session RUN: "" (the private solve) or -transformed
+    export CELS_COMPOSE_WORK=$WORK CELS_COMPOSE_RUN=$1
+    if [ -z "$1" ]; then
+        "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # a crashed earlier run
+        "${COMPOSE[@]}" up --no-build --detach prometheus 2>&1 | tee "$WORK/logs/prometheus-up.log"
+    fi
     local status
     set +e
     # `up run`: the trigger and what it depends on; the trigger's exit ends the run and is the
     # exit code (attaching to every service would end it when the certs step exits)
-    "${COMPOSE[@]}" up --no-build --exit-code-from run run 2>&1 | tee "$WORK/logs/compose.log"
+    "${COMPOSE[@]}" up --no-build --exit-code-from run run 2>&1 | tee "$WORK/logs/compose$1.log"
     status=${PIPESTATUS[0]}
     set -e
     "${COMPOSE[@]}" ps >&2
@@ -167,8 +203,12 @@ session() {
     fi
 }
 
-audit() {
-    "$PYTHON" deploy/compose_release.py audit --input "$WORK/data/input.tsv" --out "$WORK/out" --session deploy/session.toml
+audit() {  # audit RUN
+    "$PYTHON" deploy/compose_release.py audit --input "$WORK/data$1/input.tsv" --out "$WORK/out$1" --session "$WORK/session$1.toml"
+}
+
+metrics() {
+    "$PYTHON" deploy/compose_release.py metrics --api "$PROMETHEUS_API"
 }
 
 mkdir -p "$WORK/logs"
@@ -179,5 +219,8 @@ step base base
 step wheelhouse wheelhouse
 step image image
 step data data
-step session session
-step audit audit
+step session session ""
+step audit audit ""
+step transformed session -transformed
+step taudit audit -transformed
+step metrics metrics

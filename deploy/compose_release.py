@@ -9,6 +9,10 @@ pair, no unique pair is released (CELS Theorem 2, condition 1), every user's
 sum_i x_i ln t_ij <= b (conditions 2+3; cels.mechanism.conditions), the report counts the
 released rows and has every phase of every party (docs/protocol.md).  Exit 1 naming the
 first violation.
+
+``metrics --api HOST:PORT``: the metrics profile's Prometheus (its HTTP API) scraped every node,
+saw a session running on each, and saw every party leave its counts phase (cels_phase_seconds);
+exit 1 naming what it lacks.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +84,37 @@ def audit(input_path: Path, out: Path, session_path: Path) -> list[str]:
     return problems
 
 
+NODES = ("solver", "party-1", "party-2", "party-3")
+PROMETHEUS_CHECKS = {
+    "scraped (up)": ('max_over_time(up{job="cels"}[1h]) == 1', NODES),
+    "ran a session (cels_active_sessions)": ('max_over_time(cels_active_sessions{job="cels"}[1h]) >= 1', NODES),
+    "left its counts phase (cels_phase_seconds)": ('max_over_time(cels_phase_seconds_count{job="cels", phase="counts"}[1h]) >= 1', NODES[1:]),
+}
+"""What Prometheus must have seen of the compose run: query -> the nodes (target label ``node``) it must return."""
+
+
+def prometheus_query(api: str, promql: str) -> list[dict]:
+    with urllib.request.urlopen(f"http://{api}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=10) as reply:
+        body = json.loads(reply.read())
+    if body.get("status") != "success":
+        raise ValueError(f"Prometheus at {api} refused {promql!r}: {body}")
+    return body["data"]["result"]
+
+
+def check_metrics(api: str) -> list[str]:
+    """The checks Prometheus fails (empty: it saw everything), each printed."""
+    problems = []
+    for what, (promql, nodes) in PROMETHEUS_CHECKS.items():
+        seen = sorted({r["metric"].get("node", "?") for r in prometheus_query(api, promql)})
+        missing = sorted(set(nodes) - set(seen))
+        print(f"metrics: {what}: {', '.join(seen) or 'none'}")
+        if missing:
+            problems.append(f"Prometheus did not see {', '.join(missing)} {what}")
+    done = prometheus_query(api, 'max by (node) (max_over_time(cels_sessions_total{job="cels", outcome="done"}[1h]))')
+    print("metrics: sessions done as last scraped before each node stopped: " + ", ".join(f"{r['metric']['node']} {r['value'][1]}" for r in done))
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deploy/compose_release.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--input", type=Path, required=True)
     a.add_argument("--out", type=Path, required=True, help="the directory with sanitized.tsv, its release note and operator/report.json")
     a.add_argument("--session", type=Path, required=True, help="the session.toml of the run")
+    m = sub.add_parser("metrics", help="what the metrics profile's Prometheus saw of the run")
+    m.add_argument("--api", required=True, metavar="HOST:PORT", help="Prometheus's HTTP address")
     args = parser.parse_args(argv)
     if args.command == "slice":
         write_slice(args.log, args.users, args.parties, args.out)
         return 0
-    problems = audit(args.input, args.out, args.session)
+    problems = check_metrics(args.api) if args.command == "metrics" else audit(args.input, args.out, args.session)
     for problem in problems:
-        print(f"audit: {problem}", file=sys.stderr)
+        print(f"{args.command}: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 

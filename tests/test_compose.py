@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import urllib.request
+
 import yaml
 
 from cels.logs import synthetic_log, write_log
@@ -84,15 +86,16 @@ class ComposeAsProcesses:
                 time.sleep(0.5)
             assert probe.stdout.strip().endswith("SERVING"), probe.stdout
 
-    def address(self, service: str) -> str:
-        (port,) = [local for (name, _), local in self.ports.items() if name == service]
-        return f"{LOOPBACK}:{port}"
+    def address(self, service: str, index: int = 0) -> str:
+        """Where the service's ``expose[index]`` port is here (0: a node's gRPC, 1: its metrics)."""
+        port = str(self.services[service]["expose"][index])
+        return f"{LOOPBACK}:{self.ports[(service, port)]}"
 
 
 def test_compose_services_and_dependencies() -> None:
     doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = doc["services"]
-    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run"}
+    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run", "prometheus"}
     for node in ("solver", "party-1", "party-2", "party-3"):
         assert services[node]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
         assert services[node]["command"][0] == ("cels-solver" if node == "solver" else "cels-party")
@@ -107,6 +110,22 @@ def test_compose_services_and_dependencies() -> None:
             "CMD", "python", "-m", "cels.node.health", f"--name={node}", "--ca=/certs/ca.pem",
             f"--cert=/certs/{node}.pem", f"--key=/certs/{node}.key", f"{node}:{port}",
         ]  # fmt: skip
+    # every node serves metrics on a port of its own, on its service name like its gRPC port;
+    # the metrics profile's Prometheus scrapes exactly those addresses
+    metrics = {}
+    for node in ("solver", "party-1", "party-2", "party-3"):
+        grpc_port, metrics_port = services[node]["expose"]
+        assert f"--metrics-listen={node}:{metrics_port}" in services[node]["command"] and metrics_port != grpc_port
+        metrics[node] = f"{node}:{metrics_port}"
+    prometheus = services["prometheus"]
+    assert prometheus["profiles"] == ["metrics"] and "depends_on" not in prometheus
+    assert prometheus["build"] == "./deploy/prometheus" and (REPO / "deploy" / "prometheus" / "Dockerfile").is_file()
+    assert "--web.listen-address=prometheus:9090" in prometheus["command"] and prometheus["expose"] == ["9090"]
+    config_source, config_target = prometheus["volumes"][0].split(":")[:2]
+    assert f"--config.file={config_target}" in prometheus["command"]
+    scrape = yaml.safe_load((REPO / config_source).read_text())
+    (job,) = scrape["scrape_configs"]
+    assert {group["labels"]["node"]: target for group in job["static_configs"] for target in group["targets"]} == metrics
     # the image's build context holds everything pip needs to build the project
     ignored = (REPO / ".dockerignore").read_text().split()
     for path in ("pyproject.toml", "README.md", "cels", "party_node", "solver_node", "protos"):
@@ -151,6 +170,10 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
             assert set(stock) == {"solver", "party-1", "party-2", "party-3"} and stock["solver"].n == solver_key
             assert {o: e.handed_out for o, e in stock.items()} == {o: e.handed_out for o, e in earlier.items()}
         released = {name: (tmp_path / "out" / name).read_bytes() for name in ("sanitized.tsv", "sanitized.tsv.release-note.json", "operator/report.json")}
+        # every node's metrics port (remapped like its gRPC port) counted the session
+        for service in ("solver", "party-1", "party-2", "party-3"):
+            with urllib.request.urlopen(f"http://{compose.address(service, 1)}/metrics", timeout=5) as page:
+                assert 'cels_sessions_total{outcome="done"} 1.0' in page.read().decode(), service
         # a malformed log on party-2: the session aborts, the run reports party-2's error, nothing is written
         bad = tmp_path / "data" / "party-2.tsv"
         bad.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\tt\tr\thttp://x/\textra\n")

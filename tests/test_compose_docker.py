@@ -1,9 +1,10 @@
 """docker-compose.yml in real containers: make compose-test's script (deploy/compose-test.sh),
 run here when a Docker engine answers (CI runs ``make compose-test`` itself, installing and
 starting the engine).  It builds the image offline, runs the certs step, a solver and three
-party nodes with 2048-bit keys on a slice of the AOL log, and audits the release; this test
-checks that it passed, that the audit ran on a non-empty release, and that nothing of the
-compose project is left (containers, volumes, networks)."""
+party nodes with 2048-bit keys on a slice of the AOL log, and audits the release, then the same
+with the transformed solve on a smaller slice, and asks the metrics profile's Prometheus what it
+saw; this test checks that it passed, that both audits ran on a non-empty release, and that
+nothing of the compose project is left (containers, volumes, networks)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,13 @@ def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
     env = {**os.environ, "PYTHON": sys.executable, "CELS_DATA": str(shared_data), "CELS_COMPOSE_WORK": str(tmp_path)}
     run = subprocess.run(["bash", "deploy/compose-test.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-    audit = re.search(r"^audit: (\d+) users, \d+ pairs in; (\d+) clicks on \d+ pairs out; .*: clean; phases (.*)$", run.stdout, re.M)
-    assert audit is not None, run.stdout[-4000:]
-    assert int(audit.group(2)) > 0  # a non-empty release was audited
+    audits = re.findall(r"^audit: (\d+) users, \d+ pairs in; (\d+) clicks on \d+ pairs out; .*: clean; phases (.*)$", run.stdout, re.M)
+    assert len(audits) == 2, run.stdout[-4000:]
+    (private, transformed) = audits
+    assert int(private[1]) > 0 and int(transformed[1]) > 0  # non-empty releases were audited
+    assert "solve" in private[2] and "nlp" in transformed[2]  # the private solve, then the paper's Algorithm 2
+    assert "metrics: scraped (up): party-1, party-2, party-3, solver" in run.stdout
     assert "compose-test: PASSED" in run.stderr
-    assert (tmp_path / "out" / "sanitized.tsv").is_file() and (tmp_path / "out" / "operator" / "report.json").is_file()
+    for out in ("out", "out-transformed"):
+        assert (tmp_path / out / "sanitized.tsv").is_file() and (tmp_path / out / "operator" / "report.json").is_file()
     assert leftovers() == {"containers": [], "volumes": [], "networks": []}

@@ -7,7 +7,8 @@ module of the command given is imported: ``cels --help`` lists the commands from
 
 Exit codes (README, "Exit codes"): 0 done; 1 a distributed session aborted; 2 bad input,
 parameters or configuration (one line naming the file, table or flag); 3 the release is
-empty (its output and report are written, with the reason on stderr); 130 interrupted;
+empty (its output and report are written, with the reason on stderr); 4 ``cels status``: the
+node serves but a peer cannot be reached (1 there: the node is not serving); 130 interrupted;
 143 / 129 stopped by SIGTERM / SIGHUP (temporary outputs removed, started nodes stopped).
 """
 
@@ -35,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "certs": ("cels.cli.service", "make a development CA and one certificate per node"),
     "split": ("cels.cli.split", "split one log by user into per-party files"),
     "ledger": ("cels.cli.ledger", "show a party node's privacy budget ledger and the budget left"),
+    "status": ("cels.cli.status", "is a node serving: its sessions, ledger and peers (node.toml)"),
     "demo": ("cels.cli.demo", "sanitize the embedded synthetic log and print a summary"),
     "params": ("cels.cli.params", "baseline parameter calculations as JSON"),
     "bench": ("cels.cli.bench", "measure speed, bytes and memory; prints JSON"),
@@ -44,7 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 """Command -> (module that registers it, one-line help)."""
 EXIT_CODES = {0: "done", 1: "a distributed session aborted", 2: "bad input, parameters or configuration",
-              3: "empty release (output and report written)", 130: "interrupted (Ctrl-C)"}  # fmt: skip
+              3: "empty release (output and report written)", 4: "status: the node serves but a peer cannot be reached",
+              130: "interrupted (Ctrl-C)"}  # fmt: skip
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -293,6 +293,8 @@ def run_nodes(
     record_view: Path | None = None,
     stock: dict[str, int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    node_flags: dict[str, list[str]] | None = None,
+    while_up: Callable[[LocalCluster], None] | None = None,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
@@ -308,7 +310,10 @@ def run_nodes(
     A share is a SearchLog (written to a temporary file) or the path of a log file already in
     the format ``fmt_args`` name.  ``timeout`` bounds the offline phase and the session
     together (TimeoutError or SessionAborted past it).  The report adds each phase's wall
-    clock seen here (``phase_wall_seconds``) and every node's peak RSS (``peak_rss_bytes``)."""
+    clock seen here (``phase_wall_seconds``) and every node's peak RSS (``peak_rss_bytes``).
+
+    ``node_flags``: more flags for some nodes (name -> flags, e.g. ``--metrics-listen``);
+    ``while_up(cluster)`` runs after the session, before the nodes stop."""
     parties = list(options.parties)
     limit = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
@@ -328,6 +333,7 @@ def run_nodes(
         with LocalCluster(out / "node-logs") as cluster:
             for name in addresses:
                 argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
+                argv += (node_flags or {}).get(name, [])
                 if name == SOLVER:
                     cluster.start(name, addresses[name], python_module("solver_node") + argv)
                 else:
@@ -363,6 +369,8 @@ def run_nodes(
             report["phase_wall_seconds"] = progress.phase_wall_seconds()
             report["peak_rss_bytes"] = cluster.peak_rss_bytes()
             write_reports(report, out / f"sanitized{suffix}", report_path)
+            if while_up is not None:
+                while_up(cluster)
             return report
 
 

@@ -36,6 +36,9 @@ path = "party-1.ledger.json"     # default: NAME.ledger.json beside this file
 budget_epsilon = 8.0             # refuse a session that would take the window's total above this
 budget_delta = 1.0
 window_days = 30                 # sessions older than this no longer count (default: all)
+
+[metrics]                        # Prometheus metrics on a port of their own (off without this table)
+listen = "127.0.0.1:9464"        # host:port, or a port alone (bound to 127.0.0.1)
 ```
 
 Every table and key is checked against :data:`NODE_TABLES`: an unknown one is an error
@@ -76,6 +79,7 @@ NODE_TABLES: dict[str, dict[str, Any] | None] = {
     "solver": {"time_limit": Number},
     "keys": {"session_keys": bool, "key_bits": int, "obfuscators": int, "stock": dict, "workers": int, "nice": int},
     "ledger": {"path": str, "budget_epsilon": Number, "budget_delta": Number, "window_days": Number},
+    "metrics": {"listen": str},
 }  # fmt: skip
 """The node TOML's tables and their keys with the TOML types they take (None: any key, a string)."""
 ROLE_TABLES = {"data": ("data", "ledger"), "solver": ("solver",)}
@@ -84,7 +88,7 @@ ROLE_TABLES = {"data": ("data", "ledger"), "solver": ("solver",)}
 
 def node_tables(role_table: str) -> dict[str, dict[str, Any] | None]:
     """The tables of a party (``"data"``) or solver (``"solver"``) node's TOML file."""
-    return {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", *ROLE_TABLES[role_table])}
+    return {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", "metrics", *ROLE_TABLES[role_table])}
 
 
 @dataclass
@@ -109,6 +113,8 @@ class NodeConfig:
     """The role-specific tables ([data] for a party, [solver] for the solver)."""
     ledger: dict[str, Any] = field(default_factory=dict)
     """A party's ``[ledger]`` table (cels.node.ledger)."""
+    metrics_listen: str | None = None
+    """host:port of the Prometheus metrics (cels.node.telemetry); None: no metrics port."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -122,6 +128,10 @@ class NodeConfig:
                 raise ValueError(f"peer {peer}: address {address!r} is not host:port")
         if self.deadline <= 0:
             raise ValueError(f"deadline must be positive seconds, not {self.deadline}")
+        if self.metrics_listen is not None:
+            from cels.node.telemetry import metrics_address  # prometheus_client: only with a metrics port
+
+            self.metrics_listen = metrics_address(self.metrics_listen)
         if not self.insecure:
             missing = [n for n in ("ca", "cert", "key") if getattr(self, n) is None]
             if missing:
@@ -165,6 +175,11 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="DIR",
         help="record every message this node receives and sends, and what it can decode (see `cels views DIR`)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (a port alone: 127.0.0.1; default: no metrics port)",
     )
     keys = parser.add_argument_group("keys and the offline phase")
     keys.add_argument("--session-keys", action="store_true", default=None, help="a fresh Paillier key pair in every session (no node key; nothing precomputed)")
@@ -285,6 +300,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         keys=key_policy(args, doc.get("keys", {})),
         extra={"base": base, **doc.get(role_table, {})},
         ledger=doc.get("ledger", {}),
+        metrics_listen=args.metrics_listen or doc.get("metrics", {}).get("listen"),
     )
 
 

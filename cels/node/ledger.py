@@ -161,6 +161,12 @@ class Ledger:
                     + f" of the budget {budget:g} {window} ({COMPOSITION}; ledger {p.path})"
                 )
 
+    def reserved(self) -> tuple[int, float, float]:
+        """Running sessions reserved against the budget: (how many, eps, delta)."""
+        with self._lock:
+            costs = list(self._reserved.values())
+        return len(costs), sum(c[0] for c in costs), sum(c[1] for c in costs)
+
     def _release(self, session_id: str) -> None:
         with self._lock:
             self._reserved.pop(session_id, None)

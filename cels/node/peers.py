@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -33,8 +34,10 @@ RECONNECT_SECONDS = 3.0
 class PeerClients:
     """One channel per peer node, opened on first use."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, on_sent: Callable[[str, str, int], None] | None = None) -> None:
+        """``on_sent(peer, session_id, bytes)`` after every frame stream a peer took."""
         self.config = config
+        self.on_sent = on_sent
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, cels_pb2_grpc.CelsNodeStub] = {}
         self._lock = threading.Lock()
@@ -52,6 +55,8 @@ class PeerClients:
 
     def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> None:
         self._reaching(lambda **wait: self.stub(peer).Deliver(iter(frames), **wait), timeout)
+        if self.on_sent is not None:
+            self.on_sent(peer, frames[0].session_id, sum(f.ByteSize() for f in frames))
 
     def try_deliver(self, peer: str, envelope: Envelope, timeout: float) -> None:
         """Best effort (Abort notices): failures are logged, not raised."""

@@ -25,7 +25,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,9 @@ from cels.node.framing import CHUNK_BYTES, from_frames, to_frames
 from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
+from cels.node.ledger import Ledger
 from cels.node.peers import PeerClients, Refused
+from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
@@ -65,15 +66,24 @@ NOTICE_SECONDS = 5.0
 class Node(cels_pb2_grpc.CelsNodeServicer):
     """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
-    def __init__(self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
+    def __init__(
+        self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False, ledger: Ledger | None = None
+    ) -> None:
+        """``output_writer``: a party's (the solver writes no output); ``ledger``: a party's
+        privacy budget ledger, reported to its operators (cels.node.telemetry)."""
         from cels.views import record_views
 
         self.config, self.output_writer = config, output_writer
-        self.peers = PeerClients(config)
+        self.telemetry = NodeTelemetry(config.name, "party" if output_writer is not None else "solver", ledger)
+        self.peers = PeerClients(config, on_sent=self.telemetry.frames_sent)
         self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
         def make_role(options: SessionOptions) -> Role:
-            self._admit(options)
-            return factory(options, self.keys)
+            try:
+                self._admit(options)
+                return factory(options, self.keys)
+            except (ValueError, OSError) as exc:  # the host refuses the session with this reason
+                self.telemetry.session_refused(options.session_id, options.initiator, str(exc))
+                raise
 
         self.host = SessionHost(config.name, record_views(make_role, config.record_view) if config.record_view else make_role, time.perf_counter)
         self.wires: dict[str, Wire] = {}
@@ -85,7 +95,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name))
+        pool = CountingPool(max_workers=SERVER_POOL, thread_name_prefix=self.config.name)
+        self.telemetry.watch_pool(pool)
+        self.server = grpc.server(pool)
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         if self.config.insecure:
@@ -95,6 +107,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
         if port == 0:
             raise OSError(f"{self.config.name}: cannot listen on {self.config.listen}")
+        if self.config.metrics_listen is not None:  # before serving: a taken port stops the node at start-up
+            metrics_port = self.telemetry.serve(self.config.metrics_listen)
+            log.info("%s: metrics on http://%s:%d/metrics", self.config.name, self.config.metrics_listen.rpartition(":")[0], metrics_port)
         self.server.start()
         self.keys.start()
         log.info("%s: serving on %s", self.config.name, self.config.listen)
@@ -114,6 +129,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             self.server.stop(grace).wait(grace + 1)
         self.keys.close()
         self.peers.close()
+        self.telemetry.close()
 
     def wait(self) -> None:
         assert self.server is not None
@@ -173,9 +189,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         if event.kind == "created":
             self.wires[sid] = Wire(self, self.host.role(sid).options)
             self.keys.session_started()
+            self.telemetry.session_created(sid, self.wires[sid].options.initiator)
         elif event.kind == "phase":
             log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
+            self.telemetry.session_phase(sid, event.old, event.phase)
         elif event.kind in (ABORTED, DONE):
+            self.telemetry.session_ended(sid, event.kind, event.origin, event.reason)  # the outcome: done or aborted
             log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
             wire = self.wires.pop(sid, None)
             if wire is not None:
@@ -226,8 +245,9 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     # -- RPCs --------------------------------------------------------------------------------
     def Deliver(self, request_iterator: Iterator[cels_pb2.Frame], context: grpc.ServicerContext) -> cels_pb2.Ack:
         try:
-            envelope, _ = from_frames(request_iterator)
+            envelope, size = from_frames(request_iterator)
             sender = self.authenticate(context, envelope.sender, set(self.config.peers))
+            self.telemetry.frames_received(sender, envelope.session_id, size)
             self.take(sender, envelope)
             return cels_pb2.Ack(session_id=envelope.session_id)
         except ProtocolError as exc:
@@ -280,15 +300,24 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             log.info("%s: session %s not begun: %s", self.config.name, session_id, exc)
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
-        """The node key for peers; with the obfuscator stock for controllers only (how many
-        obfuscators a session used tells its message sizes, e.g. the universe size)."""
+        """The node key for peers; for its operators only (controllers, and whoever holds this
+        node's own certificate: ``cels status``) also the obfuscator stock (how many obfuscators
+        a session used tells its message sizes, e.g. the universe size), its sessions and a
+        party's ledger."""
+        operators = {*self.config.controllers, self.config.name}
         try:
-            caller = self.authenticate(context, None, set(self.config.peers) | set(self.config.controllers))
+            caller = self.authenticate(context, None, set(self.config.peers) | operators)
             if isinstance(request, Unparsed):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(request))
         except Refused as exc:
             context.abort(exc.code, str(exc))
-        return self.keys.status(len(self.wires), with_stock=caller in self.config.controllers)
+        status = self.keys.status(len(self.wires), with_stock=caller in operators)
+        if caller in operators:
+            status.sessions.extend(self.telemetry.sessions())
+            ledger = self.telemetry.ledger_status()
+            if ledger is not None:
+                status.ledger.CopyFrom(ledger)
+        return status
 
     def Run(self, request: cels_pb2.RunRequest, context: grpc.ServicerContext) -> Iterator[cels_pb2.RunEvent]:
         """Start a session as its initiator; stream progress, then the output and the report."""

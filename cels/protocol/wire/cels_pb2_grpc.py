@@ -85,7 +85,8 @@ class CelsNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """This node's long-lived public key (peers and controllers) and obfuscator stock (controllers).
+        """This node's long-lived public key (peers and controllers); obfuscator stock, sessions and
+        ledger for its operators (controllers, the node's own certificate).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -127,7 +127,7 @@ def operated(tmp_path_factory):
         seen["bad_config"] = cels_status(root / "typo.toml")
 
     shares = synthetic_log(users=45, pairs=20).split_by_user(3)
-    seen["report"] = run_nodes(shares, options, root / "out", ".tsv", ["--format", "aol"], node_flags=flags, while_up=while_up, timeout=240)
+    seen["report"] = run_nodes(shares, options, root / "out", ".tsv", ["--format", "aol"], root / "operator.json", node_flags=flags, while_up=while_up, timeout=240)
     return seen
 
 

@@ -78,7 +78,7 @@ def test_prometheus_scrapes_a_session(tmp_path) -> None:
         options = SessionOptions.create(3, epsilon=1.0, delta=0.4, key_bits=512, deadline=30)
         shares = synthetic_log(users=30, pairs=15).split_by_user(3)
         flags = {name: ["--metrics-listen", address] for name, address in metrics.items()}
-        run_nodes(shares, options, tmp_path / "out", ".tsv", ["--format", "aol"], node_flags=flags, while_up=wait_for_prometheus, timeout=120)
+        run_nodes(shares, options, tmp_path / "out", ".tsv", ["--format", "aol"], tmp_path / "operator.json", node_flags=flags, while_up=wait_for_prometheus, timeout=120)
     finally:
         prometheus.terminate()
         try:

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import sympy
 
-from cels.audit import claims
 from cels.audit.audits import (
     REPAIR_CASES,
     REPAIR_EPSILON,
@@ -51,6 +50,7 @@ from cels.audit.tester import (
     goodness_of_fit,
     stochastic_test,
 )
+from cels.claims import privacy_accounting
 from cels.mechanism.conditions import privacy_bound
 from cels.mechanism.noise import discrete_laplace, polya
 
@@ -208,7 +208,7 @@ def test_noise_and_repair_is_not_end_to_end_dp(case, path, draws) -> None:
     j is pair B's fourth holder, x_B <= 3 in D, <= 2 in D'.  Seed 41, confidence 1 - 1e-6: the
     tester certifies a loss above eps + eps' = 3 on outputs WITHOUT j's records (so outside the
     delta event) and above eps' for the counts alone; D draws outputs D' never gives.  Hence
-    claims.repair_is_dp() must stay False."""
+    no report claims an end-to-end bound for this path (cels.claims)."""
     audit = audit_repair(repair_case(case), "j", path=path, draws=draws, seed=41)
     report(audit)
     end_to_end, counts = audit.results["end_to_end"], audit.results["count_step"]
@@ -217,7 +217,11 @@ def test_noise_and_repair_is_not_end_to_end_dp(case, path, draws) -> None:
     assert "(False," in end_to_end.certified_epsilon_at  # an output without j's records
     assert not counts.passed and counts.certified_epsilon > 1.0
     assert end_to_end.only_under_a > draws // 2 and end_to_end.only_under_b == 0
-    assert claims.repair_is_dp() is False
+    privacy = privacy_accounting(
+        epsilon=REPAIR_EPSILON, delta=0.5, b=1.0, bound="cels", noise_epsilon=1.0, sensitivity=1.0, cap=None,
+        setting="single" if path == "sanitize" else "private", seeded=False,
+    )
+    assert privacy["end_to_end"] is False and "no end-to-end bound is claimed" in privacy["against_recipients"]
 
 
 # ----------------------------------------------------------------------------- make audit

@@ -29,7 +29,8 @@ from cels.audit.tester import DEFAULT_CONFIDENCE, Partition, Result, goodness_of
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import Conditions, build_conditions, privacy_bound
 from cels.mechanism.greedy import ProposalRule, central_run
-from cels.mechanism.noise import add_noise_and_repair, default_rng, laplace_share, noise_scale
+from cels.crypto.streams import CipherRandom
+from cels.mechanism.noise import add_noise_and_repair, laplace_share, noise_scale
 from cels.mechanism.sampling import make_rng, multinomial_sample
 from cels.mechanism.solvers import solve
 
@@ -196,7 +197,7 @@ def audit_noise(
     overrides it: the control).  Facts: the exact worst loss d / scale and the chi-square
     p-value of the noise against the exact discrete Laplace."""
     scale = noise_scale(noise_epsilon, d) if scale is None else Fraction(scale)
-    rng = random.Random(seed) if seed is not None else default_rng()
+    rng = CipherRandom(seed)
     noise = [[distributed_noise(scale, parties, rng) for _ in range(draws)] for _ in range(2)]
     width = math.ceil(6 * scale)
     lo, hi = x - width, x + d + width
@@ -293,7 +294,7 @@ def audit_repair(
     sets it.  Buckets: the counts of the ``watch`` pairs (default every pair) and each watched
     pair's count, each split by E."""
     b = privacy_bound(epsilon, delta)
-    rng = random.Random(seed) if seed is not None else default_rng()
+    rng = CipherRandom(seed)
     sample_rng = make_rng(seed)
     without = without_user(data, removed)
     releases = [count_release(log, b, path) for log in (data, without)]

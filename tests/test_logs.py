@@ -344,6 +344,52 @@ def test_lenient_mode_skips_and_counts_bad_lines(tmp_path: Path) -> None:
     assert msnbc.users == ["1", "3"] and msnbc.source["skipped_lines"] == 1  # users keep their line numbers
 
 
+def test_counts_past_the_limits_are_refused_naming_the_line_or_the_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23 items 3-4: a count past 2^31 - 1 on a line, a pair's total past it, or a log's
+    total past 2^53 (docs/formats.md, "Limits") are bad input, not an OverflowError or a
+    wrapped int64 sum."""
+    from cels.logs import model, readers
+
+    huge = put(tmp_path / "huge.tsv", b"user\tquery\turl\tcount\nu1\tq\tu\t99999999999999999999999999\n")
+    for read in (load_log, lambda p, o: list(iter_records(p, o))):
+        with pytest.raises(LogError, match=r"99999999999999999999999999 is above the largest count a line may give, 2147483647") as caught:
+            read(huge, LoadOptions("histogram"))
+        assert (caught.value.line, caught.value.field) == (2, "count")
+    at_limit = b"u1\tq\tu\t2147483647\nu2\tp\tu\t2147483647\n"
+    assert load_log(put(tmp_path / "ok.tsv", at_limit), LoadOptions("histogram")).size == 2 * (2**31 - 1)
+    pair = put(tmp_path / "pair.tsv", at_limit.replace(b"\tp\t", b"\tq\t"))
+    with pytest.raises(LogError, match=r"^.*pair.tsv: pair \(query 'q', url 'u'\) totals 4294967294 over the log, above the 2147483647"):
+        load_log(pair, LoadOptions("histogram"))
+    monkeypatch.setattr(readers, "MAX_LOG_TOTAL", 3 * (2**31 - 1))  # 2^53 takes 2^22 lines at the line limit
+    total = put(tmp_path / "total.tsv", b"".join(b"u%d\tq%d\tu\t2147483647\n" % (k, k) for k in range(4)))
+    with pytest.raises(LogError, match=r"line 4, field 'count': the log's counts add up to 8589934588 here, above the 6442450941"):
+        load_log(total, LoadOptions("histogram"))
+    assert model.MAX_LOG_TOTAL == 2**53
+    lenient = load_log(total, LoadOptions("histogram", lenient=True))
+    assert lenient.size == 3 * (2**31 - 1) and lenient.source["skipped_lines"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["histogram", "msnbc"])
+def test_a_truncated_or_corrupted_gzip_log_names_the_file_and_the_last_line(tmp_path: Path, fmt: str) -> None:
+    """Issue 23 item 13: a damaged .gz is bad input naming the file and the last line read,
+    not an EOFError / BadGzipFile / zlib.error traceback."""
+    lines = MSNBC_HEADER if fmt == "msnbc" else b""
+    lines += b"".join((b"1 2 3\r\n" if fmt == "msnbc" else b"u%d\tq%d\thttp://x/\t1\n" % (k, k % 7)) for k in range(20000))
+    data = gzip.compress(lines)
+    cases = {
+        "truncated": (data[: len(data) // 2], r"the compressed data ends after line \d+ \(the last line read\), before gzip's end-of-stream marker: the file is truncated"),
+        "not gzip": (lines, r"damaged gzip data before its first line: Not a gzipped file"),
+        "bad crc": (data[:-8] + bytes([data[-8] ^ 0xFF]) + data[-7:], r"damaged gzip data after line 20\d\d\d \(the last line read\): CRC check failed"),
+        "bad deflate block": (data[:10] + b"\xff\xff" + data[12:], r"damaged gzip data before its first line: Error -3 while decompressing data"),
+    }
+    for name, (damaged, message) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.gz"
+        path.write_bytes(damaged)
+        with pytest.raises(LogError, match=message) as caught:
+            load_log(path, LoadOptions(fmt))
+        assert str(caught.value).startswith(f"{path}: "), name
+
+
 # ---------------------------------------------------------------- synthetic log
 
 

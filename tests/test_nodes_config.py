@@ -11,6 +11,7 @@ from cels.certs import make_dev_certs, node_names
 from cels.cli.service import session_options
 from cels.node.cluster import LOOPBACK, free_port
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
+from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.service import Node
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from party_node.__main__ import main as party_main
@@ -124,8 +125,21 @@ def test_session_toml_table_becomes_the_session_config() -> None:
     assert [p.name for p in config.parties] == ["party-1", "party-2"] and config.deadline_ms == 42_000
     with pytest.raises(ValueError, match="unknown session option"):
         session_options({**table, "epsilonn": 1.0})
-    with pytest.raises(ValueError, match="needs 'delta'"):
-        session_options({"parties": ["party-1", "party-2"], "epsilon": 1.0})
+    run = {"initiator": "party-1", "address": "127.0.0.1:7101", "output": "o.tsv", "report": "r.json"}
+    with pytest.raises(ValueError, match=r"^session.toml: \[session\] needs 'delta'$"):
+        check_toml({"run": run, "session": {"parties": ["party-1", "party-2"], "epsilon": 1.0}}, "session.toml", SESSION_SCHEMA)
+    with pytest.raises(ValueError, match=r"^session.toml: \[session\] unknown key 'epsilonn' \(known: parties, session_id, epsilon"):
+        check_toml({"run": run, "session": {**table, "epsilonn": 1.0}}, "session.toml", SESSION_SCHEMA)
+
+
+def test_the_session_schema_lists_every_session_option() -> None:
+    """[session]'s keys are SessionOptions' fields but the ones [run] or the nodes set."""
+    from dataclasses import fields
+
+    from cels.protocol.options import SessionOptions
+
+    keys = set(SESSION_SCHEMA["properties"]["session"]["properties"])
+    assert keys == {f.name for f in fields(SessionOptions)} - {"b", "addresses", "initiator"}
 
 
 @pytest.mark.parametrize(
@@ -133,7 +147,13 @@ def test_session_toml_table_becomes_the_session_config() -> None:
     [
         ('[node]\nname = "party-1"\ndeadlin = 5\n', "[node] unknown key 'deadlin'"),
         ('[data]\npath = "x.tsv"\nfromat = "msnbc"\n', "[data] unknown key 'fromat'"),
-        ('[keys]\nworkers = "two"\n', "[keys] workers = 'two' is not a int"),
+        ('[keys]\nworkers = "two"\n', '[keys] workers: expected an integer >= 1, got "two"'),
+        ('[node]\ndeadline = "soon"\n', '[node] deadline: expected a number > 0, got "soon"'),
+        ("[node]\ndeadline = -5\n", "[node] deadline: expected a number > 0, got -5"),
+        ('[data]\nformat = "csv"\n', '[data] format: expected one of "aol", "msnbc", "tsv", "histogram", got "csv"'),
+        ("[keys]\nstock = { solver = -1 }\n", "[keys] stock.solver: expected an integer >= 0, got -1"),
+        ('[peers]\nparty-2 = "nowhere"\n', '[peers] party-2: expected host:port, got "nowhere"'),
+        ("[ledger]\nbudget_epsilon = true\n", "[ledger] budget_epsilon: expected a number > 0, got true"),
         ('[solver]\ntime_limit = 5\n', "unknown table [solver]"),  # a party node has no [solver] table
         ('[ledger]\nbudget_eps = 1\n', "[ledger] unknown key 'budget_eps'"),
         ("deadline = 5\n", "key 'deadline' outside any table"),
@@ -176,18 +196,19 @@ def test_ctrl_c_during_start_up_is_one_line_with_exit_130(tmp_path, capsys, monk
 def test_the_local_deployment_example_is_a_valid_configuration() -> None:
     from pathlib import Path
 
-    from cels.cli.service import session_tables
-    from cels.node.config import check_tables, load_toml, node_tables
+    from cels.node.config import load_toml
+    from cels.node.schemas import PARTY_SCHEMA, SOLVER_SCHEMA
 
     local = Path(__file__).resolve().parent.parent / "deploy" / "local"
-    for name, role in [("party-1", "data"), ("party-2", "data"), ("party-3", "data"), ("solver", "solver")]:
+    for name, schema in [("party-1", PARTY_SCHEMA), ("party-2", PARTY_SCHEMA), ("party-3", PARTY_SCHEMA), ("solver", SOLVER_SCHEMA)]:
         path = local / f"{name}.toml"
         doc = load_toml(path)
-        check_tables(doc, path, node_tables(role))
+        check_toml(doc, path, schema)
         assert doc["node"]["name"] == name and name not in doc["peers"]
         assert len(doc["peers"]) == 3 and doc["node"]["listen"] not in doc["peers"].values()
+    for session_file in (local / "session.toml", local.parent / "session.toml"):
+        check_toml(load_toml(session_file), session_file, SESSION_SCHEMA)
     session = load_toml(local / "session.toml")
-    check_tables(session, local / "session.toml", session_tables())
     options = session_options({**session["session"], "initiator": session["run"]["initiator"]})
     assert options.parties == ("party-1", "party-2", "party-3")
     assert session["run"]["address"] == load_toml(local / "party-1.toml")["node"]["listen"]

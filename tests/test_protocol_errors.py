@@ -11,7 +11,8 @@ from cels.logs import LogError, synthetic_log
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.inprocess import run_session, session_hosts, start_session
-from cels.protocol.options import SessionOptions
+from cels.protocol.options import DEFAULT_ELL_RATIO, SessionOptions
+from cels.protocol.transform import agreed_ell
 from cels.protocol.wire import cels_pb2
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024, "solve": "transformed"}  # NLP messages to break
@@ -152,6 +153,24 @@ def test_a_malformed_log_aborts_and_the_initiator_names_the_party(logs) -> None:
     assert "party-2" in message and "party-2.tsv, line 17, field 'query': empty query" in message
 
 
+def test_a_truncated_gzip_log_aborts_naming_the_party_the_file_and_the_last_line(logs, tmp_path) -> None:
+    """Issue 23 item 13: ``cels run`` said "cannot load the log: Compressed file ended before the
+    end-of-stream marker was reached", without the file."""
+    import gzip
+
+    from cels.logs import LoadOptions, load_log, write_log
+
+    whole = tmp_path / "party-2.tsv"
+    write_log(logs[1], whole)
+    data = gzip.compress(whole.read_bytes())
+    truncated = tmp_path / "party-2.tsv.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(RuntimeError) as err:
+        run_session([logs[0], lambda: load_log(truncated, LoadOptions("aol")), logs[2]], config(), allow_insecure_key_bits=True)
+    message = str(err.value)
+    assert "party-2" in message and f"cannot load the log: {truncated}: the compressed data ends after line " in message
+
+
 # ---------------------------------------------------------------- mutated inputs (issue 13 item 11)
 
 
@@ -283,3 +302,83 @@ def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
     err = intercepted_error(logs, "party-1", "universe_hop", unsort)
     assert err.code == ProtocolError.INVALID_ARGUMENT
     assert "not sorted and distinct" in str(err)
+
+
+# ---------------------------------------------------------------- impossible sizes (issue 23 item 12)
+
+
+def test_an_impossible_row_count_is_refused_and_aborts_the_solvers_session(logs) -> None:
+    """Party-1 claims 2^32 - 1 constraint rows: l would not fit NlpKey's uint32 (the solver
+    answered "Value out of range: 6442450946", an INTERNAL, and the session stayed running).
+    Now the last shape is refused with INVALID_ARGUMENT, the session is aborted on the solver,
+    and its Abort notices go out with the host's next expire."""
+    cfg = config()
+    hosts = prepared(logs, cfg)
+    solver, sid = hosts["solver"].host, cfg.session_id
+
+    def shape(party: str, rows: int):
+        return envelope(sid, party, constraint_shape=cels_pb2.ConstraintShape(session_id=sid, party=party, rows=rows))
+
+    assert solver.deliver("party-1", shape("party-1", 2**32 - 1), 0.0).messages == []
+    assert solver.deliver("party-2", shape("party-2", 1), 0.0).messages == []
+    with pytest.raises(ProtocolError) as err:
+        solver.deliver("party-3", shape("party-3", 1), 0.0)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    assert "rows {'party-1': 4294967295, 'party-2': 1, 'party-3': 1} need l = 6442450946 rows of A, more than the 4294967295" in str(err.value)
+    state, origin, reason = solver.state(sid)
+    assert (state, origin) == ("aborted", "solver") and reason == str(err.value)
+    effects = solver.expire(1.0)
+    assert sorted(dst for dst, env in effects.messages if env.WhichOneof("step") == "abort") == ["party-1", "party-2", "party-3"]
+    assert [e.kind for e in effects.events] == ["aborted"] and solver.expire(2.0).messages == []
+    assert code_of(lambda: solver.deliver("party-1", shape("party-1", 1), 3.0)) == ProtocolError.FAILED_PRECONDITION
+
+
+def refused_at(logs, node: str, step: str, tamper) -> tuple[ProtocolError, tuple[str, str, str]]:
+    """Run a session in which ``tamper(envelope)`` changes the first ``step`` message ``node``
+    receives; return the refusal and that node's session state afterwards."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    host = hosts[node].host
+    caught: list[ProtocolError] = []
+
+    def deliver(_node, sender, env):
+        tamper(env)
+        try:
+            return host.deliver(sender, env, 0.0).messages
+        except ProtocolError as exc:
+            caught.append(exc)
+            return []
+
+    hosts[node] = Intercept(hosts[node], step, deliver)
+    start_session(InMemoryNetwork(hosts), cfg)
+    assert len(caught) == 1, caught
+    return caught[0], host.state(cfg.session_id)
+
+
+def inflate_rows(env) -> None:
+    """P_1 claimed a million rows, and l agrees with that sum."""
+    env.nlp_key.shape_rows[0] = 10**6
+    env.nlp_key.ell = agreed_ell(sum(env.nlp_key.shape_rows), DEFAULT_ELL_RATIO)
+
+
+@pytest.mark.parametrize(
+    "tamper,detail",
+    [
+        (lambda env: setattr(env.nlp_key, "ell", env.nlp_key.ell + 1), "do not fit this party"),
+        (lambda env: setattr(env.nlp_key, "ell", 2**32 - 1), "do not fit this party"),
+        (inflate_rows, "constraint rows, more than the"),
+    ],
+)
+def test_an_nlp_key_whose_sizes_do_not_add_up_is_refused_and_aborts(logs, tamper, detail) -> None:
+    """A party allocates l x m_k and (l + 1) x n from NlpKey: l must be what the rows give
+    (agreed_ell), and the rows no more than the records of the pairs they constrain."""
+    error, (state, origin, _) = refused_at(logs, "party-2", "nlp_key", tamper)
+    assert error.code == ProtocolError.INVALID_ARGUMENT and detail in str(error)
+    assert (state, origin) == ("aborted", "party-2")
+
+
+def test_a_solution_count_past_int64_is_refused_and_aborts(logs) -> None:
+    """NlpSolution.x is uint64: 2^64 - 1 was an OverflowError (INTERNAL) in the party."""
+    error, (state, origin, _) = refused_at(logs, "party-3", "nlp_solution", lambda env: env.nlp_solution.x.__setitem__(0, 2**64 - 1))
+    assert error.code == ProtocolError.INVALID_ARGUMENT and "holds a count 18446744073709551615 above 9007199254740992" in str(error)
+    assert (state, origin) == ("aborted", "party-3")

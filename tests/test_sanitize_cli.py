@@ -138,3 +138,73 @@ def test_baseline_methods_release_through_sanitize(tmp_path, capsys, method):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["privacy"]["epsilon"] <= 10 + 1e-9 and "dp_claim" in report["privacy"]
     assert capsys.readouterr().out.startswith(f"{method}: users 60")
+
+
+HISTOGRAM = "user\tquery\turl\tcount\n"
+
+
+@pytest.mark.parametrize("command", ["sanitize", "split", "simulate"])
+def test_a_count_past_the_limit_or_a_damaged_gzip_exits_2_naming_file_and_line(tmp_path, capsys, command):
+    """Issue 23 items 3 and 13: a count of 10^26 was an OverflowError traceback (exit 1), a
+    truncated .gz an EOFError traceback; both are bad input (exit 2, one line)."""
+    import gzip
+
+    huge = tmp_path / "huge.tsv"
+    huge.write_text(HISTOGRAM + "u1\tq\thttp://x/\t99999999999999999999999999\n")
+    truncated = tmp_path / "truncated.tsv.gz"
+    whole = gzip.compress("".join(f"u{k}\tq{k % 5}\thttp://x/{k % 5}\t1\n" for k in range(5000)).encode())
+    truncated.write_bytes(whole[: len(whole) // 2])
+    out = {"sanitize": ["--epsilon", "1", "--delta", "0.4", "--out", str(tmp_path / "o.tsv")],
+           "split": ["--parties", "2", "--out", str(tmp_path / "p{k}.tsv")], "simulate": ["--out", str(tmp_path / "sim")]}[command]  # fmt: skip
+    for path, where in [(huge, f"{huge}, line 2, field 'count': 99999999999999999999999999 is above the largest count"),
+                        (truncated, f"{truncated}: the compressed data ends after line ")]:  # fmt: skip
+        flag = ["--input", str(path)] if command == "simulate" else [str(path)]
+        assert main([command, *flag, "--format", "histogram", *out]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cels {command}: error: {where}") and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.tsv", "truncated.tsv.gz"]
+
+
+def test_counts_that_overflow_when_summed_exit_2_naming_the_pair(tmp_path, capsys):
+    """Issue 23 item 4: two rows of 5 * 10^18 for one pair summed to a negative int64 |D|."""
+    src = tmp_path / "sum.tsv"
+    src.write_text(HISTOGRAM + "u1\tq\tu\t5000000000000000000\nu2\tq\tu\t5000000000000000000\n")
+    argv = ["sanitize", str(src), "--format", "histogram", "--epsilon", "1", "--delta", "0.4", "--out", str(tmp_path / "o.tsv")]
+    assert main(argv) == 2
+    assert f"{src}, line 2, field 'count': 5000000000000000000 is above the largest count a line may give, 2147483647" in capsys.readouterr().err
+    src.write_text(HISTOGRAM + "u1\tq\tu\t2147483647\nu2\tq\tu\t2147483647\n")  # each line fits, the pair does not
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"cels sanitize: error: {src}: pair (query 'q', url 'u') totals 4294967294 over the log, above the 2147483647 (2^31 - 1) one pair may total (docs/formats.md, Limits)\n"
+    assert not (tmp_path / "o.tsv").exists()
+
+
+def test_an_empty_baseline_release_exits_3_with_the_reason(tmp_path, capsys):
+    """Issue 23 item 7: ZEALOUS releasing 0 clicks exited 0 without a word; the summary's eps
+    is printed with :g (issue 23 item 10: it read 1.0000000000000002)."""
+    src = aol_file(tmp_path / "sparse.tsv", [(f"u{j}", f"q{j}", f"x{j}.com") for j in range(40)])  # no item held twice
+    assert run(tmp_path, "--epsilon", "1", "--delta", "0.4", "--method", "zealous", "--seed", "1", input_path=src) == 3
+    captured = capsys.readouterr()
+    assert "EMPTY RELEASE: zealous released nothing (0 of the 40 click items in the log) at eps 1, delta 0.4" in captured.err
+    assert (tmp_path / "out.tsv").exists() and (tmp_path / "report.json").exists()
+    rows = [(f"u{j:03d}", "weather", "weather.com") for j in range(60) for _ in range(2)]
+    assert run(tmp_path, "--epsilon", "1", "--delta", "0.4", "--method", "korolova", "--seed", "3", input_path=aol_file(tmp_path / "c.tsv", rows)) == 0
+    out = capsys.readouterr().out
+    assert ", eps 1, delta " in out and "0000000" not in out
+
+
+def test_lenient_says_on_stderr_which_lines_it_skipped(tmp_path, capsys):
+    """Issue 23 item 10: --lenient skipped lines without a word on the console."""
+    src = aol_file(tmp_path / "in.tsv", figure1_rows())
+    lines = src.read_text().splitlines(keepends=True)
+    lines[3:3] = ["\tno user\t2006-03-01 00:00:00\t\tx.com\n", "7\tq\tt\t1\thttp://x/\textra\n"]
+    src.write_text("".join(lines))
+    args = ("--epsilon", "40", "--delta", "0.9999999", "--seed", "1", "--lenient")
+    assert run(tmp_path, *args, input_path=src) == 0
+    err = capsys.readouterr().err
+    notice = [line for line in err.splitlines() if "--lenient" in line]
+    assert notice == [f"cels sanitize: --lenient skipped 2 bad lines: {src}:4:AnonID, {src}:5 (the first: {src}, line 4, field 'AnonID': empty user id)"]
+    assert run(tmp_path, *args, "--method", "zealous", input_path=src) in (0, 3)
+    assert f"cels sanitize: --lenient skipped 2 bad lines: {src}:4:AnonID, {src}:5" in capsys.readouterr().err
+    assert main(["split", str(src), "--format", "aol", "--lenient", "--parties", "2", "--out", str(tmp_path / "p{k}.tsv")]) == 0
+    assert "cels split: --lenient skipped 2 bad lines" in capsys.readouterr().err

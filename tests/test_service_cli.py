@@ -42,8 +42,11 @@ def session_toml(tmp_path, address: str = "127.0.0.1:1", extra: str = "", sessio
     [
         ('outptu = "x.tsv"', "", "[run] unknown key 'outptu'"),
         ("", "epsilonn = 2.0\n", "[session] unknown key 'epsilonn'"),
-        ("timeout = true", "", "[run] timeout = True is not a int or float"),
+        ("timeout = true", "", "[run] timeout: expected a number > 0, got true"),
         ("", "[sesion]\nepsilon = 1\n", "unknown table [sesion]"),
+        # issue 23 item 5: a wrongly typed value is named with what was expected, not a TypeError's text
+        ("", '[session.x]\n', "[session] unknown key 'x'"),
+        ("nodes = { solver = 7100 }", "", "[run] nodes.solver: expected host:port, got 7100"),
     ],
 )
 def test_session_toml_typos_name_file_table_and_key(tmp_path, capsys, extra, session, message):
@@ -51,6 +54,49 @@ def test_session_toml_typos_name_file_table_and_key(tmp_path, capsys, extra, ses
     assert main(["run", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: " in err and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "session,message",
+    [
+        ('epsilon = "one"', '[session] epsilon: expected a number > 0, got "one"'),
+        ("delta = 1.5", "[session] delta: expected a number > 0 and < 1, got 1.5"),
+        ('parties = ["party-1"]', '[session] parties: expected an array of strings with at least 2 items, got ["party-1"]'),
+        ('solve = "fast"', '[session] solve: expected one of "private", "transformed", got "fast"'),
+        ("min_count = 2.5", "[session] min_count: expected an integer >= 0, got 2.5"),
+        ("parties = 3", "[session] parties: expected an array of strings with at least 2 items, got 3"),
+    ],
+)
+def test_a_wrongly_typed_session_value_names_the_key_and_what_it_takes(tmp_path, capsys, session, message):
+    """Issue 23 item 5: ``epsilon = "one"`` was "'>' not supported between instances of 'str' and 'int'"."""
+    key = session.split(" = ")[0]
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "session.toml"
+    path.write_text("\n".join(line for line in RUN.format(address="127.0.0.1:1", extra="").splitlines() if not line.startswith(f"{key} = ")) + f"\n{session}\n")
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cels run: error: {path}: {message}\n"
+
+
+def test_a_missing_controller_key_is_named_before_the_session_starts(tmp_path, capsys):
+    """Issue 23 item 6: [run] key pointing nowhere was a raw [Errno 2] after the session banner."""
+    for name in ("ca.pem", "controller.pem"):
+        (tmp_path / name).write_text("x")
+    path = session_toml(tmp_path, extra='ca = "ca.pem"\ncert = "controller.pem"\nkey = "controller.key"')
+    path.write_text(path.read_text().replace("insecure = true\n", ""))
+    assert main(["run", "--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no session banner: nothing was started
+    assert captured.err == f"cels run: error: {path}: [run] key = 'controller.key': {tmp_path / 'controller.key'} does not exist\n"
+
+
+def test_cels_ledger_on_a_solver_config_says_the_solver_keeps_none(tmp_path, capsys):
+    """Issue 23 item 10: it said "unknown table [solver]"."""
+    config = tmp_path / "solver.toml"
+    config.write_text('[node]\nname = "solver"\n\n[solver]\ntime_limit = 20.0\n')
+    assert main(["ledger", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cels ledger: error: {config} configures a solver node, which keeps no privacy budget ledger (it holds no data); give a party node's TOML\n"
 
 
 def test_run_without_nodes_says_which_are_unreachable_at_which_address(tmp_path, capsys, monkeypatch):

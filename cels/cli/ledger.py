@@ -18,12 +18,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.node.config import check_tables, ledger_policy, load_toml, node_tables
+    from cels.node.config import ledger_policy, load_toml
     from cels.node.ledger import show
+    from cels.node.schemas import PARTY_SCHEMA, SOLVER_SCHEMA, check_toml
 
     doc = load_toml(args.config) if args.config else {}
     if args.config:
-        check_tables(doc, args.config, node_tables("data"))
+        if "solver" in doc:
+            check_toml(doc, args.config, SOLVER_SCHEMA)
+            raise ValueError(f"{args.config} configures a solver node, which keeps no privacy budget ledger (it holds no data); give a party node's TOML")
+        check_toml(doc, args.config, PARTY_SCHEMA)
     name = doc.get("node", {}).get("name", "")
     policy = ledger_policy(args, name, doc.get("ledger", {}))
     if policy is None:

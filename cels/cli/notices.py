@@ -1,5 +1,6 @@
 """What every release tells its operator besides the summary: which privacy guarantee holds
-(docs/mechanism.md, "What is promised"), and why a release came out empty."""
+(docs/mechanism.md, "What is promised"), why a release came out empty, and which lines
+``--lenient`` skipped."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
     are linear in b (EDBT section 4.2), so b / max u_i is the smallest b at which one record
     of some pair fits (``max_pair_bound``, single holder), and b / |O_max| a lower bound of it."""
     solver, p = report.get("solver") or {}, report.get("privacy") or {}
-    if not solver or int(solver.get("integer_total", 0)) > 0:
+    if not solver:
+        return empty_baseline_reason(report)
+    if int(solver.get("integer_total", 0)) > 0:
         return None
     b, lp = float(p["b"]), float(solver.get("max_output_lp", 0.0))
     eps_term = p["epsilon"] / 2 if p.get("bound", "cels") == "cels" else p["epsilon"]
@@ -57,3 +60,34 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
     if float(solver.get("output_size", lp)) < 1:
         return f"{head}, but the requested |O| = {solver['output_size']:.4g} < 1: raise --output-size"
     return f"{head} >= 1, but no integer solution was found: raise --time-limit or try --integer greedy"
+
+
+def empty_baseline_reason(report: dict[str, Any]) -> str | None:
+    """None if a baseline released an item (a report's ``utility`` per item type), else why
+    not: no item's noisy count passed the baseline's threshold at this epsilon and delta."""
+    kinds = {kind: u for kind, u in (report.get("utility") or {}).items() if isinstance(u, dict) and "released" in u}
+    if not kinds or any(int(u["released"]) for u in kinds.values()):
+        return None
+    p = report.get("privacy") or {}
+    held = ", ".join(f"0 of the {u['items_in_log']:,} {kind} items in the log" if "items_in_log" in u else f"0 {kind} items" for kind, u in kinds.items())
+    return (
+        f"EMPTY RELEASE: {report.get('method', 'the baseline')} released nothing ({held}) at eps {p.get('epsilon', 0):g}, "
+        f"delta {p.get('delta', 0):g}: no item's noisy count passed its threshold; raise --epsilon or --delta, "
+        "or see the method's own flags (docs/baselines.md)"
+    )
+
+
+SKIPPED_SHOWN = 3
+"""Bad lines a ``--lenient`` notice names by file:line:field."""
+
+
+def lenient_notice(source: dict[str, Any]) -> str | None:
+    """One line for stderr when ``--lenient`` skipped lines: how many, and where the first were
+    (file:line:field); None when it skipped none."""
+    skipped = int(source.get("skipped_lines", 0))
+    if not skipped:
+        return None
+    where = source.get("skipped_at", [])[:SKIPPED_SHOWN]
+    more = ", ..." if skipped > len(where) else ""
+    first = source.get("skipped_examples", ["?"])[0]
+    return f"--lenient skipped {skipped} bad line{'s' if skipped > 1 else ''}: {', '.join(where)}{more} (the first: {first})"

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
@@ -87,7 +87,9 @@ def baseline_method(baseline: Baseline) -> Method:
     and writes its own release format (docs/baselines.md)."""
 
     def run(args: argparse.Namespace) -> Release:
-        records = list(iter_records(args.input, input_options(args)))
+        source: dict = {}
+        records = list(iter_records(args.input, input_options(args), source))
+        tell_skipped(args.command, source)
         items, report = baseline.run(records, args, baseline_rng(args.seed))
         return Release(report, lambda path: write_baseline_release(items, path))
 
@@ -168,8 +170,17 @@ def delimiter(text: str) -> str:
 
 
 def load_input(args: argparse.Namespace) -> SearchLog:
-    """The input log's histogram."""
-    return load_log(args.input, input_options(args))
+    """The input log's histogram (what ``--lenient`` skipped goes to stderr)."""
+    log = load_log(args.input, input_options(args))
+    tell_skipped(args.command, log.source)
+    return log
+
+
+def tell_skipped(command: str, source: dict) -> None:
+    """One line on stderr when ``--lenient`` skipped lines of the input."""
+    notice = lenient_notice(source)
+    if notice is not None:
+        print(f"cels {command}: {notice}", file=sys.stderr)
 
 
 def report_path(args: argparse.Namespace) -> str:
@@ -208,9 +219,9 @@ def summary_line(report: dict) -> str:
         if isinstance(per_kind, dict) and "released" in per_kind:
             parts.append(f"{kind}: {per_kind['released']} released, recall {per_kind['recall']:.2e}")
     if "bound" in p:  # the optimal method: b = min{eps/2 or eps, ln 1/(1-delta)}
-        parts.append(f"b {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}, bound {p['bound']}), {guarantee_word(p)}")
+        parts.append(f"b {p['b']:.4g} (eps {p['epsilon']:g}, delta {p['delta']:g}, bound {p['bound']}), {guarantee_word(p)}")
     elif p:
-        parts.append(f"eps {p.get('epsilon')}, delta {p.get('delta', 0)}, DP claim {p.get('dp_claim')}")
+        parts.append(f"eps {p.get('epsilon'):g}, delta {p.get('delta', 0):g}, DP claim {p.get('dp_claim')}")
     return ", ".join(parts)
 
 

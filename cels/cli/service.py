@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from typing import Any
 
 
@@ -33,18 +32,14 @@ from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import Number, check_tables, load_toml
+from cels.node.config import load_toml
+from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
 from cels.protocol.wire import cels_pb2
 from cels.reports import default_operator_path, release_note_path, write_reports
 
 DEFAULT_TIMEOUT = 4 * 3600.0
-RUN_TABLE = {
-    "initiator": str, "address": str, "ca": str, "cert": str, "key": str, "insecure": bool,
-    "output": str, "report": str, "timeout": Number, "nodes": dict,
-}  # fmt: skip
-"""Keys of session.toml's [run] table (how ``cels run`` reaches the nodes, where it writes)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -138,21 +133,13 @@ def run_certs(args: argparse.Namespace) -> int:
 
 
 def session_options(table: dict[str, Any]) -> SessionOptions:
-    """The session of session.toml's [session] table (its keys are SessionOptions' fields)."""
-    for key in ("parties", "epsilon", "delta"):
-        if key not in table:
-            raise ValueError(f"[session] needs {key!r}")
+    """The session of session.toml's [session] table (its keys are SessionOptions' fields; the
+    schema has checked their types and ranges, SessionOptions checks the rest)."""
     options = dict(table)
     try:
         return SessionOptions.create(list(options.pop("parties")), **options)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"[session]: {exc}") from None
-
-
-def session_tables() -> dict[str, dict[str, Any]]:
-    """session.toml's tables: [run] and [session] (SessionOptions' fields; it checks their values)."""
-    session_keys = ["parties", *(f.name for f in fields(SessionOptions) if f.name not in ("b", "addresses", "parties"))]
-    return {"run": RUN_TABLE, "session": {key: object for key in session_keys}}
 
 
 def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float], None]:
@@ -171,12 +158,9 @@ def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float],
 
 def run_run(args: argparse.Namespace) -> int:
     doc = load_toml(args.config)
-    check_tables(doc, args.config, session_tables())
+    check_toml(doc, args.config, SESSION_SCHEMA)
     base = args.config.resolve().parent
-    run, table = doc.get("run", {}), doc.get("session", {})
-    for key in ("initiator", "address", "output"):
-        if key not in run:
-            raise ValueError(f"{args.config}: [run] needs {key!r}")
+    run, table = doc["run"], doc["session"]
     try:
         options = session_options({**table, "initiator": run["initiator"]})
     except ValueError as exc:
@@ -185,6 +169,9 @@ def run_run(args: argparse.Namespace) -> int:
     paths = {k: base / run[k] for k in ("ca", "cert", "key") if k in run}
     if not insecure and len(paths) < 3:
         raise ValueError(f"{args.config}: [run] needs ca, cert and key (the controller's credentials) or insecure = true")
+    for key, path in paths.items():  # every file the run reads, before the first line of work
+        if not insecure and not path.is_file():
+            raise ValueError(f"{args.config}: [run] {key} = {run[key]!r}: {path} {'is not a file' if path.exists() else 'does not exist'}")
     controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
     output = base / run["output"]
     report_path = operator_path(base / run["report"] if "report" in run else None, output)

@@ -91,6 +91,7 @@ def _split_header(path: str, data: bytes, options: LoadOptions) -> _Parsed:
         "max_users": options.max_users,
         "skipped_lines": 0,
         "skipped_examples": [],
+        "skipped_at": [],
     }
     pairs = [(options.normalise(name), str(k)) for k, name in enumerate(names, start=1)]
     return _Parsed(source, pairs, body, len(header_lines) + 1)
@@ -132,10 +133,13 @@ def _parse_line(path: str, lineno: int, raw: bytes, n_categories: int) -> list[i
     return values
 
 
-def iter_msnbc(path: str | os.PathLike[str], options: LoadOptions) -> Iterator[LogRecord]:
-    """One click record per category visit, in file order."""
+def iter_msnbc(path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
+    """One click record per category visit, in file order (``source``: as in iter_records)."""
     path = str(path)
     parsed = _split_header(path, read_bytes(path), options)
+    if source is not None:
+        source.update(parsed.source)
+        parsed.source = source
     for user, lineno, values in _data_lines(path, parsed, options):
         for k in values:
             query, url = parsed.pairs[k - 1]

@@ -13,7 +13,7 @@ from cels.logs.textio import ENCODING, check_encoding
 FORMATS = ("aol", "msnbc", "tsv", "histogram")
 COLUMN_NAMES = ("user", "query", "url", "count")
 REQUIRED_COLUMNS = ("user", "query", "url")
-SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"]
+SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"] (and file:line:field in source["skipped_at"])
 
 
 @dataclass
@@ -60,6 +60,7 @@ def skip_or_raise(options: LoadOptions, source: dict, error: LogError) -> None:
     source["skipped_lines"] += 1
     if len(source["skipped_examples"]) < SKIPPED_EXAMPLES:
         source["skipped_examples"].append(str(error))
+        source["skipped_at"].append(":".join(str(part) for part in (error.path, error.line, error.field) if part is not None))
 
 
 def check_columns(columns: dict[str, int]) -> None:

@@ -12,7 +12,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cels.logs.model import LogError, LogRecord, SearchLog
+import numpy as np
+
+from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, LogRecord, SearchLog
 from cels.logs.msnbc import iter_msnbc, load_msnbc
 from cels.logs.options import LoadOptions, skip_or_raise
 from cels.logs.textio import BOM, iter_lines, undecodable
@@ -79,10 +81,12 @@ class DelimitedReader:
             "max_users": options.max_users,
             "skipped_lines": 0,
             "skipped_examples": [],
+            "skipped_at": [],
         }
 
     def records(self) -> Iterator[LogRecord]:
         kept: set[str] = set()
+        total = 0  # the counts of the lines kept so far, at most MAX_LOG_TOTAL
         for lineno, raw, ending in iter_lines(self.path):
             try:
                 text = self._decode(raw, lineno)
@@ -111,6 +115,15 @@ class DelimitedReader:
                 if len(kept) >= self.options.max_users:
                     continue
                 kept.add(record.user)
+            if total + record.count > MAX_LOG_TOTAL:
+                exc = LogError(
+                    self.path, lineno, self.layout.names.get("count"),
+                    f"the log's counts add up to {total + record.count} here, above the {MAX_LOG_TOTAL} (2^53) a log may total "
+                    "(docs/formats.md, Limits)",
+                )  # fmt: skip
+                skip_or_raise(self.options, self.source, exc)
+                continue
+            total += record.count
             yield record
 
     def _decode(self, raw: bytes, lineno: int) -> str:
@@ -158,6 +171,11 @@ class DelimitedReader:
                     self.path, lineno, layout.names["count"], f"{values['count']!r} is not a positive integer"
                 )
             count = int(values["count"])
+            if count > MAX_COUNT:
+                raise LogError(
+                    self.path, lineno, layout.names["count"],
+                    f"{count} is above the largest count a line may give, {MAX_COUNT} (2^31 - 1; docs/formats.md, Limits)",
+                )  # fmt: skip
         query = self.options.normalise(fields[layout.columns["query"]])
         return LogRecord(values["user"], query, values.get("url") or None, count, lineno)
 
@@ -166,11 +184,29 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def iter_records(path: str | os.PathLike[str], options: LoadOptions) -> Iterator[LogRecord]:
-    """The events of the log in file order (``url`` None for a query without a click)."""
+def check_pair_totals(log: SearchLog, path: str) -> None:
+    """LogError naming the file and the first pair whose total c_i is above MAX_COUNT (docs/formats.md, Limits)."""
+    totals = log.pair_totals()
+    over = np.flatnonzero(totals > MAX_COUNT)
+    if over.size:
+        query, url = log.pairs[int(over[0])]
+        raise LogError(
+            path, None, None,
+            f"pair (query {query!r}, url {url!r}) totals {int(totals[over[0]])} over the log, above the {MAX_COUNT} "
+            f"(2^31 - 1) one pair may total{f' ({over.size} pairs are)' if over.size > 1 else ''} (docs/formats.md, Limits)",
+        )  # fmt: skip
+
+
+def iter_records(path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
+    """The events of the log in file order (``url`` None for a query without a click);
+    ``source``, if given, is filled as ``load_log``'s (skipped lines included) while reading."""
     if options.format == "msnbc":
-        return iter_msnbc(path, options)
-    return DelimitedReader(path, options).records()
+        return iter_msnbc(path, options, source)
+    reader = DelimitedReader(path, options)
+    if source is not None:
+        source.update(reader.source)
+        reader.source = source
+    return reader.records()
 
 
 def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
@@ -183,6 +219,7 @@ def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
         log.source = reader.source
     if log.n_pairs == 0:
         raise LogError(str(path), None, None, f"no query-url pair in {path}")
+    check_pair_totals(log, str(path))
     logger.info(
         "loaded %s (%s): %d users, %d pairs, |D| = %d, %d bad lines skipped",
         path, options.format, log.n_users, log.n_pairs, log.size, log.source.get("skipped_lines", 0),

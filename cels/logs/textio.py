@@ -12,6 +12,7 @@ import codecs
 import gzip
 import io
 import os
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import BinaryIO, TextIO
 from tqdm import tqdm
 
 from cels.fileio import atomic_write
+from cels.logs.model import LogError
 
 ENCODING = "utf-8"  # the default input encoding and the one every output is written in
 BOM = "\ufeff"
@@ -49,10 +51,49 @@ def undecodable(raw: bytes, error: UnicodeDecodeError, encoding: str) -> str:
     )
 
 
+GZIP_ERRORS = (EOFError, OSError, zlib.error)
+"""What reading a damaged gzip file raises: truncated (EOFError), not gzip or a bad CRC
+(gzip.BadGzipFile, an OSError), corrupted deflate data (zlib.error)."""
+
+
+def damaged_gzip(path: str | os.PathLike[str], lines: int, error: BaseException) -> LogError:
+    """The refusal of a ``.gz`` log that cannot be decompressed, naming the last whole line read."""
+    where = f"after line {lines} (the last line read)" if lines else "before its first line"
+    if isinstance(error, EOFError):
+        what = f"the compressed data ends {where}, before gzip's end-of-stream marker: the file is truncated"
+    else:
+        what = f"damaged gzip data {where}: {error}"
+    return LogError(str(path), None, None, f"{what} (copy the file again, or read an uncompressed copy)")
+
+
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """The whole (decompressed) file."""
+    """The whole (decompressed) file; a damaged ``.gz`` is a LogError (:func:`damaged_gzip`)."""
     with open(path, "rb") as raw:
-        return gzip.GzipFile(fileobj=raw).read() if is_gzip(path) else raw.read()
+        if not is_gzip(path):
+            return raw.read()
+        parts: list[bytes] = []
+        stream = gzip.GzipFile(fileobj=raw)
+        try:
+            while chunk := stream.read1(1 << 20):  # what is decompressed so far, line counts included
+                parts.append(chunk)
+        except GZIP_ERRORS as exc:
+            raise damaged_gzip(path, sum(part.count(b"\n") for part in parts), exc) from None
+        return b"".join(parts)
+
+
+def _gzip_lines(path: str | os.PathLike[str], stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of a gzip stream; a damaged stream is a LogError (:func:`damaged_gzip`)."""
+    lines = iter(stream)
+    read = 0
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration:
+            return
+        except GZIP_ERRORS as exc:
+            raise damaged_gzip(path, read, exc) from None
+        read += 1
+        yield line
 
 
 def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bytes]]:
@@ -64,7 +105,7 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes, bytes
     with open(path, "rb") as raw, tqdm(
         total=size, unit="B", unit_scale=True, desc=f"reading {Path(path).name}", disable=None, leave=False
     ) as bar:
-        stream: BinaryIO = gzip.GzipFile(fileobj=raw) if is_gzip(path) else raw  # type: ignore[assignment]
+        stream: Iterator[bytes] = _gzip_lines(path, gzip.GzipFile(fileobj=raw)) if is_gzip(path) else raw  # type: ignore[arg-type]
         for lineno, line in enumerate(stream, start=1):
             if lineno % _PROGRESS_EVERY == 0:
                 bar.update(raw.tell() - bar.n)

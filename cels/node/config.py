@@ -41,8 +41,9 @@ window_days = 30                 # sessions older than this no longer count (def
 listen = "127.0.0.1:9464"        # host:port, or a port alone (bound to 127.0.0.1)
 ```
 
-Every table and key is checked against :data:`NODE_TABLES`: an unknown one is an error
-naming the file, the table and the key.
+The whole file is checked against its JSON schema (:mod:`cels.node.schemas`): an unknown
+table or key, or a value of the wrong type or range, is an error naming the file, the table
+and the key.
 """
 
 from __future__ import annotations
@@ -61,34 +62,13 @@ else:  # pragma: no cover
 from cels.certs import CONTROLLER
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
+from cels.node.schemas import NODE_SCHEMAS, check_toml
 from cels.protocol.options import DEFAULT_DEADLINE
 
 MIN_KEY_BITS = 2048
 DEFAULT_NICE = 10
 """Niceness increment of the obfuscator workers: an idle node fills its stock without
 starving its host."""
-
-Number = (int, float)
-NODE_TABLES: dict[str, dict[str, Any] | None] = {
-    "node": {"name": str, "listen": str, "deadline": Number, "insecure": bool, "controllers": list,
-             "min_key_bits": int, "record_view": str},
-    "tls": {"ca": str, "cert": str, "key": str},
-    "peers": None,  # node name -> "host:port"
-    "data": {"path": str, "format": str, "columns": (str, dict), "header": bool, "lenient": bool, "delimiter": str,
-             "encoding": str},
-    "solver": {"time_limit": Number},
-    "keys": {"session_keys": bool, "key_bits": int, "obfuscators": int, "stock": dict, "workers": int, "nice": int},
-    "ledger": {"path": str, "budget_epsilon": Number, "budget_delta": Number, "window_days": Number},
-    "metrics": {"listen": str},
-}  # fmt: skip
-"""The node TOML's tables and their keys with the TOML types they take (None: any key, a string)."""
-ROLE_TABLES = {"data": ("data", "ledger"), "solver": ("solver",)}
-"""The role tables a party node (``data``) and a solver node (``solver``) accept."""
-
-
-def node_tables(role_table: str) -> dict[str, dict[str, Any] | None]:
-    """The tables of a party (``"data"``) or solver (``"solver"``) node's TOML file."""
-    return {t: NODE_TABLES[t] for t in ("node", "tls", "peers", "keys", "metrics", *ROLE_TABLES[role_table])}
 
 
 @dataclass
@@ -248,33 +228,10 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"config file {path} is a directory") from None
 
 
-def check_tables(doc: dict[str, Any], path: Path, tables: dict[str, dict[str, Any] | None]) -> None:
-    """Every table of ``doc`` is one of ``tables``, every key one of its keys, with the type it
-    takes; ValueError naming the file, the table and the key otherwise (hand code: a table of
-    types covers this small schema and names the file, which a schema library would not)."""
-    for name, table in doc.items():
-        known = ", ".join(f"[{t}]" for t in tables)
-        if not isinstance(table, dict):
-            raise ValueError(f"{path}: key {name!r} outside any table (tables: {known})")
-        if name not in tables:
-            raise ValueError(f"{path}: unknown table [{name}] (known: {known})")
-        keys = tables[name]
-        for key, value in table.items():
-            if keys is None:
-                expected: Any = str
-            elif key not in keys:
-                raise ValueError(f"{path}: [{name}] unknown key {key!r} (known: {', '.join(keys)})")
-            else:
-                expected = keys[key]
-            if not isinstance(value, expected) or (isinstance(value, bool) and expected in (int, Number)):
-                kinds = expected if isinstance(expected, tuple) else (expected,)
-                raise ValueError(f"{path}: [{name}] {key} = {value!r} is not a {' or '.join(k.__name__ for k in kinds)}")
-
-
 def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
     """Merge the TOML file (if any) and the flags; relative paths in the file are relative to it."""
     doc = load_toml(args.config) if args.config else {}
-    check_tables(doc, args.config, node_tables(role_table))
+    check_toml(doc, args.config, NODE_SCHEMAS[role_table])
     base = args.config.resolve().parent if args.config else Path.cwd()
     node, tls = doc.get("node", {}), doc.get("tls", {})
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, Outgoing, Role, fail, malformed, step_name
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
 RoleFactory = Callable[[SessionOptions], Role]
@@ -115,6 +115,8 @@ class SessionHost:
         self.forewarned: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         """Aborts that arrived before their session's StartSession: id -> (sender, origin, reason)."""
         self._events: list[Event] = []
+        self._deferred = Effects()
+        """What a session aborted by a refused message still has to do (see :meth:`_call`)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, options: SessionOptions, now: float) -> Effects:
@@ -191,8 +193,9 @@ class SessionHost:
         return Effects(events=self._end(session, DONE))
 
     def expire(self, now: float) -> Effects:
-        """Timers: end every session that was never begun, or stopped moving, by its deadline."""
-        effects = Effects()
+        """Timers: end every session that was never begun, or stopped moving, by its deadline;
+        and what a session aborted by a refused message has left to do (its Abort notices, the event)."""
+        effects, self._deferred = self._deferred, Effects()
         for session in list(self.sessions.values()):
             if session.state in (PREPARED, RUNNING) and now >= session.expires_at:
                 what = "was never begun" if session.state == PREPARED else "made no progress on this node"
@@ -245,6 +248,12 @@ class SessionHost:
         session.mark = self.meter()
         try:
             messages = call()
+        except ProtocolError:
+            aborted = session.role.aborted
+            if aborted is not None and session.state in (PREPARED, RUNNING):  # SessionRole.refuse_and_abort
+                # the refusal goes to the sender now; the rest waits for the next expire (the driver's timer)
+                self._deferred.extend(Effects(messages=list(session.role.abort_notices), events=self._end(session, ABORTED, aborted.origin, aborted.reason)))
+            raise
         finally:
             session.role.seconds[session.role.phase] += self.meter() - session.mark
             session.steps += 1

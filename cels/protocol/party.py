@@ -33,7 +33,7 @@ from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels.crypto.streams import CipherRandom
 from cels import metrics
 from cels.claims import privacy_accounting
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import MAX_COUNT, LogRecord, SearchLog
 from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
@@ -46,11 +46,17 @@ from cels.mechanism.greedy import ProposalRule
 from cels.mechanism.noise import noise_scale
 from cels.protocol.private_solve import PrivateSolveParty
 from cels.protocol.sampling import StagedSampler, paper_trials
-from cels.protocol.transform import share_packings, transform_constraints
+from cels.protocol.transform import agreed_ell, share_packings, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
 
-COUNT_BOUND = 2**31 - 1
-"""Public packing bound of every party's count and stage-total vectors (secure sums)."""
+COUNT_BOUND = MAX_COUNT
+"""Public packing bound of every party's count and stage-total vectors (secure sums): the
+largest pair total a log may hold (docs/formats.md, "Limits")."""
+
+
+MAX_SOLUTION_COUNT = 2**53
+"""The largest count x_i a solution may give: exact in int64 and in the float64 check of the
+conditions (far above any b c_i of a log within docs/formats.md's limits)."""
 
 
 _ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
@@ -384,8 +390,13 @@ class PartyRole(SessionRole):
         except ValueError as exc:
             raise malformed(f"{self.name}: nlp_key: {exc}") from None
         rows = list(msg.shape_rows)
-        if len(rows) != self.r or rows[self.k] != self.rows.shape[0] or msg.ell < sum(rows):
-            raise malformed(f"{self.name}: nlp_key shapes {rows} / l = {msg.ell} do not fit this party")
+        if len(rows) != self.r or rows[self.k] != self.rows.shape[0] or msg.ell != agreed_ell(sum(rows), self.options.ell_ratio):
+            raise self.refuse_and_abort(f"{self.name}: nlp_key shapes {rows} / l = {msg.ell} do not fit this party")
+        if sum(rows) > self.totals[self.active].sum():  # every row is a user holding one of these records at least
+            raise self.refuse_and_abort(
+                f"{self.name}: nlp_key claims {sum(rows)} constraint rows, more than the {int(self.totals[self.active].sum())} "
+                "records of the pairs they constrain"
+            )
         self.nlp_key, self.ell, self.shape_rows = key, msg.ell, rows
         share = transform_constraints(self.rows, self.b, self.ell, self._rng)
         count_row = self.totals[self.active] if self.k == 0 else np.zeros(len(self.active))
@@ -463,9 +474,12 @@ class PartyRole(SessionRole):
             self._expect_sender(sender, expected, "nlp_solution")
             if msg.unpermuted != self.r - 1 - self.k or self.pi is None:
                 raise fail(f"{self.name}: nlp_solution un-permuted {msg.unpermuted} times out of order")
-        x = np.asarray(msg.x, dtype=np.int64)
+        x = np.asarray(msg.x, dtype=np.uint64)
         if x.shape != (len(self.active),):
             raise malformed(f"{self.name}: nlp_solution has {x.shape[0]} counts for {len(self.active)} variables")
+        if x.size and x.max() > MAX_SOLUTION_COUNT:
+            raise self.refuse_and_abort(f"{self.name}: nlp_solution holds a count {int(x.max())} above {MAX_SOLUTION_COUNT} (2^53)")
+        x = x.astype(np.int64)
         if not final:
             unpermuted = np.empty_like(x)
             unpermuted[self.pi] = x  # permuted column j was column perm[j]

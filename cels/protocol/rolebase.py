@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, fail, step_name
+from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
 STEP_PHASE = {
@@ -81,6 +81,7 @@ class SessionRole:
         self.bytes_sent: dict[str, int] = defaultdict(int)
         self.phase_hook: PhaseHook | None = None
         self._report_due = False
+        self.abort_notices: list[Outgoing] = []
 
     # -- the contract -------------------------------------------------------------------
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
@@ -115,6 +116,13 @@ class SessionRole:
         self.aborted = cels_pb2.Abort(session_id=self.session_id, origin=self.name, reason=reason)
         self._enter("aborted")
         return self._send([n for n in self.nodes if n != self.name], abort=self.aborted)
+
+    def refuse_and_abort(self, message: str) -> ProtocolError:
+        """A peer's message that no session can go on from (a size past what the session's
+        public sizes allow): this node aborts the session (the host sends the notices, held in
+        ``abort_notices``) and the returned INVALID_ARGUMENT refuses the message."""
+        self.abort_notices = self.abort(message)
+        return malformed(message)
 
     @property
     def finished(self) -> bool:

@@ -93,6 +93,9 @@ class Role(Protocol):
     report: dict | None
     seconds: dict[str, float]
     phase_hook: PhaseHook | None
+    abort_notices: list[Outgoing]
+    """The Abort envelopes of a session this role aborted while refusing a message (the host
+    sends them: the refusal itself reaches the sender as the ProtocolError)."""
 
     def begin(self) -> list[Outgoing]:
         """Start this node's part (idempotent)."""

@@ -24,7 +24,7 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
-from cels.protocol.transform import agreed_ell, check_count_row, eliminate_slacks, implied_at_packing, share_packings
+from cels.protocol.transform import MAX_ELL, agreed_ell, check_count_row, eliminate_slacks, implied_at_packing, share_packings
 from cels.protocol.wire import cels_pb2, codec
 
 
@@ -98,7 +98,13 @@ class SolverRole(SessionRole):
         rows = [self.shapes[p] for p in self.parties]
         if sum(rows) == 0:
             raise RoleFailure("no party has a constraint row: no pair is held by two users")
-        self.ell = agreed_ell(sum(rows), self.options.ell_ratio)
+        ell = agreed_ell(sum(rows), self.options.ell_ratio)
+        if ell > MAX_ELL:
+            raise self.refuse_and_abort(
+                f"{self.name}: constraint_shape rows {dict(zip(self.parties, rows))} need l = {ell} rows of A, "
+                f"more than the {MAX_ELL} NlpKey.ell holds"
+            )
+        self.ell = ell
         self.public_key, self._private_key = self._keypair or paillier.generate_keypair(
             self.options.key_bits, allow_insecure_key_bits=self._allow_insecure
         )

@@ -39,6 +39,10 @@ class TransformedShare:
     ab: np.ndarray  # l
 
 
+MAX_ELL = 2**32 - 1
+"""The most rows of A a session can agree (NlpKey.ell is a uint32)."""
+
+
 def agreed_ell(rows: int, ell_ratio: float) -> int:
     """Rows l of A (Algorithm 2's "l >= m"): ceil(ell_ratio * m), at least m + 1."""
     if ell_ratio < 1.0:

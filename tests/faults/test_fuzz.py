@@ -315,6 +315,28 @@ def test_out_of_order_into_a_live_session(cluster: FaultCluster, corpus: Corpus)
     assert sum(codes.values()) >= 8 and set(codes) <= ACCEPTED, codes
 
 
+def test_an_impossible_row_count_is_invalid_argument_and_aborts_the_session(cluster: FaultCluster) -> None:
+    """Issue 23 item 12 on a node process: in a transformed session P_1 claims 2^32 - 1
+    constraint rows and the others 1.  The l they need does not fit NlpKey.ell (the solver
+    answered "Exception calling application: Value out of range", and the session stayed
+    running); now the shape completing the set is refused with INVALID_ARGUMENT and the
+    solver's session is aborted."""
+    options = cluster.options(solve="transformed", deadline=30.0)
+    sid = options.session_id
+    start = cels_pb2.Envelope(session_id=sid, sender=PARTIES[0], start_session=cels_pb2.StartSession(config=options.to_config()))
+    cluster.stub(SOLVER, PARTIES[0]).Deliver(iter(frames_of(sid, start.SerializeToString())), timeout=CALL_DEADLINE)
+    codes = []
+    for party, rows in zip(PARTIES, [(1 << 32) - 1, 1, 1]):
+        shape = cels_pb2.ConstraintShape(session_id=sid, party=party, rows=rows)
+        data = cels_pb2.Envelope(session_id=sid, sender=party, constraint_shape=shape).SerializeToString()
+        stub = cluster.stub(SOLVER, party)
+        codes.append(classify("Deliver(rows)", lambda: stub.Deliver(iter(frames_of(sid, data)), timeout=CALL_DEADLINE), {"OK"}, f"{rows} rows"))
+    assert codes == ["OK", "OK", "INVALID_ARGUMENT"], (codes, UNEXPECTED.get("Deliver(rows)"))
+    state = cluster.state(SOLVER, sid)
+    assert state.state == "aborted" and "need l = 6442450946 rows of A" in state.reason, state
+    assert not cluster.crashed()
+
+
 def test_a_frame_over_the_grpc_limit_is_resource_exhausted(cluster: FaultCluster, corpus: Corpus) -> None:
     """The one stated exception: a single gRPC message over 4 MB (CHANNEL_OPTIONS' limit) is
     refused by gRPC itself with RESOURCE_EXHAUSTED, before any node code runs; the node is

@@ -1,0 +1,217 @@
+"""The JSON schemas of the TOML files an operator writes (docs/deployment.md), one per file
+kind: a party node's, a solver node's, and the session file of ``cels run``.
+
+Each is data (a JSON schema, draft 2020-12), checked with ``jsonschema`` by
+:func:`check_toml`, whose one line names the file, the table and the key, and says what was
+expected: ``party.toml: [node] deadline: expected a number > 0, got "soon"``.  Every table and
+every table's keys are closed (``additionalProperties: false``), so a typo is an unknown table or
+key.  What a schema cannot say (a certificate naming its node, an initiator that is one of the
+parties, a file that exists) stays with the code that reads the values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from cels.crypto.paillier import MIN_TEST_KEY_BITS
+from cels.logs.options import FORMATS
+from cels.mechanism.conditions import BOUNDS
+from cels.mechanism.solvers import OBJECTIVES
+from cels.protocol.options import SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS
+from cels.protocol.roles import MAX_SESSION_ID
+
+HOST_PORT = {"type": "string", "pattern": r"^\S+:[0-9]{1,5}$", "description": "host:port"}
+POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+NAME = {"type": "string", "minLength": 1, "description": "a name (a non-empty string)"}
+KEY_BITS = {"type": "integer", "minimum": MIN_TEST_KEY_BITS}
+
+NODE_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "name": NAME,
+        "listen": HOST_PORT,
+        "deadline": POSITIVE,
+        "insecure": {"type": "boolean"},
+        "controllers": {"type": "array", "items": NAME},
+        "min_key_bits": KEY_BITS,
+        "record_view": {"type": "string"},
+    },
+}
+TLS_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"ca": {"type": "string"}, "cert": {"type": "string"}, "key": {"type": "string"}},
+}
+PEERS_TABLE = {"type": "object", "additionalProperties": HOST_PORT}
+KEYS_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "session_keys": {"type": "boolean"},
+        "key_bits": KEY_BITS,
+        "obfuscators": {"type": "integer", "minimum": 0},
+        "stock": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        "workers": {"type": "integer", "minimum": 1},
+        "nice": {"type": "integer", "minimum": 0, "maximum": 19},
+    },
+}
+DATA_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "path": {"type": "string"},
+        "format": {"enum": list(FORMATS)},
+        "columns": {
+            "anyOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}],
+            "description": 'a column mapping: "user=1,query=2,url=4[,count=5]" or a table of column numbers',
+        },
+        "header": {"type": "boolean"},
+        "lenient": {"type": "boolean"},
+        "delimiter": {"type": "string", "minLength": 1, "maxLength": 1, "description": "one character"},
+        "encoding": {"type": "string"},
+    },
+}
+LEDGER_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"path": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
+}
+SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
+METRICS_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"listen": {"type": "string", "description": 'host:port, or a port alone (127.0.0.1)'}},
+}
+
+PARTY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE, "ledger": LEDGER_TABLE},
+}
+"""A party node's TOML (``cels-party --config``; cels.node.config)."""
+SOLVER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "solver": SOLVER_TABLE},
+}
+"""A solver node's TOML (``cels-solver --config``)."""
+SESSION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["run", "session"],
+    "properties": {
+        "run": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["initiator", "address", "output", "report"],
+            "properties": {
+                "initiator": NAME,
+                "address": HOST_PORT,
+                "ca": {"type": "string"},
+                "cert": {"type": "string"},
+                "key": {"type": "string"},
+                "insecure": {"type": "boolean"},
+                "output": {"type": "string"},
+                "report": {"type": "string"},
+                "timeout": POSITIVE,
+                "nodes": PEERS_TABLE,
+            },
+        },
+        "session": {  # SessionOptions' fields (cels.protocol.options); it checks what a schema cannot
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["parties", "epsilon", "delta"],
+            "properties": {
+                "parties": {"type": "array", "items": NAME, "minItems": 2},
+                "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_SESSION_ID},
+                "epsilon": POSITIVE,
+                "delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "solver": NAME,
+                "bound": {"enum": list(BOUNDS)},
+                "objective": {"enum": list(OBJECTIVES)},
+                "output_size": POSITIVE,
+                "min_count": {"type": "integer", "minimum": 0},
+                "cap": {"type": "integer", "minimum": 1},
+                "noise_epsilon": POSITIVE,
+                "sensitivity": POSITIVE,
+                "sampling": {"enum": list(SAMPLING_MODES)},
+                "sampling_theta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "key_bits": KEY_BITS,
+                "group_bits": {"type": "integer", "minimum": 1},
+                "universe_cipher": {"enum": list(UNIVERSE_CIPHERS)},
+                "ell_ratio": {"type": "number", "minimum": 1},
+                "keep_user_ids": {"type": "boolean"},
+                "support": POSITIVE,
+                "breakpoints": {"type": "integer", "minimum": 1},
+                "solver_time_limit": POSITIVE,
+                "deadline": POSITIVE,
+                "solve": {"enum": list(SOLVE_MODES)},
+                "round_batch": {"type": "integer", "minimum": 1},
+            },
+        },
+    },
+}
+"""The session file of ``cels run`` (deploy/session.toml): [run] and [session]."""
+NODE_SCHEMAS = {"data": PARTY_SCHEMA, "solver": SOLVER_SCHEMA}
+"""A node's schema by its role table: ``data`` for a party node, ``solver`` for the solver."""
+
+for _schema in (PARTY_SCHEMA, SOLVER_SCHEMA, SESSION_SCHEMA):
+    Draft202012Validator.check_schema(_schema)
+
+_TYPES = {"number": "a number", "integer": "an integer", "string": "a string", "boolean": "true or false",
+          "array": "an array", "object": "a table"}  # fmt: skip
+_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
+           "minItems": "with at least", "minLength": "of at least", "maxLength": "of at most"}  # fmt: skip
+
+
+def check_toml(doc: dict[str, Any], path: str | os.PathLike[str], schema: dict[str, Any]) -> None:
+    """ValueError with one line naming ``path``, the table and the key, unless ``doc`` (a parsed
+    TOML file) fits ``schema``; of several faults, the one nearest the top of the file's tree."""
+    errors = list(Draft202012Validator(schema).iter_errors(doc))
+    if errors:
+        error = min(errors, key=lambda e: len(e.absolute_path))
+        raise ValueError(f"{path}: {_explain(error)}")
+
+
+def _explain(error: ValidationError) -> str:
+    """What is wrong where: ``[table] key: expected ..., got ...`` (or an unknown / missing table or key)."""
+    where = list(error.absolute_path)
+    table = f"[{where[0]}]" if where else ""
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in where[1:]).lstrip(".")
+    at = f"{table} {key}".strip()
+    if error.validator == "additionalProperties":
+        known = list(error.schema["properties"])
+        extra = next(k for k in error.instance if k not in error.schema["properties"])
+        if where:
+            return f"{at} unknown key {extra!r} (known: {', '.join(known)})"
+        tables = ", ".join(f"[{t}]" for t in known)
+        if not isinstance(error.instance[extra], dict):
+            return f"key {extra!r} outside any table (tables: {tables})"
+        return f"unknown table [{extra}] (known: {tables})"
+    if error.validator == "required":
+        missing = next(k for k in error.schema["required"] if k not in error.instance)
+        return f"{at} needs {missing!r}" if where else f"needs the table [{missing}]"
+    return f"{at}: expected {_expected(error.schema)}, got {json.dumps(error.instance, default=str)}"
+
+
+def _expected(schema: dict[str, Any]) -> str:
+    """A schema in words: ``a number > 0``, ``one of aol, msnbc``, or its ``description``."""
+    if "description" in schema:
+        return schema["description"]
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    kind = _TYPES.get(schema.get("type", ""), "a value")
+    if schema.get("type") == "array" and "items" in schema:
+        kind += f" of {_TYPES[schema['items']['type']].split(' ', 1)[1]}s"
+    bounds = []
+    for keyword, relation in _BOUNDS.items():
+        if keyword in schema:
+            unit = {"minItems": " items", "minLength": " characters", "maxLength": " characters"}.get(keyword, "")
+            bounds.append(f"{relation} {schema[keyword]}{unit}")
+    return " ".join([kind, " and ".join(bounds)]).strip()

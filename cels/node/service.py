@@ -58,6 +58,9 @@ REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMEN
 CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
 SERVER_POOL = 32
 """Threads serving RPCs (started lazily and kept); a held out-of-order message occupies one."""
+SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+"""gRPC sets SO_REUSEPORT on its listeners by default, so a second node on a taken address
+would bind it too and share its connections; without it the second node cannot serve (exit 1)."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 
@@ -85,16 +88,19 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name), options=SERVER_OPTIONS)
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
-        if self.config.insecure:
-            warn_insecure(self.config.name)
-            port = self.server.add_insecure_port(self.config.listen)
-        else:
-            port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
+        try:
+            if self.config.insecure:
+                warn_insecure(self.config.name)
+                port = self.server.add_insecure_port(self.config.listen)
+            else:
+                port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
+        except RuntimeError:  # grpcio raises when no address binds
+            port = 0
         if port == 0:
-            raise OSError(f"{self.config.name}: cannot listen on {self.config.listen}")
+            raise OSError(f"{self.config.name}: cannot listen on {self.config.listen} (the address is taken, or not this host's)")
         self.server.start()
         self.keys.start()
         log.info("%s: serving on %s", self.config.name, self.config.listen)

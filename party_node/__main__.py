@@ -67,7 +67,7 @@ def start(argv: Sequence[str] | None):
             ),
         )
 
-    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True)
+    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, session_ended=ledger.release)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,10 +68,15 @@ NOTICE_SECONDS = 5.0
 class Node(cels_pb2_grpc.CelsNodeServicer):
     """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
-    def __init__(self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False) -> None:
+    def __init__(
+        self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False,
+        session_ended: Callable[[str], object] | None = None,
+    ) -> None:
+        """``session_ended(session_id)`` is called once when a session ends here, done or
+        aborted (the party node's ledger releases its reservation, cels.node.ledger)."""
         from cels.views import record_views
 
-        self.config, self.output_writer = config, output_writer
+        self.config, self.output_writer, self.session_ended = config, output_writer, session_ended
         self.peers = PeerClients(config)
         self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
         def make_role(options: SessionOptions) -> Role:
@@ -183,6 +188,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
         elif event.kind in (ABORTED, DONE):
             log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
+            if self.session_ended is not None:
+                self.session_ended(sid)
             wire = self.wires.pop(sid, None)
             if wire is not None:
                 wire.stopped.set()

@@ -25,7 +25,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.peers import PeerClients, Refused
+from cels.node.pool import ElasticThreadPool
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
 from cels.protocol.options import SessionOptions
@@ -57,7 +57,8 @@ REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMEN
 """The codes a node refuses with; a FINISH failing with any other (UNAVAILABLE, DEADLINE_EXCEEDED,
 CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
 SERVER_POOL = 32
-"""Threads serving RPCs (started lazily and kept); a held out-of-order message occupies one."""
+"""Threads serving RPCs at most (started on demand, ended after idle seconds: cels.node.pool); a
+held out-of-order message occupies one."""
 SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 """gRPC sets SO_REUSEPORT on its listeners by default, so a second node on a taken address
 would bind it too and share its connections; without it the second node cannot serve (exit 1)."""
@@ -93,7 +94,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_POOL, thread_name_prefix=self.config.name), options=SERVER_OPTIONS)
+        self.server = grpc.server(ElasticThreadPool(SERVER_POOL, thread_name_prefix=self.config.name), options=SERVER_OPTIONS)
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
         try:

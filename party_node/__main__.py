@@ -30,12 +30,12 @@ def start(argv: Sequence[str] | None):
     args = build_parser().parse_args(argv)
 
     import os
-    from concurrent.futures import ThreadPoolExecutor
 
     from cels.logs import load_log, write_log
     from cels.node.config import data_source, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
+    from cels.node.pool import ElasticThreadPool
     from cels.node.service import Node
     from cels.node.tls import warn_insecure_keys
     from cels.protocol.options import SessionOptions
@@ -49,7 +49,7 @@ def start(argv: Sequence[str] | None):
     allow_small = warn_insecure_keys(config)
     # P_1 decrypts every secure sum while the other parties wait for the result: all cores
     # (the exponentiations release the GIL, so threads suffice)
-    decryption_pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="decrypt")
+    decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
 
     def factory(session: SessionOptions, keys: NodeKeys):
         # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
@@ -67,7 +67,7 @@ def start(argv: Sequence[str] | None):
             ),
         )
 
-    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger)
+    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from cels.cli import main
 from cels.node.cluster import LOOPBACK, free_port
-from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, read_entries
+from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, Reservation, read_entries, read_reservations
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from party_node.__main__ import main as party_main, start as party_start
@@ -67,14 +67,46 @@ def test_sessions_compose_and_a_session_over_budget_is_refused_with_the_numbers(
     assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == ["s1", "s2", "s3"]
 
 
-def test_running_sessions_are_reserved_and_released_when_dropped(tmp_path):
+def test_running_sessions_are_reserved_and_released_once_when_they_end(tmp_path):
     ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_delta=0.5), Clock())
     first = ledger.admit(session("a", delta=0.3), FinishingRole)
-    with pytest.raises(ValueError, match="needs delta 0.3, but 0 session.*running ones reserve 0.3 of the budget 0.5 in total"):
+    assert read_reservations(tmp_path / "l.json")[0] == {"a": Reservation(1.0, 0.3, 1_000 * DAY)}
+    with pytest.raises(ValueError, match=r"needs delta 0.3, but 0 session.*running ones reserve 0.3 \(a\) of the budget 0.5 in total"):
         ledger.admit(session("b", delta=0.3), FinishingRole)
-    del first  # the session ended without output: nothing recorded, nothing reserved
+    assert first is not None  # the role is still referenced (the host keeps ended sessions)
+    assert ledger.release("a") and not ledger.release("a")  # the session ended without output: released once
+    assert ledger.reserved() == {} and read_reservations(tmp_path / "l.json")[0] == {}
     finish(ledger, session("b", delta=0.3))
+    assert not ledger.release("b")  # recorded, so nothing was held any more
     assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == ["b"]
+
+
+def test_a_role_that_cannot_be_built_holds_no_reservation(tmp_path):
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_delta=0.5), Clock())
+
+    def broken():
+        raise OSError("no node key")
+
+    with pytest.raises(OSError):
+        ledger.admit(session("a", delta=0.3), broken)
+    assert ledger.reserved() == {}
+
+
+def test_cels_ledger_shows_spent_reserved_with_age_and_left(tmp_path, capsys):
+    clock = Clock()
+    path = tmp_path / "l.json"
+    ledger = Ledger.open(LedgerPolicy(path, budget_delta=2.0))
+    ledger.clock = clock
+    finish(ledger, session("done", delta=0.4))
+    ledger.admit(session("running", delta=0.4), FinishingRole)
+    assert main(["ledger", "--ledger", str(path), "--budget-delta", "2", "--budget-epsilon", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "reserved by 1 running session(s) of node process" in out
+    assert "  running  eps 1  delta 0.4  for " in out
+    assert "budget: eps 10 (spent 1, reserved 1, 8 left), delta 2 (spent 0.4, reserved 0.4, 1.2 left)" in out
+    Ledger.open(LedgerPolicy(path))  # a restarted node: the reservations ended with the old process
+    assert main(["ledger", "--ledger", str(path), "--budget-delta", "2"]) == 0
+    assert "reserved by 0 running session(s)\nbudget: delta 2 (spent 0.4, reserved 0, 1.6 left)" in capsys.readouterr().out
 
 
 def test_an_aborted_role_is_not_recorded(tmp_path):
@@ -95,7 +127,7 @@ def test_the_ledger_survives_restarts_and_cels_ledger_shows_it(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "s1  eps 2 (counts not DP: no end-to-end noise)  delta 0.25" in out
     assert "(7 days): 2 session(s), eps 3.5, delta 0.5; 2 without end-to-end noise" in out
-    assert "budget: eps 10 (6.5 left)" in out
+    assert "budget: eps 10 (spent 3.5, reserved 0, 6.5 left)" in out
 
 
 @pytest.mark.parametrize(

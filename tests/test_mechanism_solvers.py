@@ -157,3 +157,16 @@ def test_solver_invariants(matrix, b, objective, integer):
     floor = solve(cond, objective, integer="floor")
     if objective in ("max-output", "diversity"):
         assert sol.integer_total >= floor.integer_total
+
+
+def test_a_mip_stopped_at_its_time_limit_says_so_with_its_gap(caplog):
+    """The max-output MIP used to stop at its time limit without a word (issue 23)."""
+    rng = np.random.default_rng(1)
+    G = sp.random(120, 300, density=0.3, random_state=rng, data_rvs=lambda n: rng.uniform(0.05, 1.0, n)).tocsr()
+    cond = Conditions(G, np.full(120, 3.7), np.ones(300))
+    with caplog.at_level("WARNING", logger="cels.mechanism.solvers"):
+        sol = solve(cond, "max-output", time_limit=0.2)
+    summary = sol.summary()
+    assert summary["mip_status"] == "time limit" and summary["mip_time_limit"] == 0.2 and summary["mip_gap"] > 0
+    assert f"the MIP stopped at its time limit of 0.2 s, not at the optimum (MIP gap {summary['mip_gap']:.2%})" in caplog.text
+    assert solve(figure1(math.log(20)), "max-output", time_limit=5).summary()["mip_status"] == "optimal"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 
 import grpc
 import pytest
 
 from cels.certs import make_dev_certs, node_names
 from cels.cli.service import session_options
-from cels.node.cluster import LOOPBACK, free_port
+from cels.node.cluster import LOOPBACK, LocalCluster, free_port, python_module
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.service import Node
@@ -212,3 +213,26 @@ def test_the_local_deployment_example_is_a_valid_configuration() -> None:
     options = session_options({**session["session"], "initiator": session["run"]["initiator"]})
     assert options.parties == ("party-1", "party-2", "party-3")
     assert session["run"]["address"] == load_toml(local / "party-1.toml")["node"]["listen"]
+
+
+def test_a_second_node_on_a_taken_address_exits_1_naming_it(tmp_path) -> None:
+    """gRPC's listeners set SO_REUSEPORT by default: a second node on a served address used
+    to bind it too, print that it serves and keep running (README, exit codes: 1 when the
+    listen address is taken).  Two real node processes."""
+    data = tmp_path / "d.tsv"
+    data.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\t2006-03-01 00:00:00\t1\thttp://x\n")
+    address = f"{LOOPBACK}:{free_port()}"
+    common = ["--listen", address, "--insecure", "--data", str(data), "--session-keys", "--obfuscators", "0"]
+    with LocalCluster(tmp_path / "logs") as cluster:
+        cluster.start("party-2", address, python_module("party_node") + ["--name", "party-2", *common])
+        cluster.wait_ready()
+        second = cluster.start("party-3", address, python_module("party_node") + ["--name", "party-3", *common])
+        try:
+            code = second.process.wait(20)
+        except subprocess.TimeoutExpired:
+            code = None
+        err = second.log_text()
+        assert code == 1, f"the second node still runs on {address}:\n{err}"
+        assert f"cels-party: cannot serve: party-3: cannot listen on {address}" in err
+        assert "serving on" not in err and "listening on" not in err
+        assert cluster.nodes["party-2"].process.poll() is None  # the first node serves on

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pty
+import re
+import select
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from pathlib import Path
 
@@ -111,3 +119,63 @@ def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     assert report["privacy"]["end_to_end"] is False and "no end-to-end bound" in report["privacy"]["against_recipients"]
     steps = report["wire"]["nodes"]["solver"]["messages_sent"]
     assert steps["noise_total"] == 3  # z to every party, from the masked shares
+
+
+def run_on_a_pty(argv: list[str], timeout: float) -> tuple[int, list[tuple[float, bytes]]]:
+    """Run ``argv`` with a pseudo-terminal as stdin, stdout and stderr, left at 0 x 0 as nobody
+    sized it (``script``, ``docker exec -t``); its exit code and what it wrote, as (seconds
+    since the start, bytes) chunks."""
+    master, slave = pty.openpty()
+    start = time.monotonic()
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    try:
+        while time.monotonic() - start < timeout:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append((time.monotonic() - start, data))
+            elif process.poll() is not None:
+                break
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+        os.close(master)
+    return process.returncode, chunks
+
+
+def first_seen(chunks: list[tuple[float, bytes]], pattern: bytes) -> float | None:
+    """When the first match of ``pattern`` was complete on the terminal (None: never)."""
+    text, ends = b"", []
+    for at, data in chunks:
+        text += data
+        ends.append((len(text), at))
+    match = re.search(pattern, text)
+    return None if match is None else next(at for end, at in ends if end >= match.end())
+
+
+def test_simulate_on_a_terminal_shows_bars_says_what_it_does_and_peers_phases_as_they_end(tmp_path) -> None:
+    """Issue 23: under a pty nobody sized, `cels simulate` showed no bar, nothing for its
+    first seconds, and every peer's phase lines in one burst at the end of the session."""
+    cels = str(Path(sys.executable).parent / "cels")
+    argv = [cels, "simulate", "--parties", "3", "--synthetic-users", "2000", "--synthetic-pairs", "1500", "--key-bits", "512",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    code, chunks = run_on_a_pty(argv, timeout=300)
+    console = b"".join(data for _, data in chunks).decode(errors="replace")
+    assert code == 0, console[-3000:]
+    assert first_seen(chunks, rb"\r(load|universe|counts|solve|sampling|union) *: +\d+%\|") is not None, "no tqdm bar frame"
+    starting, started = first_seen(chunks, rb"starting 4 node processes"), first_seen(chunks, rb"started 4 node processes")
+    assert starting is not None and started is not None and starting < started
+    released = first_seen(chunks, rb"released \|O\| = ")
+    for peer in (b"party-2", b"party-3"):
+        ended = first_seen(chunks, peer + rb" universe +ended")  # seen by the initiator's watchdog
+        done = first_seen(chunks, peer + rb" universe +done")  # the peer's own report, once its part is over
+        assert ended is not None and done is not None and released is not None, console[-3000:]
+        assert ended + 1.0 < released and ended < done, (peer, ended, done, released)
+    assert "session wall time" in console and "cels simulate took" in console

@@ -157,3 +157,22 @@ def test_cels_help_is_for_users_and_imports_no_subcommand():
     assert "HEAVY []" in out  # lazy: measured 2.26 s -> 0.08 s (docs/bench/cli-help-startup.json)
     assert "Publish one sanitized search log" in out and "subcommand module" not in out
     assert "3 empty release" in out and "split" in out and "ledger" in out
+
+
+def test_a_peer_entering_a_phase_ends_its_earlier_ones_live():
+    """Peers report their busy seconds and bytes only when their part is over; the initiator's
+    watchdog sees them enter phases, so their phases are shown ended (and counted in the bars)
+    as they end, not in one burst at the end (issue 23)."""
+    config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4)
+    stream = io.StringIO()
+    progress = SessionProgress(config, stream=stream, bars=False)
+    progress.start(report("party-2", "load", 0))
+    progress.start(report("party-2", "counts", 0))  # the probe missed universe
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[4:6] for line in lines] == [["load", "started"], ["load", "ended"], ["universe", "ended"], ["counts", "started"]]
+    assert "s wall" in lines[1] and "wall" not in lines[2]  # universe was never seen starting
+    assert progress.counted == {("party-2", "load"), ("party-2", "universe")}  # one more node done in those bars
+    for phase in ("load", "universe", "counts"):  # its reports at the end: printed, each counted once
+        progress.step(report("party-2", phase))
+    assert progress.counted == {("party-2", "load"), ("party-2", "universe"), ("party-2", "counts")}
+    assert sum(" done " in line for line in stream.getvalue().splitlines()) == 3

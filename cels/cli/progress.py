@@ -6,10 +6,16 @@ node's phases in protocol order (docs/protocol.md: load, universe, counts, solve
 with ``--solve transformed`` --, sampling, union; the solver takes part in that one phase) whatever order the reports arrive in, keeps one
 tqdm bar per running phase (nodes done / nodes in it; on a terminal only), and at the end
 lists what no event carried from the session report.
+
+A peer sends its StepReports (busy seconds, bytes) only once its part is over; the initiator's
+watchdog sees it enter each phase.  So a peer entering a phase ends its earlier ones: they are
+printed as "ended" (with the wall clock seen here) and counted in the bars when that happens,
+and the "done" lines with the peer's own figures follow when its reports arrive.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import IO, Any
@@ -43,6 +49,7 @@ class SessionProgress:
         self.printed: dict[str, int] = {node: 0 for node in self.expected}  # phases printed, in protocol order
         self.started: set[tuple[str, str]] = set()
         self.shown: set[tuple[str, str]] = set()
+        self.counted: set[tuple[str, str]] = set()  # (node, phase) counted as ended in its bar
         self.bars: dict[str, tqdm] = {}
         self.show_bars = bars
         self.lines: list[str] = []
@@ -58,18 +65,38 @@ class SessionProgress:
 
     def _bar(self, phase: str) -> tqdm:
         if phase not in self.bars:
+            size = shutil.get_terminal_size()  # COLUMNS / LINES, the terminal's size, or 80 x 24 where it says 0
             total = sum(phase in phases for phases in self.expected.values())
             self.bars[phase] = tqdm(
                 total=total, desc=f"{phase:<9}", unit="node", file=self.stream, leave=False,
                 disable=None if self.show_bars is None else not self.show_bars,  # None: bars on a terminal only
+                # a terminal that reports 0 x 0 (a pty nobody sized: script, docker exec -t, CI) got no bar at all
+                ncols=size.columns, nrows=size.lines,
             )  # fmt: skip
         return self.bars[phase]
 
+    def _count(self, node: str, phase: str) -> None:
+        """``node`` left ``phase``: one more node done in that phase's bar (once)."""
+        if (node, phase) in self.counted:
+            return
+        self.counted.add((node, phase))
+        bar = self._bar(phase)
+        bar.update(1)
+        if bar.n >= (bar.total or 0):
+            bar.close()
+
     def start(self, report: cels_pb2.StepReport) -> None:
-        """A node entered a phase (RunEvent ``phase_start``)."""
+        """A node entered a phase (RunEvent ``phase_start``): its earlier phases are over."""
         if (report.node, report.phase) in self.started:
             return
-        self.seen[(report.node, report.phase, "start")] = time.monotonic() - self.t0
+        now = time.monotonic() - self.t0
+        self.seen[(report.node, report.phase, "start")] = now
+        phases = self.expected.get(report.node, ())
+        for earlier in phases[: phases.index(report.phase)] if report.phase in phases else ():
+            if (report.node, earlier) not in self.counted:
+                began = self.seen.get((report.node, earlier, "start"))
+                self._count(report.node, earlier)
+                self._write(self._line(report.node, earlier, "ended" + (f"  {now - began:8.2f} s wall" if began is not None else "")))
         self.started.add((report.node, report.phase))
         self._bar(report.phase)
         self._write(self._line(report.node, report.phase, "started"))
@@ -99,10 +126,7 @@ class SessionProgress:
 
     def _print_end(self, report: cels_pb2.StepReport) -> None:
         self.shown.add((report.node, report.phase))
-        bar = self._bar(report.phase)
-        bar.update(1)
-        if bar.n >= (bar.total or 0):
-            bar.close()
+        self._count(report.node, report.phase)
         what = f"done   {report.seconds:8.2f} s busy {report.bytes_sent / 1e6:9.3f} MB sent"
         self._write(self._line(report.node, report.phase, what))
 

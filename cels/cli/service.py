@@ -28,6 +28,7 @@ from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.claims import TRANSFORMED_WARNING
 from cels.fileio import check_output_paths
+from cels.mechanism.solvers import mip_stop_notice
 from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
@@ -210,12 +211,17 @@ def warn_transformed(options: SessionOptions, command: str) -> None:
         print(f"{command}: {TRANSFORMED_WARNING}", file=sys.stderr, flush=True)
 
 
-def release_notes(report: dict[str, Any], output: Path, report_path: Path, seconds: float | None = None) -> int:
-    """Summary, what was written and the privacy notice; the exit code (3: empty release)."""
+def release_notes(report: dict[str, Any], output: Path, report_path: Path, took: str = "") -> int:
+    """Summary, what was written (``took``: what the whole command took, if more than the
+    session) and the privacy notice; the exit code (3: empty release)."""
     print(summary(report))
-    took = f" in {seconds:.1f} s" if seconds is not None else ""
-    print(f"wrote {output} and its public release note {release_note_path(output)}{took}; "
-          f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
+    print(f"session wall time {report['wall_seconds']:.1f} s (the operator report's wall_seconds: on the initiator, from the Run "
+          "request to the report, every phase; not node start-up)")  # fmt: skip
+    print(f"wrote {output} and its public release note {release_note_path(output)}; "
+          f"the confidential operator report (not to be published) is {report_path}{took}")  # fmt: skip
+    notice = mip_stop_notice(report.get("solver", {}))
+    if notice is not None:
+        print(f"solver: {notice}", file=sys.stderr)
     print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
     reason = empty_release_reason(report)
     if reason is not None:
@@ -309,6 +315,7 @@ def run_nodes(
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
         options = options.with_addresses(addresses)
         common = ["--deadline", str(options.deadline), "--node-key-bits", str(options.key_bits)]
+        started = time.monotonic()
         # every core for each party's obfuscator workers (as before the idle-host default of half the cores):
         # the simulated nodes share one host and are idle only for the offline phase
         stocking = ["--obfuscators", "0", "--obfuscator-workers", str(os.cpu_count() or 1),
@@ -317,6 +324,8 @@ def run_nodes(
             common += ["--min-key-bits", str(options.key_bits)]
         if record_view is not None:
             common += ["--record-view", str(record_view.resolve())]
+        print(f"starting {len(addresses)} node processes on {LOOPBACK} (fresh dev CA, each makes its {options.key_bits}-bit node key)",
+              file=sys.stderr, flush=True)  # fmt: skip
         with LocalCluster(out / "node-logs") as cluster:
             for name in addresses:
                 argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
@@ -337,7 +346,8 @@ def run_nodes(
             # the nodes make their node keys at start-up: a deployment's nodes are long-running,
             # so the session (and its online clock) starts once every node is SERVING
             wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()))
-            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA); logs in {cluster.log_dir}", file=sys.stderr, flush=True)
+            print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA), all serving after "
+                  f"{time.monotonic() - started:.1f} s; logs in {cluster.log_dir}", file=sys.stderr, flush=True)  # fmt: skip
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses, limit - time.monotonic()) if stock else None
@@ -411,6 +421,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:  # read before --out is made: a bad input leaves nothing behind
         if not args.input.is_file():
             raise ValueError(f"--input {args.input} does not exist")
+        print(f"reading {args.input} ...", file=sys.stderr, flush=True)
         log, fmt_args = load_input(args), input_flags(args)
     suffix = output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -426,7 +437,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1
-    return release_notes(report, output, report_path, time.perf_counter() - t0)
+    took = f"; cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
+    return release_notes(report, output, report_path, took)
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -149,8 +150,9 @@ class _Model:
     def lp(self) -> np.ndarray:
         return _lp(self.cost, self.A_ub, self.b_ub, self.A_eq, self.b_eq, list(zip(self.lower, self.upper)))
 
-    def mip(self, integer_upper: np.ndarray, time_limit: float) -> np.ndarray | None:
-        """HiGHS MIP with x integer and sum x <= |O|; None when no integer point was found."""
+    def mip(self, integer_upper: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, dict]:
+        """HiGHS MIP with x integer and sum x <= |O|: its point (None when no integer point
+        was found) and how it stopped (:func:`mip_stop`)."""
         upper = self.upper.copy()
         upper[: self.n_x] = np.minimum(upper[: self.n_x], integer_upper)
         cons = [LinearConstraint(self.A_ub, -np.inf, self.b_ub)]
@@ -169,9 +171,36 @@ class _Model:
             options={"time_limit": float(time_limit), "disp": False},
         )
         log.info("MIP status %s: %s", res.status, res.message)
+        stop = mip_stop(res, time_limit)
         if res.x is None:
-            return None
-        return np.maximum(np.round(res.x[: self.n_x]), 0)
+            return None, stop
+        return np.maximum(np.round(res.x[: self.n_x]), 0), stop
+
+
+MIP_TIME_LIMIT_STATUS = 1
+"""scipy.optimize.milp's status when HiGHS stopped at the time (or iteration) limit."""
+
+
+def mip_stop(res: Any, time_limit: float) -> dict:
+    """How the MIP stopped, for the report: ``mip_status`` ("optimal", "time limit", ...) and
+    ``mip_gap`` (HiGHS' relative gap between the best point and the dual bound; 0 when optimal).
+    A MIP stopped at its time limit is a WARNING: the counts may be below the optimum."""
+    gap = getattr(res, "mip_gap", None)
+    stop = {"mip_status": {0: "optimal", MIP_TIME_LIMIT_STATUS: "time limit"}.get(res.status, f"status {res.status}: {res.message}"),
+            "mip_gap": None if gap is None else float(gap), "mip_time_limit": float(time_limit)}  # fmt: skip
+    if res.status == MIP_TIME_LIMIT_STATUS:
+        log.warning(mip_stop_notice(stop))
+    return stop
+
+
+def mip_stop_notice(extras: dict) -> str | None:
+    """One line when a solution's MIP stopped at its time limit (None otherwise)."""
+    if extras.get("mip_status") != "time limit":
+        return None
+    gap = extras.get("mip_gap")
+    gap_text = f"MIP gap {gap:.2%}" if gap is not None and math.isfinite(gap) else "no MIP gap known (no bound)"
+    return (f"the MIP stopped at its time limit of {extras['mip_time_limit']:g} s, not at the optimum ({gap_text}); "
+            "the counts are the best integer point found (--time-limit gives it more)")
 
 
 def _with_aux(cond: Conditions, n_aux: int) -> sp.csr_matrix:
@@ -462,8 +491,9 @@ def _integer(
         if model is None:  # max-output
             model = _Model(-np.ones(cond.n), cond.G, cond.h, None, None, np.zeros(cond.n), np.full(cond.n, np.inf), cond.n, None)
         t0 = time.perf_counter()
-        found = model.mip(np.floor(cond.upper_bounds()), time_limit)
+        found, stop = model.mip(np.floor(cond.upper_bounds()), time_limit)
         extras["mip_seconds"] = time.perf_counter() - t0
+        extras.update(stop)
         if found is not None:
             found = repair(cond, found.astype(np.int64))
             found = greedy_fill(cond, found, gain, total=total, upper=upper)

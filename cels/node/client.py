@@ -160,12 +160,14 @@ def run_on_nodes(
     report: dict[str, Any] | None = None
     with channel:
         stub = cels_pb2_grpc.CelsNodeStub(channel)
-        try:
-            grpc.channel_ready_future(channel).result(timeout=min(timeout, CONNECT_TIMEOUT))
-        except grpc.FutureTimeoutError:
+        try:  # a call that waits for the connection: channel_ready_future's watcher thread outlived the closed channel
+            stub.Status(cels_pb2.NodeStatusRequest(), timeout=max(0.0, min(timeout, CONNECT_TIMEOUT)), wait_for_ready=True)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
             raise SessionAborted(
                 controller.initiator, f"cannot connect to {controller.initiator} at {controller.address} "
-                f"within {min(timeout, CONNECT_TIMEOUT):g}s (not running, or its certificate does not name it)"
+                f"within {max(0.0, min(timeout, CONNECT_TIMEOUT)):g}s (not running, or its certificate does not name it)"
             ) from None
         try:
             with atomic_write(output, mode="wb") as sink:

@@ -12,18 +12,22 @@ A budget (``[ledger]`` budget_epsilon / budget_delta over window_days) makes the
 when a session is opened (StartSession, before any work), a session that would take the
 window's total above it: the role factory raises ValueError, which the node turns into
 FAILED_PRECONDITION with the numbers.  Running sessions are reserved against the budget until
-they end.  The file is JSON written atomically (cels.fileio) with a SHA-256 digest of its
-entries; a file that does not parse, lacks a field or fails the digest is refused loudly
-(the node does not start, ``cels ledger`` exits 2) rather than read as an empty ledger.
+they end, however they end: recorded when this node's part is done with output, released
+(:meth:`Ledger.release`, the node's end-of-session hook) when the session is aborted, refused,
+expired or dropped.  The reservations are also written, atomically, to a file beside the
+ledger (:func:`reservations_path`) for ``cels ledger``; a node starting empties it.  The
+ledger file is JSON written atomically (cels.fileio) with a SHA-256 digest of its entries; a
+file that does not parse, lacks a field or fails the digest is refused loudly (the node does
+not start, ``cels ledger`` exits 2) rather than read as an empty ledger.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -108,6 +112,34 @@ def totals(entries: list[dict[str, Any]], window_days: float | None, now: float)
     }
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """The cost a running session holds against the budget, and since when (seconds, wall clock)."""
+
+    epsilon: float
+    delta: float
+    since: float
+
+
+def reservations_path(path: Path) -> Path:
+    """Where a node shows its running sessions' reservations: ``NAME.ledger.reserved.json``
+    beside ``NAME.ledger.json``."""
+    return path.with_name(f"{path.stem}.reserved.json")
+
+
+def read_reservations(path: Path) -> tuple[dict[str, Reservation], int | None]:
+    """The reservations a node wrote beside ledger ``path`` and that node's pid ({}, None:
+    none written); LedgerError if the file is unreadable."""
+    shown = reservations_path(path)
+    try:
+        doc = json.loads(shown.read_text(encoding="utf-8"))
+        return {sid: Reservation(float(r["epsilon"]), float(r["delta"]), float(r["since"])) for sid, r in doc["reserved"].items()}, int(doc["pid"])
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LedgerError(f"reservations {shown} are unreadable: {exc!r}") from None
+
+
 def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
 
@@ -119,57 +151,77 @@ class Ledger:
         self.policy = policy
         self.clock = clock
         self._lock = threading.Lock()
-        self._reserved: dict[str, tuple[float, float]] = {}
+        self._reserved: dict[str, Reservation] = {}
 
     @classmethod
     def open(cls, policy: LedgerPolicy | None) -> Ledger:
-        """A ledger whose file is read once now: a corrupted file stops the node at start-up."""
+        """A node's ledger, its file read once now (a corrupted file stops the node at start-up);
+        the reservations a previous node process left are emptied (they ended with it)."""
+        ledger = cls(policy)
         if policy is not None:
             read_entries(policy.path)
-        return cls(policy)
+            try:
+                with ledger._lock:
+                    ledger._show_reserved()
+            except OSError as exc:
+                raise LedgerError(f"ledger {policy.path}: cannot write beside it: {exc}") from None
+        return ledger
 
     def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
         """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
         reserve its cost, build the role and return it wrapped: the session is recorded when the
-        role is done with output, and the reservation dropped when the role is dropped."""
+        role is done with output; the node calls :meth:`release` when the session ends."""
         if self.policy is None:
             return make_role()
         eps, delta, noise = session_cost(options)
         with self._lock:
             spent = totals(read_entries(self.policy.path), self.policy.window_days, self.clock())
-            running_eps = sum(r[0] for r in self._reserved.values())
-            running_delta = sum(r[1] for r in self._reserved.values())
-            self._check(options.session_id, spent, running_eps, running_delta, eps + noise, delta)
-            self._reserved[options.session_id] = (eps + noise, delta)
-        role = make_role()
-        charged = ChargedRole(role, lambda: self.record(options))
-        weakref.finalize(charged, self._release, options.session_id)
-        return charged
+            self._check(options.session_id, spent, eps + noise, delta)
+            self._reserved[options.session_id] = Reservation(eps + noise, delta, self.clock())
+            self._show_reserved()
+        try:
+            role = make_role()
+        except BaseException:
+            self.release(options.session_id)
+            raise
+        return ChargedRole(role, lambda: self.record(options))
 
-    def _check(self, session_id: str, spent: dict, running_eps: float, running_delta: float, eps: float, delta: float) -> None:
+    def reserved(self) -> dict[str, Reservation]:
+        """The running sessions' reservations, by session id."""
+        with self._lock:
+            return dict(self._reserved)
+
+    def release(self, session_id: str) -> bool:
+        """The session ended (aborted, refused, expired, or done): drop its reservation.  True
+        if it held one; a second call, or one after :meth:`record`, changes nothing."""
+        with self._lock:
+            held = self._reserved.pop(session_id, None) is not None
+            if held:
+                self._show_reserved()
+        return held
+
+    def _show_reserved(self) -> None:
+        """Write the reservations beside the ledger (``cels ledger`` reads them); under the lock."""
+        assert self.policy is not None
+        reserved = {sid: r.__dict__ for sid, r in self._reserved.items()}
+        atomic_write_json(reservations_path(self.policy.path), {"pid": os.getpid(), "reserved": reserved})
+
+    def _check(self, session_id: str, spent: dict, eps: float, delta: float) -> None:
         p = self.policy
         assert p is not None
         window = f"per {p.window_days:g} days" if p.window_days else "in total"
-        for name, budget, used, running, cost in (
-            ("epsilon", p.budget_epsilon, spent["epsilon"], running_eps, eps),
-            ("delta", p.budget_delta, spent["delta"], running_delta, delta),
+        running = sorted(self._reserved)
+        for name, budget, used, held, cost in (
+            ("epsilon", p.budget_epsilon, spent["epsilon"], sum(r.epsilon for r in self._reserved.values()), eps),
+            ("delta", p.budget_delta, spent["delta"], sum(r.delta for r in self._reserved.values()), delta),
         ):
-            if budget is not None and used + running + cost > budget + 1e-12:
+            if budget is not None and used + held + cost > budget + 1e-12:
                 raise ValueError(
                     f"privacy budget exceeded: session {session_id} needs {name} {cost:g}, but {spent['sessions']} "
-                    f"session(s) in the window spent {used:g}" + (f" and running ones reserve {running:g}" if running else "")
+                    f"session(s) in the window spent {used:g}"
+                    + (f" and running ones reserve {held:g} ({', '.join(running)})" if held else "")
                     + f" of the budget {budget:g} {window} ({COMPOSITION}; ledger {p.path})"
                 )
-
-    def reserved(self) -> tuple[int, float, float]:
-        """Running sessions reserved against the budget: (how many, eps, delta)."""
-        with self._lock:
-            costs = list(self._reserved.values())
-        return len(costs), sum(c[0] for c in costs), sum(c[1] for c in costs)
-
-    def _release(self, session_id: str) -> None:
-        with self._lock:
-            self._reserved.pop(session_id, None)
 
     def record(self, options: SessionOptions) -> None:
         """Append a finished session (atomically: the file is complete or unchanged)."""
@@ -189,7 +241,8 @@ class Ledger:
         with self._lock:
             entries = [*read_entries(self.policy.path), entry]
             atomic_write_json(self.policy.path, {"version": LEDGER_VERSION, "sessions": entries, "sha256": digest(entries)})
-            self._reserved.pop(options.session_id, None)
+            if self._reserved.pop(options.session_id, None) is not None:
+                self._show_reserved()
 
 
 class ChargedRole:
@@ -234,10 +287,31 @@ def show(policy: LedgerPolicy, now: float | None = None) -> str:
     window = f"since {t['since']} ({policy.window_days:g} days)" if policy.window_days else "all sessions"
     lines.append(f"total {window}: {t['sessions']} session(s), eps {t['epsilon']:g}, delta {t['delta']:g}"
                  + (f"; {t['without_end_to_end']} without end-to-end noise" if t["without_end_to_end"] else ""))  # fmt: skip
+    reserved, pid = read_reservations(policy.path)
+    if reserved and pid is not None and not process_alive(pid):
+        lines.append(f"reserved: none (the node process {pid} that reserved {len(reserved)} session(s) is gone; its reservations ended with it)")
+        reserved = {}
+    else:
+        lines.append(f"reserved by {len(reserved)} running session(s)" + (f" of node process {pid}:" if reserved else ""))
+        for sid, r in sorted(reserved.items(), key=lambda item: item[1].since):
+            lines.append(f"  {sid}  eps {r.epsilon:g}  delta {r.delta:g}  for {max(0.0, now - r.since):.0f} s")
     budget = []
-    if policy.budget_epsilon is not None:
-        budget.append(f"eps {policy.budget_epsilon:g} ({policy.budget_epsilon - t['epsilon']:g} left)")
-    if policy.budget_delta is not None:
-        budget.append(f"delta {policy.budget_delta:g} ({policy.budget_delta - t['delta']:g} left)")
+    for name, limit, spent, held in (
+        ("eps", policy.budget_epsilon, t["epsilon"], sum(r.epsilon for r in reserved.values())),
+        ("delta", policy.budget_delta, t["delta"], sum(r.delta for r in reserved.values())),
+    ):
+        if limit is not None:
+            budget.append(f"{name} {limit:g} (spent {spent:g}, reserved {held:g}, {limit - spent - held:g} left)")
     lines.append(f"budget: {', '.join(budget)}" if budget else "budget: none (the node records but refuses nothing)")
     return "\n".join(lines)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (``cels ledger`` runs where its node runs)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

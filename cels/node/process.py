@@ -62,7 +62,10 @@ def serve(node: Node) -> int:
     waits at most STOP_SECONDS (a long role step holds the host, and gRPC's own threads are
     not daemons), then ends the process with ``os._exit`` so that a busy node never ignores
     SIGTERM.  A second signal exits at once."""
+    from tqdm import tqdm
+
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {node.config.name} %(levelname)s %(message)s")
+    tqdm.monitor_interval = 0  # a node shows no bar, but tqdm starts its monitor thread for disabled bars too, and keeps it
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

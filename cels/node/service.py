@@ -58,7 +58,11 @@ REFUSALS = {grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMEN
 """The codes a node refuses with; a FINISH failing with any other (UNAVAILABLE, DEADLINE_EXCEEDED,
 CANCELLED by a stopping server, ...) means the peer is gone, not that it refuses."""
 SERVER_POOL = 32
-"""Threads serving RPCs (started lazily and kept); a held out-of-order message occupies one."""
+"""Threads serving RPCs at most (started on demand, ended after idle seconds: cels.node.pool); a
+held out-of-order message occupies one."""
+SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+"""gRPC sets SO_REUSEPORT on its listeners by default, so a second node on a taken address
+would bind it too and share its connections; without it the second node cannot serve (exit 1)."""
 NOTICE_SECONDS = 5.0
 """Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
 
@@ -67,13 +71,16 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
     """A party or solver node: its SessionHost, the wires of its sessions, its keys."""
 
     def __init__(
-        self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False, ledger: Ledger | None = None
+        self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False,
+        ledger: Ledger | None = None, session_ended: Callable[[str], object] | None = None,
     ) -> None:
         """``output_writer``: a party's (the solver writes no output); ``ledger``: a party's
-        privacy budget ledger, reported to its operators (cels.node.telemetry)."""
+        privacy budget ledger, reported to its operators (cels.node.telemetry);
+        ``session_ended(session_id)`` is called once when a session ends here, done or aborted
+        (the party node's ledger releases its reservation, cels.node.ledger)."""
         from cels.views import record_views
 
-        self.config, self.output_writer = config, output_writer
+        self.config, self.output_writer, self.session_ended = config, output_writer, session_ended
         self.telemetry = NodeTelemetry(config.name, "party" if output_writer is not None else "solver", ledger)
         self.peers = PeerClients(config, on_sent=self.telemetry.frames_sent)
         self.keys = NodeKeys(config.name, list(config.peers), config.keys, self.peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
@@ -95,18 +102,21 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port."""
-        pool = CountingPool(max_workers=SERVER_POOL, thread_name_prefix=self.config.name)
+        pool = CountingPool(SERVER_POOL, thread_name_prefix=self.config.name)
         self.telemetry.watch_pool(pool)
-        self.server = grpc.server(pool)
+        self.server = grpc.server(pool, options=SERVER_OPTIONS)
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
         add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
-        if self.config.insecure:
-            warn_insecure(self.config.name)
-            port = self.server.add_insecure_port(self.config.listen)
-        else:
-            port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
+        try:
+            if self.config.insecure:
+                warn_insecure(self.config.name)
+                port = self.server.add_insecure_port(self.config.listen)
+            else:
+                port = self.server.add_secure_port(self.config.listen, server_credentials(self.config.ca, self.config.cert, self.config.key))
+        except RuntimeError:  # grpcio raises when no address binds
+            port = 0
         if port == 0:
-            raise OSError(f"{self.config.name}: cannot listen on {self.config.listen}")
+            raise OSError(f"{self.config.name}: cannot listen on {self.config.listen} (the address is taken, or not this host's)")
         if self.config.metrics_listen is not None:  # before serving: a taken port stops the node at start-up
             metrics_port = self.telemetry.serve(self.config.metrics_listen)
             log.info("%s: metrics on http://%s:%d/metrics", self.config.name, self.config.metrics_listen.rpartition(":")[0], metrics_port)
@@ -196,6 +206,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         elif event.kind in (ABORTED, DONE):
             self.telemetry.session_ended(sid, event.kind, event.origin, event.reason)  # the outcome: done or aborted
             log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
+            if self.session_ended is not None:
+                self.session_ended(sid)
             wire = self.wires.pop(sid, None)
             if wire is not None:
                 wire.stopped.set()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from http.server import HTTPServer
 from typing import Any
@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cels.node.ledger import Ledger, LedgerError, read_entries, totals
+from cels.node.pool import ElasticThreadPool
 from cels.protocol.wire import cels_pb2
 
 RUNNING, DONE, ABORTED, REFUSED = "running", "done", "aborted", "refused"
@@ -67,12 +68,12 @@ class SessionRecord:
         )  # fmt: skip
 
 
-class CountingPool(ThreadPoolExecutor):
+class CountingPool(ElasticThreadPool):
     """The gRPC server's thread pool, counting the threads inside an RPC right now (a streaming
     RPC holds its thread for the whole stream)."""
 
-    def __init__(self, max_workers: int, thread_name_prefix: str = "") -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+    def __init__(self, max_workers: int, thread_name_prefix: str = "pool") -> None:
+        super().__init__(max_workers, thread_name_prefix=thread_name_prefix)
         self.size = max_workers
         self.busy = 0
         self._count_lock = threading.Lock()
@@ -101,7 +102,8 @@ def ledger_standing(ledger: Ledger) -> dict[str, Any] | None:
         spent = totals(read_entries(policy.path), policy.window_days, ledger.clock())
     except LedgerError:
         return None
-    count, eps, delta = ledger.reserved()
+    reservations = ledger.reserved().values()
+    count, eps, delta = len(reservations), sum(r.epsilon for r in reservations), sum(r.delta for r in reservations)
     return {
         "path": str(policy.path), "sessions": spent["sessions"], "epsilon_spent": spent["epsilon"], "delta_spent": spent["delta"],
         "reserved_sessions": count, "epsilon_reserved": eps, "delta_reserved": delta,

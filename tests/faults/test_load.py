@@ -7,8 +7,9 @@ Tolerance, per node (summed over its process session): resident memory +20 %, th
 descriptors +0, processes +0, and no file in its TMPDIR.  After the load the nodes get up to
 SETTLE_LIMIT seconds to come back within it.
 
-gRPC's server pool starts its threads lazily, up to SERVER_POOL (cels.node.service), and keeps
-them: a burst of held messages can grow it past its warm-up size without any leak.  So a node
+gRPC's server pool starts its threads on demand, up to SERVER_POOL (cels.node.service), and ends
+them after IDLE_SECONDS idle (cels.node.pool): a burst of held messages can grow it past its
+warm-up size for a while without any leak.  So a node
 over the thread tolerance gets one more round of 4 concurrent sessions: a leak grows with every
 round, a pool does not, so it must then stay within +2 threads of its count after the load,
 and within the pool's bound of the baseline.

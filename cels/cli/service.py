@@ -218,7 +218,9 @@ def release_notes(report: dict[str, Any], output: Path, report_path: Path, took:
     print(f"session wall time {report['wall_seconds']:.1f} s (the operator report's wall_seconds: on the initiator, from the Run "
           "request to the report, every phase; not node start-up)")  # fmt: skip
     print(f"wrote {output} and its public release note {release_note_path(output)}; "
-          f"the confidential operator report (not to be published) is {report_path}{took}")  # fmt: skip
+          f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
+    if took:
+        print(took)
     notice = mip_stop_notice(report.get("solver", {}))
     if notice is not None:
         print(f"solver: {notice}", file=sys.stderr)
@@ -437,7 +439,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1
-    took = f"; cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
+    took = f"cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
     return release_notes(report, output, report_path, took)
 
 

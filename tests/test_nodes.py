@@ -341,7 +341,8 @@ def test_killed_node_aborts_the_session_everywhere(tmp_path, victim) -> None:
         toy.cluster.kill(victim)
         killed = time.monotonic()
         runner.join(20)
-        assert outcome["aborted"].origin == victim
+        assert outcome["aborted"].origin == victim and outcome["aborted"].kind == "DIED", outcome["aborted"]
+        assert str(outcome["aborted"]).startswith(f"{victim} died"), outcome["aborted"]
         survivors = [n for n in toy.addresses if n != victim]
         wait_for(lambda: all(toy.state(n, "kill-1") == "aborted" for n in survivors), 10)
         assert time.monotonic() - killed < 3.0 + 1.0  # within the deadline (+1 s for polling here)

@@ -98,7 +98,7 @@ def test_a_refusal_after_abort_names_who_aborted() -> None:
     assert err.value.code == ProtocolError.FAILED_PRECONDITION
     assert err.value.abort.origin == "party-2" and err.value.abort.kind == DIED  # the sender blames party-2, not party-3
     sid = options.session_id
-    assert str(err.value) == f"party-3: session {sid!r} is aborted: no session ran: party-2 died (stopped answering); step refused"
+    assert str(err.value) == f"party-3: session {sid!r} is aborted: party-2 died in phase prepared (stopped answering); step refused"
 
 
 def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives() -> None:

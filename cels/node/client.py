@@ -15,7 +15,7 @@ import grpc
 from cels.fileio import atomic_write, atomic_write_json
 from cels.node.peers import call_abort, rpc_text
 from cels.node.tls import open_channel, warn_insecure
-from cels.protocol.aborts import BEFORE_START, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
+from cels.protocol.aborts import BEFORE_START, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 
@@ -203,8 +203,11 @@ def run_on_nodes(
                         raise SessionAborted(event.aborted)
                 if report is None:
                     raise SessionAborted(abort_notice(config.session_id, controller.initiator, PROTOCOL_ERROR, "the stream ended without a report", ""))
-        except grpc.RpcError as exc:  # the initiator refused the run, or the stream broke (the details are for its controller)
-            notice = call_abort(config.session_id, controller.initiator, "Run", exc, "" if began else BEFORE_START)
+        except grpc.RpcError as exc:  # the initiator refused the run, or its stream broke (the details are for its controller)
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):  # it was connected: it went away
+                notice = abort_notice(config.session_id, controller.initiator, DIED, "its Run stream broke", "")
+            else:
+                notice = call_abort(config.session_id, controller.initiator, "Run", exc, "" if began else BEFORE_START, joined=False)
             raise SessionAborted(notice, rpc_text(exc)) from None
     report.update(extra or {})
     atomic_write_json(report_path, report)

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
-from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice
+from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice, peer_abort
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
@@ -48,14 +48,16 @@ def sent_abort(exc: grpc.RpcError) -> cels_pb2.Abort | None:
     return None
 
 
-def call_abort(session_id: str, peer: str, what: str, exc: grpc.RpcError, phase: str) -> cels_pb2.Abort:
+def call_abort(session_id: str, peer: str, what: str, exc: grpc.RpcError, phase: str, joined: bool = True) -> cels_pb2.Abort:
     """The Abort a failed call to ``peer`` (``what``: e.g. "delivering sum_hop", "BEGIN")
     ends the session with: the one the refusal carries, else one blaming ``peer`` by the
-    call's status code.  The refusal's details stay in this node's log."""
+    call's status code (a peer that ``joined`` the session and no longer answers died).  The
+    refusal's details stay in this node's log."""
     carried = sent_abort(exc)
     if carried is not None:
-        carried.session_id = session_id
-        return carried
+        return peer_abort(carried, peer, session_id)
+    if joined and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return abort_notice(session_id, peer, DIED, f"{what}: stopped answering", phase)
     kind, why = CALL_FAILURES.get(exc.code(), (PROTOCOL_ERROR, "refused it"))
     return abort_notice(session_id, peer, kind, f"{what}: {why}", phase)
 

@@ -361,7 +361,8 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             target = me
             self.call(lambda now: self.host.begin(sid, now), sid)
         except grpc.RpcError as exc:
-            notice = call_abort(sid, target, what, exc, BEFORE_START if what == "start_session" else self.phase(sid))
+            started = what != "start_session"
+            notice = call_abort(sid, target, what, exc, self.phase(sid) if started else BEFORE_START, joined=started)
             self.adopt(sid, notice, f"{what} to {target} at {self.config.peers.get(target)} failed: {rpc_text(exc)}")
         except Refused as exc:  # no address for a node of the session
             self.abort(sid, target, UNREACHABLE, "this node has no address for it", str(exc))

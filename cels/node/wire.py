@@ -15,7 +15,7 @@ import grpc
 
 from cels.node.framing import to_frames
 from cels.node.peers import Refused, call_abort, rpc_text
-from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
+from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
 from cels.protocol.host import ABORTED, Event
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
@@ -152,7 +152,7 @@ class Wire:
                 if state.state == "unknown":
                     self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
                 elif state.state == ABORTED:
-                    peer_said = state.abort if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", "")
+                    peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", "")
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
                 if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, "prepared"):

@@ -16,9 +16,8 @@ REFUSED, UNREACHABLE, DIED = cels_pb2.Abort.REFUSED, cels_pb2.Abort.UNREACHABLE,
 DEADLINE, PROTOCOL_ERROR = cels_pb2.Abort.DEADLINE, cels_pb2.Abort.PROTOCOL_ERROR
 LOCAL_FAILURE, CANCELLED = cels_pb2.Abort.LOCAL_FAILURE, cels_pb2.Abort.CANCELLED
 BEFORE_START = "start"
-"""The phase of an abort before any role ran (a refused or undeliverable StartSession)."""
-BEFORE_SESSION = (BEFORE_START, "prepared")
-"""Phases in which no session ran yet: the rendering says "no session ran"."""
+"""The phase of an abort before any role ran (a refused or undeliverable StartSession): the
+rendering says "no session ran"."""
 
 
 def abort_notice(session_id: str, origin: str, kind: int, reason: str, phase: str) -> cels_pb2.Abort:
@@ -31,27 +30,41 @@ def abort_notice(session_id: str, origin: str, kind: int, reason: str, phase: st
     return cels_pb2.Abort(session_id=session_id, origin=origin, kind=kind, reason=reason, phase=phase)
 
 
+PEER_TEXT = 200
+"""Characters of a peer's reason or phase an adopted Abort keeps."""
+
+
+def peer_abort(abort: cels_pb2.Abort, sender: str, session_id: str) -> cels_pb2.Abort:
+    """A peer's Abort as this node keeps and passes it on: this session, ``sender`` as the
+    origin if it names none, its texts cut to PEER_TEXT printable characters (one log line)."""
+
+    def clean(text: str) -> str:
+        return "".join(ch if ch.isprintable() else " " for ch in text[:PEER_TEXT])
+
+    return cels_pb2.Abort(
+        session_id=session_id, origin=clean(abort.origin) or sender, kind=abort.kind, reason=clean(abort.reason), phase=clean(abort.phase)
+    )
+
+
+RENDERING = {
+    REFUSED: "refused by {origin}{why}",
+    UNREACHABLE: "{origin} unreachable{where}{why}",
+    DIED: "{origin} died{where}{why}",
+    DEADLINE: "{origin} timed out{where}{why}",
+    PROTOCOL_ERROR: "protocol error at {origin}{where}{why}",
+    LOCAL_FAILURE: "{origin} failed{where}{why}",
+    CANCELLED: "cancelled by {origin}{where}{why}",
+}
+"""How each kind reads (:func:`describe`); an unknown kind reads "aborted by ..."."""
+
+
 def describe(abort: cels_pb2.Abort) -> str:
     """One line: what happened, to whom, in which phase, e.g. "party-3 died in phase counts
     (stopped answering)" or "no session ran: refused by party-2 (privacy budget exceeded)"."""
-    origin, phase = abort.origin or "a node", abort.phase
-    why = f" ({abort.reason})" if abort.reason else ""
-    where = f" in phase {phase}" if phase and phase not in BEFORE_SESSION else ""
-    kind = abort.kind
-    if kind == REFUSED:
-        text = f"refused by {origin}{why}"
-    elif kind == UNREACHABLE:
-        text = f"{origin} unreachable{where}{why}"
-    elif kind == DIED:
-        text = f"{origin} died{where}{why}"
-    elif kind == DEADLINE:
-        text = f"{origin} timed out{where}{why}"
-    elif kind == PROTOCOL_ERROR:
-        text = f"protocol error at {origin}{where}{why}"
-    elif kind == LOCAL_FAILURE:
-        text = f"{origin} failed{where}{why}"
-    elif kind == CANCELLED:
-        text = f"cancelled by {origin}{where}{why}"
-    else:
-        text = f"aborted by {origin}{where}{why}"
-    return f"no session ran: {text}" if phase in BEFORE_SESSION else text
+    phase = abort.phase
+    text = RENDERING.get(abort.kind, "aborted by {origin}{where}{why}").format(
+        origin=abort.origin or "a node",
+        where=f" in phase {phase}" if phase and phase != BEFORE_START else "",
+        why=f" ({abort.reason})" if abort.reason else "",
+    )
+    return f"no session ran: {text}" if phase == BEFORE_START else text

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from cels.protocol.aborts import LOCAL_FAILURE, abort_notice, describe
+from cels.protocol.aborts import LOCAL_FAILURE, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, fail, step_name
 from cels.protocol.wire import cels_pb2
@@ -179,9 +179,7 @@ class SessionRole:
 
     def _on_abort(self, sender: str, msg: cels_pb2.Abort) -> list[Outgoing]:
         if self.aborted is None and not self.done:
-            self.aborted = cels_pb2.Abort()
-            self.aborted.CopyFrom(msg)
-            self.aborted.session_id, self.aborted.origin = self.session_id, msg.origin or sender
+            self.aborted = peer_abort(msg, sender, self.session_id)
             self._enter("aborted")
         return []
 

@@ -48,7 +48,8 @@ from cels.views.read import SESSION_FILE, VIEW_FILE
 
 PLAINTEXT_STEPS = {
     "start_session": "the session's public parameters",
-    "abort": "why a node gave up",
+    "abort": "which node gave up, the kind of failure and the phase (no data)",
+    "transcript_digest": "a SHA-256 of the verdicts another party applied (its own, unless the aggregator equivocated)",
     "step_report": "a node's seconds and bytes per phase",
     "sum_key": "a Paillier public key",
     "sum_result": "the summed vector (public by design)",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cels.logs.model import SearchLog
+from cels.protocol.aborts import describe
 from cels.protocol.host import ABORTED, SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
@@ -145,17 +146,28 @@ def _session_host(node: Receiver) -> SessionHost:
     return node
 
 
+def abort_message(roles: Mapping[str, Role]) -> str | None:
+    """Why a session run in memory aborted (None if it did not): the abort as its nodes were
+    told (cels.protocol.aborts), then its origin's own details, which in one process belong
+    to the caller as its log would."""
+    failed = [role.aborted for role in roles.values() if role.aborted is not None]
+    if not failed:
+        return None
+    origin = roles.get(failed[0].origin)
+    detail = getattr(origin, "failure", "") if origin is not None else ""
+    return f"session aborted: {describe(failed[0])}" + (f"; {failed[0].origin}'s log: {detail}" if detail else "")
+
+
 def run_session(logs: Sequence[LogSource], options: SessionOptions, **role_options) -> tuple[SearchLog, dict]:
     """Run one session in memory: ``logs[k]`` is party k's log (or its loader).  Returns
     (output, report); raises RuntimeError naming the failing node and its reason if the session
-    aborts.  (cels.views.record_session runs one that records every node's view.)"""
+    aborts (:func:`abort_message`).  (cels.views.record_session runs one that records every node's view.)"""
     nodes = session_hosts(logs, options, **role_options)
     network = InMemoryNetwork(nodes)
     started = time.perf_counter()
     roles = start_session(network, options)
-    failed = [role.aborted for role in roles.values() if role.aborted is not None]
-    if failed:
-        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    if (aborted := abort_message(roles)) is not None:
+        raise RuntimeError(aborted)
     lead = roles[options.initiator]
     if not lead.finished:
         raise RuntimeError(f"session stalled: phases {({n: r.phase for n, r in roles.items()})}")

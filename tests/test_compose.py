@@ -174,12 +174,13 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         for service in ("solver", "party-1", "party-2", "party-3"):
             with urllib.request.urlopen(f"http://{compose.address(service, 1)}/metrics", timeout=5) as page:
                 assert 'cels_sessions_total{outcome="done"} 1.0' in page.read().decode(), service
-        # a malformed log on party-2: the session aborts, the run reports party-2's error, nothing is written
+        # a malformed log on party-2: the session aborts, the run names party-2 (its log: the line), nothing is written
         bad = tmp_path / "data" / "party-2.tsv"
         bad.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\tt\tr\thttp://x/\textra\n")
         failed = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
         assert failed.returncode == 1, failed.stderr
-        assert "session aborted by party-2" in failed.stderr and f"{bad}, line 2" in failed.stderr, failed.stderr
+        assert "cels run: party-2 failed in phase load (cannot load its log)" in failed.stderr, failed.stderr
+        assert "line 2" in cluster.nodes["party-2"].log_text()
         assert {name: (tmp_path / "out" / name).read_bytes() for name in released} == released
         assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["operator", "sanitized.tsv", "sanitized.tsv.release-note.json"]
     sanitized = (tmp_path / "out" / "sanitized.tsv").read_text().splitlines()

@@ -9,6 +9,8 @@ import pytest
 from cels.cli import main
 from cels.node.cluster import LOOPBACK, free_port
 from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, Reservation, read_entries, read_reservations
+from cels.node.peers import sent_abort
+from cels.protocol.aborts import REFUSED, describe
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from party_node.__main__ import main as party_main, start as party_start
@@ -170,7 +172,13 @@ def test_the_node_refuses_at_start_session_with_failed_precondition(tmp_path):
             with pytest.raises(grpc.RpcError) as err:
                 next(iter(run))
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "party-1: cannot take session 'new': privacy budget exceeded: session new needs epsilon 1, but 1 session(s) in the window spent 1" in err.value.details()
+        assert "privacy budget exceeded: session new needs epsilon 1, but 1 session(s) in the window spent 1" in err.value.details()
+        # no doubled prefix; the numbers for this node's controller only; the structured refusal
+        # a peer or cels run reads (issue 23 items 9, 10)
+        assert err.value.details().startswith("party-1: session 'new' refused: privacy budget exceeded (privacy budget exceeded: session new")
+        notice = sent_abort(err.value)
+        assert (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-1", REFUSED, "start", "privacy budget exceeded")
+        assert describe(notice) == "no session ran: refused by party-1 (privacy budget exceeded)"
         assert [e["session_id"] for e in read_entries(path)] == ["old"]
     finally:
         node.stop()

@@ -25,6 +25,7 @@ from cels.node.config import add_data_arguments, add_node_arguments, node_config
 from cels.node.service import Node
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
+from cels.protocol.aborts import LOCAL_FAILURE
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
@@ -268,13 +269,13 @@ def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
     # the controller pins the initiator's name: a server whose certificate names another node is refused
     with pytest.raises(SessionAborted) as aborted:
         toy.run(toy.config("pin-1"), tmp_path, controller=toy.controller(expect="party-2"), timeout=2)
-    assert "cannot connect to party-2" in aborted.value.reason
+    assert aborted.value.kind == "UNREACHABLE" and aborted.value.origin == "party-2" and "cannot connect to party-2" in str(aborted.value)
     # a party may not act as the controller
     cert = toy.certs["party-2"]
     impostor = Controller("party-1", toy.addresses["party-1"], cert.ca, cert.cert, cert.key)
     with pytest.raises(SessionAborted) as aborted:
         toy.run(toy.config("pin-2"), tmp_path, controller=impostor)
-    assert "PERMISSION_DENIED" in aborted.value.reason
+    assert aborted.value.kind == "REFUSED" and str(aborted.value).startswith("no session ran: refused by party-1 (Run: refused the caller): PERMISSION_DENIED: ")
     assert not (tmp_path / "out.tsv").exists()
 
 
@@ -294,7 +295,7 @@ def test_deadline_aborts_and_the_nodes_serve_the_next_session(toy, tmp_path) -> 
     # every hop takes 1.5 s but the session allows 1 s per call: the delivery to party-2 times out
     with pytest.raises(SessionAborted) as aborted:
         toy.run(toy.config("slow-1", delay=1.5, deadline=1.0), tmp_path / "slow")
-    assert "DEADLINE_EXCEEDED" in aborted.value.reason
+    assert aborted.value.kind == "DEADLINE" and aborted.value.origin == "party-2", aborted.value
     assert not (tmp_path / "slow").exists() or not any((tmp_path / "slow").iterdir())
     wait_for(lambda: all(toy.state(n, "slow-1") == "aborted" for n in toy.addresses), 10)
     report = toy.run(toy.config("after-slow"), tmp_path / "next")
@@ -310,8 +311,14 @@ def test_malformed_log_on_one_party_aborts_with_its_error(toy, tmp_path) -> None
             toy.run(toy.config("badlog-1"), tmp_path / "bad")
     finally:
         path.write_bytes(good)
-    assert aborted.value.origin == "party-2"
-    assert f"{path}, line 2, field 'count'" in aborted.value.reason
+    # the initiator is told who refused, not party-2's file, line or field: those stay in party-2's log
+    assert (aborted.value.origin, aborted.value.kind, aborted.value.phase) == ("party-2", "REFUSED", "start")
+    assert str(aborted.value) == "no session ran: refused by party-2 (cannot take the session)"
+    assert f"{path}, line 2, field 'count'" in toy.cluster.nodes["party-2"].log_text()
+    initiator_log = toy.cluster.nodes["party-1"].log_text()
+    assert "party-1: session badlog-1 aborted: no session ran: refused by party-2 (cannot take the session); start_session to party-2 at " in initiator_log
+    assert "party-2: session 'badlog-1' refused: cannot take the session (" in toy.cluster.nodes["party-2"].log_text()
+    assert str(path) not in initiator_log and "_InactiveRpcError" not in initiator_log
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
     assert toy.run(toy.config("badlog-2"), tmp_path / "good")["total"] == sum(SIZES.values())
 
@@ -334,10 +341,15 @@ def test_killed_node_aborts_the_session_everywhere(tmp_path, victim) -> None:
         toy.cluster.kill(victim)
         killed = time.monotonic()
         runner.join(20)
-        assert outcome["aborted"].origin == victim
+        assert outcome["aborted"].origin == victim and outcome["aborted"].kind == "DIED", outcome["aborted"]
+        assert str(outcome["aborted"]).startswith(f"{victim} died"), outcome["aborted"]
         survivors = [n for n in toy.addresses if n != victim]
         wait_for(lambda: all(toy.state(n, "kill-1") == "aborted" for n in survivors), 10)
         assert time.monotonic() - killed < 3.0 + 1.0  # within the deadline (+1 s for polling here)
+        for node in survivors:  # one line per abort, and no multi-line gRPC error dumps (issue 23 item 10)
+            text = toy.cluster.nodes[node].log_text()
+            assert "_InactiveRpcError" not in text and "\tstatus = " not in text, text
+            assert len([line for line in text.splitlines() if "session kill-1 aborted: " in line]) == 1, text
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     finally:
         toy.cluster.stop()
@@ -403,7 +415,7 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
 
         def signal(self, target, session_id, kind, deadline) -> None:
             if target == "party-2":
-                node.abort(session_id, "party-2", "cannot load the log: party-2.tsv is a directory")
+                node.abort(session_id, "party-2", LOCAL_FAILURE, "cannot load its log", "cannot load the log: party-2.tsv is a directory")
 
         def try_deliver(self, target, envelope, seconds) -> None:
             sent.append((target, envelope.WhichOneof("step")))
@@ -418,6 +430,6 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
     node.call(lambda now: node.host.create(options, now), options.session_id)
     events = list(node._initiate(node.wires[options.session_id], "out.tsv"))
     assert events[-1].WhichOneof("event") == "aborted"
-    assert events[-1].aborted.origin == "party-2"
-    assert "cannot load the log" in events[-1].aborted.reason
+    assert events[-1].aborted.origin == "party-2" and events[-1].aborted.kind == LOCAL_FAILURE
+    assert events[-1].aborted.reason == "cannot load its log"
     assert node.host.state(options.session_id)[0] == "aborted"

@@ -143,8 +143,10 @@ def test_a_party_refuses_a_malformed_noise_total(cond) -> None:
     assert party.on_noise_total("solver", env.noise_total)  # the real one starts the noise pass
 
 
-def test_a_party_refuses_a_verdict_accepting_what_it_rejected() -> None:
-    """A lying aggregator (or the r 2^-64 event) cannot push a party's user over b."""
+def test_a_verdict_accepting_what_a_party_rejected_fails_transcript_agreement() -> None:
+    """A lying aggregator (or the r 2^-64 event) cannot get x used: the party that rejected an
+    accepted proposal takes the verdict like the others (refusing it would tell the aggregator
+    who vetoed) but sends a random digest, so transcript agreement fails (step 6)."""
     tight, _ = build_conditions(synthetic_log(seed=5, users=90), 0.05)
     rule = ProposalRule("kl", tight.c, batch=8)
     parties, _, _ = nodes(2, noise=False)
@@ -154,7 +156,17 @@ def test_a_party_refuses_a_verdict_accepting_what_it_rejected() -> None:
             parties[to].on_mask_key(sender, env.mask_key)
     for k, p in enumerate(parties.values()):
         p.start(rule, tight.G[k::2], 0.05)
-    party = next(p for p in parties.values() if np.any(p.own_verdicts))
-    n = len(party.proposals)
+    vetoer = next(name for name, p in parties.items() if np.any(p.own_verdicts))
+    n = len(parties[vetoer].proposals)
     lie = cels_pb2.RoundVerdict(session_id=SESSION, round=0, proposals=n, accepted=np.packbits(np.ones(n, bool), bitorder="little").tobytes())
-    refused(ProtocolError.INVALID_ARGUMENT, lambda: party.on_round_verdict("solver", lie), "this party rejected", party)
+    for p in parties.values():
+        p.on_round_verdict("solver", lie)  # no refusal
+        p.done = True  # the rounds are over for this check
+    assert "this party rejected" in parties[vetoer].rejected_accepted
+    sent = {name: p.send_digest() for name, p in parties.items()}
+    for sender, out in sent.items():
+        for to, env in out:
+            parties[to].on_transcript_digest(sender, env.transcript_digest)
+    assert all(p.agreement() is False for p in parties.values())
+    honest = [p for name, p in parties.items() if name != vetoer and not np.any(p.own_verdicts)]
+    assert all(p.digests[p.name] == p.transcript.digest() for p in honest)

@@ -11,6 +11,7 @@ from cels.logs import LogError, synthetic_log
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.inprocess import run_session, session_hosts, start_session
+from cels.protocol.aborts import DIED
 from cels.protocol.options import DEFAULT_ELL_RATIO, SessionOptions
 from cels.protocol.transform import agreed_ell
 from cels.protocol.wire import cels_pb2
@@ -131,12 +132,12 @@ def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
     hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
     inner = hosts["party-3"]
     hosts["party-3"] = Intercept(
-        inner, "nlp_key", lambda node, _s, env: node.host.abort(env.session_id, "party-3", "simulated crash", 0.0).messages
+        inner, "nlp_key", lambda node, _s, env: node.host.abort(env.session_id, "party-3", DIED, "simulated crash", 0.0).messages
     )
     roles = start_session(InMemoryNetwork(hosts), cfg)
     for name, role in roles.items():
         assert role.aborted is not None, name
-        assert role.aborted.origin == "party-3" and role.aborted.reason == "simulated crash"
+        assert (role.aborted.origin, role.aborted.kind, role.aborted.phase, role.aborted.reason) == ("party-3", DIED, "nlp", "simulated crash")
     lead = roles["party-1"]
     assert lead.output is None and lead.report is None and not lead.finished
     late = envelope(cfg.session_id, "solver", nlp_key=cels_pb2.NlpKey(session_id=cfg.session_id))

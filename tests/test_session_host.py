@@ -9,7 +9,8 @@ import pytest
 from cels.inprocess import session_hosts
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
-from cels.protocol.host import ABORTED, PREPARED, RUNNING, refusal_origin
+from cels.protocol.aborts import DEADLINE, DIED
+from cels.protocol.host import ABORTED, PREPARED, RUNNING
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import ProtocolError, step_name
@@ -78,23 +79,26 @@ def test_a_session_that_is_never_begun_expires_at_its_deadline() -> None:
     assert created.wake_at == 130.0 and host.state(options.session_id)[0] == PREPARED
     assert host.expire(now=129.9).messages == []
     ended = host.expire(now=130.0)
-    state, origin, reason = host.state(options.session_id)
-    assert state == ABORTED and origin == "party-2" and "never begun" in reason
+    state, notice = host.state(options.session_id)
+    assert state == ABORTED and (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", DEADLINE, PREPARED, "session was never begun")
     assert sorted(dst for dst, _ in ended.messages) == ["party-1", "party-3", "solver"]
-    assert all(env.abort.origin == "party-2" for _, env in ended.messages)
+    assert all(env.abort == notice for _, env in ended.messages)
     assert [e.kind for e in ended.events] == [ABORTED]
+    assert ended.events[0].detail == "session was never begun within its deadline of 30s"  # the seconds: this node's log only
 
 
 def test_a_refusal_after_abort_names_who_aborted() -> None:
     options, hosts = _hosts()
     host = hosts["party-3"]
     host.create(options, now=0.0)
-    host.abort(options.session_id, "party-2", "killed", now=1.0)
+    host.abort(options.session_id, "party-2", DIED, "stopped answering", now=1.0)
     late = cels_pb2.Envelope(session_id=options.session_id, sender="party-1", universe_index=cels_pb2.UniverseIndex())
     with pytest.raises(ProtocolError) as err:
         host.deliver("party-1", late, now=2.0)
     assert err.value.code == ProtocolError.FAILED_PRECONDITION
-    assert refusal_origin(str(err.value)) == "party-2"  # the sender blames party-2, not party-3
+    assert err.value.abort.origin == "party-2" and err.value.abort.kind == DIED  # the sender blames party-2, not party-3
+    sid = options.session_id
+    assert str(err.value) == f"party-3: session {sid!r} is aborted: party-2 died in phase prepared (stopped answering); step refused"
 
 
 def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives() -> None:
@@ -103,12 +107,12 @@ def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives(
     blaming itself ("never begun").  A stranger's early abort changes nothing."""
     options, hosts = _hosts()
     host, sid = hosts["solver"], options.session_id
-    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", reason="node shutting down"))
+    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", kind=DIED, reason="node shutting down", phase="universe"))
     assert host.deliver("party-2", early, now=0.0).messages == [] and host.state(sid)[0] == "unknown"
     start = cels_pb2.Envelope(session_id=sid, sender="party-1", start_session=cels_pb2.StartSession(config=options.to_config()))
     effects = host.deliver("party-1", start, now=0.5)
     assert [e.kind for e in effects.events] == ["created", "phase", ABORTED] and effects.messages == []
-    assert host.state(sid) == (ABORTED, "party-2", "node shutting down")
+    assert host.state(sid) == (ABORTED, early.abort)
     other = _hosts()[0]
     stranger = cels_pb2.Envelope(session_id=other.session_id, sender="mallory", abort=cels_pb2.Abort(session_id=other.session_id))
     host.deliver("mallory", stranger, now=1.0)

@@ -90,7 +90,7 @@ def bench_log(args: argparse.Namespace) -> SearchLog:
 
 def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small: bool) -> dict[str, Any]:
     """One session in memory; node time split into offline (obfuscators) and online."""
-    from cels.inprocess import InMemoryNetwork, MemoryNode, start_session
+    from cels.inprocess import InMemoryNetwork, MemoryNode, abort_message, start_session
     from cels.protocol.host import SessionHost
     from cels.protocol.party import PartyRole
     from cels.protocol.solver import SolverRole
@@ -107,9 +107,8 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
     start = time.perf_counter()
     roles = start_session(network, options)
     wall = time.perf_counter() - start
-    failed = [r.aborted for r in roles.values() if r.aborted is not None]
-    if failed:
-        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    if (aborted := abort_message(roles)) is not None:
+        raise RuntimeError(aborted)
     lead = roles[options.initiator]
     busy = dict(network.stats.seconds)
     offline = {name: ledgers[name]["seconds"] for name in hosts}

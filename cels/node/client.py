@@ -13,8 +13,10 @@ from typing import Any
 import grpc
 
 from cels.fileio import atomic_write
+from cels.node.peers import call_abort, rpc_text
 from cels.reports import write_reports
 from cels.node.tls import open_channel, warn_insecure
+from cels.protocol.aborts import BEFORE_START, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 
@@ -23,11 +25,29 @@ CONNECT_TIMEOUT = 60.0
 
 
 class SessionAborted(RuntimeError):
-    """The session ended without output; ``origin`` is the node that failed."""
+    """The session ended without output, or never ran: ``abort`` says who (``origin``), what
+    (``kind``, an ``Abort.Kind`` name), in which ``phase`` and why (``reason``, generic);
+    ``detail`` is what only this side knows (an address, the initiator's own refusal)."""
 
-    def __init__(self, origin: str, reason: str) -> None:
-        super().__init__(f"session aborted by {origin}: {reason}")
-        self.origin, self.reason = origin, reason
+    def __init__(self, abort: cels_pb2.Abort, detail: str = "") -> None:
+        self.abort, self.detail = abort, detail
+        super().__init__(describe(abort) + (f": {detail}" if detail else ""))
+
+    @property
+    def origin(self) -> str:
+        return self.abort.origin
+
+    @property
+    def kind(self) -> str:
+        return cels_pb2.Abort.Kind.Name(self.abort.kind)
+
+    @property
+    def phase(self) -> str:
+        return self.abort.phase
+
+    @property
+    def reason(self) -> str:
+        return self.abort.reason
 
 
 @dataclass
@@ -115,8 +135,9 @@ def wait_reachable(
     poll: float = 1.0,
 ) -> None:
     """Wait until every node answers ``Status``; ``on_wait(unreachable, waited_seconds)`` after
-    each round that found one unreachable.  Raises SessionAborted naming the first unreachable
-    node and its address after ``timeout`` seconds."""
+    each round that found one unreachable.  Raises SessionAborted (UNREACHABLE, before any
+    session) naming the first unreachable node, with every unreachable address, after
+    ``timeout`` seconds."""
     start = time.monotonic()
     while True:
         missing = unreachable_nodes(controller, nodes)
@@ -128,9 +149,8 @@ def wait_reachable(
         if waited >= timeout:
             name = next(iter(missing))
             raise SessionAborted(
-                name,
-                f"unreachable after {waited:.0f}s: {', '.join(f'{n} at {a}' for n, a in missing.items())} "
-                "(not running, wrong address, or a certificate that does not name the node)",
+                abort_notice("", name, UNREACHABLE, "not running, wrong address, or a certificate that does not name the node", BEFORE_START),
+                f"{', '.join(f'{n} at {a}' for n, a in missing.items())} after {waited:.0f}s",
             )
         time.sleep(poll)
 
@@ -166,12 +186,14 @@ def run_on_nodes(
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
             raise SessionAborted(
-                controller.initiator, f"cannot connect to {controller.initiator} at {controller.address} "
-                f"within {max(0.0, min(timeout, CONNECT_TIMEOUT)):g}s (not running, or its certificate does not name it)"
+                abort_notice(config.session_id, controller.initiator, UNREACHABLE, "not running, or its certificate does not name it", BEFORE_START),
+                f"cannot connect to {controller.initiator} at {controller.address} within {max(0.0, min(timeout, CONNECT_TIMEOUT)):g}s",
             ) from None
+        began = False
         try:
             with atomic_write(output, mode="wb") as sink:
                 for event in stub.Run(request, timeout=timeout):
+                    began = True
                     kind = event.WhichOneof("event")
                     if kind == "progress" and on_progress is not None:
                         on_progress(event.progress)
@@ -182,11 +204,15 @@ def run_on_nodes(
                     elif kind == "report_json":
                         report = json.loads(event.report_json)
                     elif kind == "aborted":
-                        raise SessionAborted(event.aborted.origin, event.aborted.reason)
+                        raise SessionAborted(event.aborted)
                 if report is None:
-                    raise SessionAborted(controller.initiator, "the stream ended without a report")
-        except grpc.RpcError as exc:
-            raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
+                    raise SessionAborted(abort_notice(config.session_id, controller.initiator, PROTOCOL_ERROR, "the stream ended without a report", ""))
+        except grpc.RpcError as exc:  # the initiator refused the run, or its stream broke (the details are for its controller)
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):  # it was connected: it went away
+                notice = abort_notice(config.session_id, controller.initiator, DIED, "its Run stream broke", "")
+            else:
+                notice = call_abort(config.session_id, controller.initiator, "Run", exc, "" if began else BEFORE_START, joined=False)
+            raise SessionAborted(notice, rpc_text(exc)) from None
     report.update(extra or {})
     try:
         write_reports(report, output, report_path)

@@ -10,15 +10,17 @@ step is then not DP at all, which the ledger counts and says.
 
 A budget (``[ledger]`` budget_epsilon / budget_delta over window_days) makes the node refuse,
 when a session is opened (StartSession, before any work), a session that would take the
-window's total above it: the role factory raises ValueError, which the node turns into
-FAILED_PRECONDITION with the numbers.  Running sessions are reserved against the budget until
-they end, however they end: recorded when this node's part is done with output, released
-(:meth:`Ledger.release`, the node's end-of-session hook) when the session is aborted, refused,
-expired or dropped.  The reservations are also written, atomically, to a file beside the
-ledger (:func:`reservations_path`) for ``cels ledger``; a node starting empties it.  The
-ledger file is JSON written atomically (cels.fileio) with a SHA-256 digest of its entries; a
-file that does not parse, lacks a field or fails the digest is refused loudly (the node does
-not start, ``cels ledger`` exits 2) rather than read as an empty ledger.
+window's total above it: the role factory raises a Refusal, which the node turns into
+FAILED_PRECONDITION with the numbers in its log and its controller's error, and an Abort
+(REFUSED, "privacy budget exceeded") without them for the initiator.  Running sessions are
+reserved against the budget until they end, however they end: recorded when this node's part
+is done with output, released (:meth:`Ledger.release`, the node's end-of-session hook) when
+the session is aborted, refused, expired or dropped.  The reservations are also written,
+atomically, to a file beside the ledger (:func:`reservations_path`) for ``cels ledger``; a
+node starting empties it.  The ledger file is JSON written atomically (cels.fileio) with a
+SHA-256 digest of its entries; a file that does not parse, lacks a field or fails the digest
+is refused loudly (the node does not start, ``cels ledger`` exits 2) rather than read as an
+empty ledger.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 from cels.fileio import atomic_write_json
 from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Refusal
 
 LEDGER_VERSION = 1
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
@@ -216,7 +219,8 @@ class Ledger:
             ("delta", p.budget_delta, spent["delta"], sum(r.delta for r in self._reserved.values()), delta),
         ):
             if budget is not None and used + held + cost > budget + 1e-12:
-                raise ValueError(
+                raise Refusal(
+                    "privacy budget exceeded",
                     f"privacy budget exceeded: session {session_id} needs {name} {cost:g}, but {spent['sessions']} "
                     f"session(s) in the window spent {used:g}"
                     + (f" and running ones reserve {held:g} ({', '.join(running)})" if held else "")

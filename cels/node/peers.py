@@ -1,4 +1,5 @@
-"""A node's gRPC channels to its peers, and the refusal it answers a call with."""
+"""A node's gRPC channels to its peers, the refusal it answers a call with, and what a failed
+call to a peer means for the session (an Abort: structured, never parsed from the details)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,59 @@ import threading
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
+from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice, peer_abort
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
+ABORT_METADATA = "cels-abort-bin"
+"""Trailing metadata of a refusal: the serialised Abort the caller ends the session with (the
+session is aborted at the callee already, or the callee refuses it)."""
+CALL_FAILURES = {
+    grpc.StatusCode.UNAVAILABLE: (UNREACHABLE, "did not answer"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (DEADLINE, "did not answer within the deadline"),
+    grpc.StatusCode.CANCELLED: (DIED, "dropped the call"),
+    grpc.StatusCode.PERMISSION_DENIED: (REFUSED, "refused the caller"),
+    grpc.StatusCode.UNAUTHENTICATED: (REFUSED, "refused the caller's certificate"),
+}
+"""What a failed call to a peer says about that peer (any other code: it refused the message,
+a protocol error)."""
+
+
+def rpc_text(exc: grpc.RpcError) -> str:
+    """A failed call as one line (its str() is a multi-line dump)."""
+    return f"{exc.code().name}: {exc.details()}"
+
+
+def sent_abort(exc: grpc.RpcError) -> cels_pb2.Abort | None:
+    """The Abort a refusal carries (ABORT_METADATA), if any."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ABORT_METADATA:
+            try:
+                return cels_pb2.Abort.FromString(value)
+            except DecodeError:
+                return None
+    return None
+
+
+def call_abort(session_id: str, peer: str, what: str, exc: grpc.RpcError, phase: str, joined: bool = True) -> cels_pb2.Abort:
+    """The Abort a failed call to ``peer`` (``what``: e.g. "delivering sum_hop", "BEGIN")
+    ends the session with: the one the refusal carries, else one blaming ``peer`` by the
+    call's status code (a peer that ``joined`` the session and no longer answers died).  The
+    refusal's details stay in this node's log."""
+    carried = sent_abort(exc)
+    if carried is not None:
+        return peer_abort(carried, peer, session_id)
+    if joined and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return abort_notice(session_id, peer, DIED, f"{what}: stopped answering", phase)
+    kind, why = CALL_FAILURES.get(exc.code(), (PROTOCOL_ERROR, "refused it"))
+    return abort_notice(session_id, peer, kind, f"{what}: {why}", phase)
+
 
 
 class Refused(Exception):
@@ -63,7 +109,7 @@ class PeerClients:
         try:
             self.deliver(peer, to_frames(envelope, secrets.randbits(63)), timeout)
         except (grpc.RpcError, Refused) as exc:
-            log.info("%s: could not tell %s: %s", self.config.name, peer, exc)
+            log.info("%s: could not tell %s: %s", self.config.name, peer, rpc_text(exc) if isinstance(exc, grpc.RpcError) else exc)
 
     def signal(self, peer: str, session_id: str, kind: int, timeout: float) -> cels_pb2.SessionState:
         request = cels_pb2.SessionSignal(session_id=session_id, kind=kind)

@@ -12,8 +12,11 @@ for at most a reorder window, and only then refused.
 Failure: a refused or undeliverable message, a peer that stops answering the watchdog's probes
 or reports the session aborted, a session that never begins or stops moving (the host's
 timers) aborts the session here, and the host's Abort notices go to every other node.  A
-delivery refused because the recipient's session is aborted already blames the node that
-recipient names, not the recipient.
+refusal carries the Abort its sender should end the session with as trailing metadata
+(cels.node.peers.ABORT_METADATA): a delivery refused because the recipient's session is
+aborted already blames the node that aborted it, not the recipient, and no node reads an
+origin out of an error's text.  What a peer is told is generic (cels.protocol.aborts); the
+details go to this node's log, one line per abort.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health
 from cels.node.keys import NodeKeys
 from cels.node.ledger import Ledger
-from cels.node.peers import PeerClients, Refused
+from cels.node.peers import ABORT_METADATA, PeerClients, Refused, call_abort, rpc_text
 from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
-from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost, refusal_origin
+from cels.protocol.aborts import BEFORE_START, CANCELLED, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
+from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, ProtocolError, Role, check_session_id, malformed, quoted, step_name
+from cels.protocol.roles import Envelope, ProtocolError, Refusal, Role, check_session_id, malformed, quoted, step_name
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
 log = logging.getLogger("cels.node")
@@ -131,7 +135,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         over is left to the initiator's FINISH (a node gone then does not void the release)."""
         for session_id in list(self.wires):
             if not self.host.role(session_id).finished:
-                self.abort(session_id, self.config.name, "node shutting down")
+                self.abort(session_id, self.config.name, DIED, "node shutting down")
         limit = time.monotonic() + NOTICE_SECONDS
         for notice in list(self.notices):
             notice.join(max(0.0, limit - time.monotonic()))
@@ -204,8 +208,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
             self.telemetry.session_phase(sid, event.old, event.phase)
         elif event.kind in (ABORTED, DONE):
-            self.telemetry.session_ended(sid, event.kind, event.origin, event.reason)  # the outcome: done or aborted
-            log.log(logging.WARNING if event.kind == ABORTED else logging.INFO, "%s: session %s %s %s %s", name, sid, event.kind, event.origin, event.reason)
+            notice = event.abort
+            self.telemetry.session_ended(sid, event.kind, notice.origin if notice else "", describe(notice) if notice else "")
+            if notice is not None:  # one line: what the peers were told, then this node's own details
+                log.warning("%s: session %s aborted: %s%s", name, sid, describe(notice), f"; {event.detail}" if event.detail else "")
+            else:
+                log.info("%s: session %s %s", name, sid, event.kind)
             if self.session_ended is not None:
                 self.session_ended(sid)
             wire = self.wires.pop(sid, None)
@@ -241,15 +249,38 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             wire.events.put(envelope.step_report)  # the initiator streams it, before "finished"
         return effects
 
-    def abort(self, session_id: str, origin: str, reason: str, unless: Callable[[Role], bool] | None = None) -> None:
-        """Abort the session naming ``origin``; not if ``unless(role)`` holds under the host lock."""
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None:
+        """Abort the session naming ``origin`` (``kind``, generic ``reason``; ``detail`` for this
+        node's log); not if ``unless(role)`` holds under the host lock."""
 
         def act(now: float) -> Effects:
             if unless is not None and session_id in self.host.sessions and unless(self.host.role(session_id)):
                 return Effects()
-            return self.host.abort(session_id, origin, reason, now)
+            return self.host.abort(session_id, origin, kind, reason, now, detail)
 
         self.call(act, session_id)
+
+    def adopt(self, session_id: str, notice: cels_pb2.Abort, detail: str = "") -> None:
+        """Abort the session with an Abort another node made (a refusal's, a probe's)."""
+        self.call(lambda now: self.host.adopt(session_id, notice, now, detail), session_id)
+
+    def phase(self, session_id: str) -> str:
+        """This node's phase in a session (the phase an abort it sees is reported in)."""
+        return self.host.role(session_id).phase
+
+    def refuse(self, context: grpc.ServicerContext, exc: ProtocolError, controller: bool = False) -> None:
+        """Refuse a call with a ProtocolError: its status code, its message naming this node
+        once, and its Abort (if any) as trailing metadata for the caller to end the session with.
+        Its ``detail`` goes to this node's log, and to the caller only if it is this node's
+        ``controller``."""
+        if exc.abort is not None:
+            context.set_trailing_metadata(((ABORT_METADATA, exc.abort.SerializeToString()),))
+        text = str(exc)
+        text = text if text.startswith(f"{self.config.name}: ") else f"{self.config.name}: {text}"
+        if exc.detail:
+            log.warning("%s (%s)", text, exc.detail)
+            text = f"{text} ({exc.detail})" if controller else text
+        context.abort(STATUS[exc.code], text)
 
     def expire(self) -> None:
         self.call(self.host.expire)
@@ -263,7 +294,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             self.take(sender, envelope)
             return cels_pb2.Ack(session_id=envelope.session_id)
         except ProtocolError as exc:
-            context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
+            self.refuse(context, exc)
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")  # context.abort raises
@@ -273,9 +304,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         key size."""
         unknown = [n for n in options.nodes if n != self.config.name and n not in self.config.peers]
         if unknown:
-            raise ValueError(f"{self.config.name} has no peer named {', '.join(unknown)}")
+            raise Refusal("a node of the session is not its peer", f"{self.config.name} has no peer named {', '.join(unknown)}")
         if options.key_bits < self.config.min_key_bits:
-            raise ValueError(f"{self.config.name} refuses {options.key_bits}-bit keys (minimum {self.config.min_key_bits}; smaller keys only to reproduce the paper, --min-key-bits)")
+            raise Refusal(
+                "keys below its minimum size",
+                f"{self.config.name} refuses {options.key_bits}-bit keys (minimum {self.config.min_key_bits}; smaller keys only to reproduce the paper, --min-key-bits)",
+            )
 
     def Signal(self, request: cels_pb2.SessionSignal, context: grpc.ServicerContext) -> cels_pb2.SessionState:
         try:
@@ -297,7 +331,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 return cels_pb2.SessionState(session_id=sid, state="unknown")
             return wire.snapshot() if sid in self.wires else wire.final
         except ProtocolError as exc:
-            context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
+            self.refuse(context, exc)
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")
@@ -346,28 +380,34 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.config.name}: bad session config: {exc}")
         except ProtocolError as exc:
-            context.abort(STATUS[exc.code], f"{self.config.name}: {exc}")
+            self.refuse(context, exc, controller=True)
         except Refused as exc:
             context.abort(exc.code, str(exc))
-        context.add_callback(lambda: self.abort(options.session_id, "controller", "the cels run client went away"))
+        sid = options.session_id
+        context.add_callback(lambda: self.abort(sid, self.config.name, CANCELLED, "its cels run client went away"))
         yield from self._initiate(self.wires[options.session_id], request.output_name or "sanitized.out")
 
     def _initiate(self, wire: Wire, output_name: str) -> Iterator[cels_pb2.RunEvent]:
         me, sid, t0 = self.config.name, wire.id, time.perf_counter()
         start = Envelope(session_id=sid, sender=me, start_session=cels_pb2.StartSession(config=wire.options.to_config()))
-        target = me
+        target, what = me, "start_session"
         try:
             for target in wire.others:
                 frames = to_frames(start, 0)
                 self.peers.deliver(target, frames, wire.deadline)
                 wire.bytes_sent["start_session"] += sum(f.ByteSize() for f in frames)
                 wire.messages_sent["start_session"] += 1
+            what = "BEGIN"
             for target in wire.others:
                 self.peers.signal(target, sid, cels_pb2.SessionSignal.BEGIN, wire.deadline)
             target = me
             self.call(lambda now: self.host.begin(sid, now), sid)
         except grpc.RpcError as exc:
-            self.abort(sid, refusal_origin(exc.details() or "") or target, f"{exc.code().name}: {exc.details()}")
+            started = what != "start_session"
+            notice = call_abort(sid, target, what, exc, self.phase(sid) if started else BEFORE_START, joined=started)
+            self.adopt(sid, notice, f"{what} to {target} at {self.config.peers.get(target)} failed: {rpc_text(exc)}")
+        except Refused as exc:  # no address for a node of the session
+            self.abort(sid, target, UNREACHABLE, "this node has no address for it", str(exc))
         except ProtocolError:  # a peer aborted it before it began (e.g. its log failed to load)
             pass  # the host queued that abort, with its origin, as this wire's event
         while not isinstance(event := wire.events.get(), Event) or event.kind not in ("finished", ABORTED):
@@ -382,7 +422,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                     since = time.monotonic() - wire.started
                     yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=me, phase=event.phase, seconds=since))
         if event.kind == ABORTED:
-            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=event.origin, reason=event.reason))
+            yield cels_pb2.RunEvent(aborted=event.abort)
             return
         wire.outbox.join()
         role = self.host.role(sid)
@@ -391,18 +431,16 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
             try:
                 states[peer] = self.peers.signal(peer, sid, cels_pb2.SessionSignal.FINISH, wire.deadline)
             except grpc.RpcError as exc:
-                detail = f"{exc.code().name}: {exc.details()}"
                 if exc.code() in REFUSALS:  # the peer refuses: its part is not over, or it aborted
-                    origin = refusal_origin(exc.details() or "") or peer
-                    self.abort(sid, origin, f"finishing the session failed at {peer}: {detail}")
-                    yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=detail))
+                    notice = call_abort(sid, peer, "FINISH", exc, role.phase)
+                    self.adopt(sid, notice, f"FINISH at {peer} failed: {rpc_text(exc)}")
+                    yield cels_pb2.RunEvent(aborted=notice)
                     return
-                gone[peer] = detail  # its part was over (its last report arrived): the release stands
+                gone[peer] = rpc_text(exc)  # its part was over (its last report arrived): the release stands
         try:
             self.call(lambda now: self.host.finish(sid, now), sid)
-        except ProtocolError:  # aborted meanwhile (a controller that went away, shutdown)
-            _state, origin, reason = self.host.state(sid)
-            yield cels_pb2.RunEvent(aborted=cels_pb2.Abort(session_id=sid, origin=origin, reason=reason))
+        except ProtocolError as exc:  # aborted meanwhile (a controller that went away, shutdown)
+            yield cels_pb2.RunEvent(aborted=exc.abort or abort_notice(sid, me, PROTOCOL_ERROR, "cannot finish", role.phase))
             return
         report = {**(role.report or {}), "session_id": sid, "wall_seconds": time.perf_counter() - t0, "wire": wire_report(states)}
         if gone:

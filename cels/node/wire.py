@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from cels.node.framing import to_frames
-from cels.node.peers import Refused
-from cels.protocol.host import ABORTED, Event, refusal_origin
+from cels.node.peers import Refused, call_abort, rpc_text
+from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
+from cels.protocol.host import ABORTED, Event
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2
@@ -70,9 +71,9 @@ class Wire:
             threading.Thread(target=target, name=f"{target.__name__}-{self.id}", daemon=True).start()
 
     def snapshot(self) -> cels_pb2.SessionState:
-        state, origin, reason = self.node.host.state(self.id)
+        state, notice = self.node.host.state(self.id)
         return cels_pb2.SessionState(
-            session_id=self.id, state=state, reason=f"{origin}: {reason}" if state == ABORTED else "",
+            session_id=self.id, state=state, reason=describe(notice) if notice is not None else "", abort=notice,
             bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
             busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
             phase=self.node.host.role(self.id).phase,
@@ -93,10 +94,16 @@ class Wire:
                 self.bytes_sent[step_name(envelope)] += size
                 self.messages_sent[step_name(envelope)] += 1
             except grpc.RpcError as exc:
-                origin = refusal_origin(exc.details() or "") or recipient
-                self.node.abort(self.id, origin, f"delivering {step_name(envelope)} to {recipient} failed: {exc.code().name}: {exc.details()}")
-            except (ProtocolError, Refused) as exc:
-                self.node.abort(self.id, self.node.config.name, str(exc))
+                step = step_name(envelope)
+                notice = call_abort(self.id, recipient, f"delivering {step}", exc, self.node.phase(self.id))
+                self.node.adopt(self.id, notice, f"delivering {step} to {recipient} failed: {rpc_text(exc)}")
+            except ProtocolError as exc:  # this node refused its own message
+                if exc.abort is not None:
+                    self.node.adopt(self.id, exc.abort, str(exc))
+                else:
+                    self.node.abort(self.id, self.node.config.name, PROTOCOL_ERROR, f"refused its own {step_name(envelope)}", str(exc))
+            except Refused as exc:  # no address for the recipient
+                self.node.abort(self.id, recipient, UNREACHABLE, "this node has no address for it", str(exc))
             finally:
                 self.outbox.task_done()
 
@@ -111,10 +118,10 @@ class Wire:
         role = self.node.host.role(self.id)
         return [peer for peer in self.others if self._matters(peer, role)]
 
-    def _peer_gone(self, peer: str, reason: str) -> None:
+    def _peer_gone(self, peer: str, kind: int, reason: str, detail: str) -> None:
         """Abort naming ``peer`` if it still matters, checked under the host's lock: a probe
         begun before this node's part ended decides nothing."""
-        self.node.abort(self.id, peer, reason, unless=lambda role: not self._matters(peer, role))
+        self.node.abort(self.id, peer, kind, reason, detail, unless=lambda role: not self._matters(peer, role))
 
     def _watchdog(self) -> None:
         """Probe every peer while running; the host's timers end stalled or never-begun sessions.
@@ -136,14 +143,17 @@ class Wire:
                 except grpc.RpcError as exc:
                     since = unreachable_since.setdefault(peer, time.monotonic())
                     if time.monotonic() - since >= self.probe_timeout:
-                        self._peer_gone(peer, f"{peer} unreachable for {time.monotonic() - since:.1f}s: {exc.code().name}: {exc.details()}")
+                        # a peer that took part and now refuses connections died; one that does not answer is unreachable
+                        kind = DIED if exc.code() == grpc.StatusCode.UNAVAILABLE else UNREACHABLE
+                        detail = f"{peer} at {self.node.config.peers.get(peer)} unreachable for {time.monotonic() - since:.1f}s: {rpc_text(exc)}"
+                        self._peer_gone(peer, kind, "stopped answering", detail)
                     continue
                 unreachable_since.pop(peer, None)
                 if state.state == "unknown":
-                    self._peer_gone(peer, f"{peer} no longer knows session {self.id} (restarted?)")
+                    self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
                 elif state.state == ABORTED:
-                    origin, _, reason = state.reason.partition(": ")
-                    self.node.abort(self.id, origin or peer, reason)
+                    peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", "")
+                    self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
                 if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, "prepared"):
                     phases[peer] = state.phase  # a peer entered a phase: the initiator streams it (Run)

@@ -15,8 +15,11 @@ Session states and what each takes (the h11-style table :data:`TAKES`)::
         \\                                        \\
          `--abort / expiry-------------------------`--abort / expiry / failure--> aborted
 
-A message a state does not take is refused with FAILED_PRECONDITION naming the state (an
-aborted session also names who aborted it and why), and changes nothing.
+A message a state does not take is refused with FAILED_PRECONDITION naming the state, and
+changes nothing; an aborted session's refusal carries its Abort (``ProtocolError.abort``), so
+that the sender blames the node that failed, not this one.  What a peer learns of an abort is
+its origin, kind, phase and generic reason (cels.protocol.aborts); the details stay in this
+node's events (``Event.detail``).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cels.protocol.aborts import BEFORE_START, DEADLINE, PROTOCOL_ERROR, REFUSED, abort_notice, describe
 from cels.protocol.options import SessionOptions
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, fail, malformed, step_name
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Refusal, Role, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
 RoleFactory = Callable[[SessionOptions], Role]
-"""Builds this node's role for a session; ValueError / OSError refuses the session."""
+"""Builds this node's role for a session; ValueError / OSError refuses the session (a
+:class:`Refusal` with the reason the peers are told)."""
 Meter = Callable[[], float]
 """Seconds of a performance counter, read around role calls to charge busy time per phase
 (the driver passes ``time.perf_counter``; the host itself reads no clock)."""
@@ -53,7 +58,8 @@ KEPT_STATES = 256
 class Event:
     """Something worth a log line or a progress event: ``kind`` is "created", "phase" (the
     node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent`` sent in ``old``),
-    "finished" (the initiator holds the output and every report), "aborted" or "done"."""
+    "finished" (the initiator holds the output and every report), "aborted" (``abort``: what
+    the peers were told; ``detail``: this node's own details, for its log only) or "done"."""
 
     session_id: str
     node: str
@@ -62,8 +68,8 @@ class Event:
     old: str = ""
     seconds: float = 0.0
     bytes_sent: int = 0
-    origin: str = ""
-    reason: str = ""
+    abort: cels_pb2.Abort | None = None
+    detail: str = ""
 
 
 @dataclass
@@ -91,8 +97,8 @@ class HostedSession:
     state: str
     since: float
     last_progress: float
-    origin: str = ""
-    reason: str = ""
+    notice: cels_pb2.Abort | None = None
+    detail: str = ""
     steps: int = 0
     mark: float = 0.0
 
@@ -112,30 +118,39 @@ class SessionHost:
         self.meter = meter
         self.sessions: dict[str, HostedSession] = {}
         self.ended: OrderedDict[str, HostedSession] = OrderedDict()
-        self.forewarned: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
-        """Aborts that arrived before their session's StartSession: id -> (sender, origin, reason)."""
+        self.forewarned: OrderedDict[str, tuple[str, cels_pb2.Abort]] = OrderedDict()
+        """Aborts that arrived before their session's StartSession: id -> (sender, Abort)."""
         self._events: list[Event] = []
         self._deferred = Effects()
         """What a session aborted by a refused message still has to do (see :meth:`_call`)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, options: SessionOptions, now: float) -> Effects:
-        """A session this node takes part in (StartSession, or the initiator's own)."""
-        if options.session_id in self.sessions or options.session_id in self.ended:
-            raise fail(f"{self.name}: session {options.session_id!r} exists already")
+        """A session this node takes part in (StartSession, or the initiator's own); a refusal
+        carries the Abort (kind REFUSED or PROTOCOL_ERROR) the initiator ends the session with."""
+        sid = options.session_id
+
+        def refuse(kind: int, public: str, detail: str = "") -> ProtocolError:
+            notice = abort_notice(sid, self.name, kind, public, BEFORE_START)
+            return ProtocolError(ProtocolError.FAILED_PRECONDITION, f"{self.name}: session {sid!r} refused: {public}", notice, detail)
+
+        if sid in self.sessions or sid in self.ended:
+            raise refuse(PROTOCOL_ERROR, "the session id is taken")
         if self.name not in options.nodes:
-            raise fail(f"{self.name}: session {options.session_id!r} does not include this node")
+            raise refuse(PROTOCOL_ERROR, "the session does not include this node")
         try:
             role = self.make_role(options)
+        except Refusal as exc:
+            raise refuse(REFUSED, exc.public, str(exc)) from None
         except (ValueError, OSError) as exc:
-            raise fail(f"{self.name}: cannot take session {options.session_id!r}: {exc}") from None
+            raise refuse(REFUSED, "cannot take the session", str(exc)) from None
         session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
         role.phase_hook = lambda old, new: self._phase(session, old, new)
         self.sessions[options.session_id] = session
         created = Effects(events=[Event(options.session_id, self.name, "created", phase=PREPARED)], wake_at=session.expires_at)
-        sender, origin, reason = self.forewarned.pop(options.session_id, ("", "", ""))
+        sender, early = self.forewarned.pop(options.session_id, ("", None))
         if sender in options.nodes:  # a node of the session aborted it before it reached this one
-            notice = Envelope(session_id=options.session_id, sender=sender, abort=cels_pb2.Abort(session_id=options.session_id, origin=origin, reason=reason))
+            notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
             created.extend(self._call(session, lambda: role.receive(sender, notice), now))
         return created
 
@@ -172,16 +187,23 @@ class SessionHost:
         session = self._session(session_id, "begin")
         return self._call(session, session.role.begin, now)
 
-    def abort(self, session_id: str, origin: str, reason: str, now: float) -> Effects:
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, now: float, detail: str = "") -> Effects:
         """End a session here for a local reason (a peer unreachable or refusing, the watchdog,
-        shutdown); ``origin`` is the node to blame.  Tells every other node."""
+        shutdown); ``origin`` is the node to blame, ``kind`` an ``Abort.Kind`` and ``reason``
+        generic (no digit).  Tells every other node; ``detail`` goes to this node's event only."""
         session = self.sessions.get(session_id)
         if session is None or "abort" not in TAKES[session.state]:
             return Effects()
-        notices = session.role.abort(reason)  # empty if this node's part was over already
-        for _node, envelope in notices:
-            envelope.abort.origin = origin
-        return Effects(messages=notices, events=self._end(session, ABORTED, origin, reason))
+        return self.adopt(session_id, abort_notice(session_id, origin, kind, reason, session.role.phase), now, detail)
+
+    def adopt(self, session_id: str, notice: cels_pb2.Abort, now: float, detail: str = "") -> Effects:
+        """End a session here with an Abort another node made (its refusal said so, or its
+        probe reports it aborted): the same origin, kind, phase and reason, told to every node."""
+        session = self.sessions.get(session_id)
+        if session is None or "abort" not in TAKES[session.state]:
+            return Effects()
+        notices = session.role.abort(notice, detail)  # empty if this node's part was over already
+        return Effects(messages=notices, events=self._end(session, ABORTED, notice, detail))
 
     def finish(self, session_id: str, now: float) -> Effects:
         """FINISH: the initiator has the output; this node's part must be over."""
@@ -199,7 +221,8 @@ class SessionHost:
         for session in list(self.sessions.values()):
             if session.state in (PREPARED, RUNNING) and now >= session.expires_at:
                 what = "was never begun" if session.state == PREPARED else "made no progress on this node"
-                effects.extend(self.abort(session.options.session_id, self.name, f"session {what} within its deadline of {session.options.deadline:g}s", now))
+                detail = f"session {what} within its deadline of {session.options.deadline:g}s"
+                effects.extend(self.abort(session.options.session_id, self.name, DEADLINE, f"session {what}", now, detail))
             elif session.state in (PREPARED, RUNNING):
                 effects.extend(Effects(wake_at=session.expires_at))
         return effects
@@ -211,12 +234,12 @@ class SessionHost:
             session.last_progress = now
 
     # -- reading -----------------------------------------------------------------------------
-    def state(self, session_id: str) -> tuple[str, str, str]:
-        """(state, origin, reason) of a session; ("unknown", "", "") if this node never had it."""
+    def state(self, session_id: str) -> tuple[str, cels_pb2.Abort | None]:
+        """(state, Abort if aborted) of a session; ("unknown", None) if this node never had it."""
         session = self.sessions.get(session_id) or self.ended.get(session_id)
         if session is None:
-            return "unknown", "", ""
-        return session.state, session.origin, session.reason
+            return "unknown", None
+        return session.state, session.notice
 
     def role(self, session_id: str) -> Role:
         """The role of a live or ended session (its output and report)."""
@@ -239,8 +262,8 @@ class SessionHost:
                 raise fail(f"{self.name}: unknown session {session_id!r}")
             session = ended
         if what not in TAKES[session.state]:
-            detail = f" by {session.origin}: {session.reason}" if session.state == ABORTED else ""
-            raise fail(f"{self.name}: session {session_id!r} is {session.state}{detail}; {what} refused")
+            detail = f": {describe(session.notice)}" if session.notice is not None else ""
+            raise fail(f"{self.name}: session {session_id!r} is {session.state}{detail}; {what} refused", session.notice)
         return session
 
     def _call(self, session: HostedSession, call: Callable[[], list[Outgoing]], now: float) -> Effects:
@@ -252,7 +275,7 @@ class SessionHost:
             aborted = session.role.aborted
             if aborted is not None and session.state in (PREPARED, RUNNING):  # SessionRole.refuse_and_abort
                 # the refusal goes to the sender now; the rest waits for the next expire (the driver's timer)
-                self._deferred.extend(Effects(messages=list(session.role.abort_notices), events=self._end(session, ABORTED, aborted.origin, aborted.reason)))
+                self._deferred.extend(Effects(messages=list(session.role.abort_notices), events=self._end(session, ABORTED, aborted, session.role.failure)))
             raise
         finally:
             session.role.seconds[session.role.phase] += self.meter() - session.mark
@@ -265,7 +288,7 @@ class SessionHost:
             session.state = RUNNING
         aborted = session.role.aborted
         if aborted is not None:  # the role failed, or a peer's Abort reached it
-            events += self._end(session, ABORTED, aborted.origin, aborted.reason)
+            events += self._end(session, ABORTED, aborted, session.role.failure)
             own = [(dst, env) for dst, env in messages if env.WhichOneof("step") == "abort"]
             if not own and session.options.initiator == self.name:
                 own = self._relay(session, aborted)
@@ -290,15 +313,15 @@ class SessionHost:
     def _forewarn(self, sender: str, abort: cels_pb2.Abort) -> Effects:
         """An Abort overtook its session's StartSession (each travels its own call): kept, so
         that the session is born aborted if ``sender`` is one of its nodes (a bounded memory)."""
-        _keep(self.forewarned, abort.session_id, (sender, abort.origin or sender, abort.reason))
+        _keep(self.forewarned, abort.session_id, (sender, abort))
         return Effects()
 
-    def _end(self, session: HostedSession, state: str, origin: str = "", reason: str = "") -> list[Event]:
-        session.state, session.origin, session.reason = state, origin, reason
+    def _end(self, session: HostedSession, state: str, notice: cels_pb2.Abort | None = None, detail: str = "") -> list[Event]:
+        session.state, session.notice, session.detail = state, notice, detail
         sid = session.options.session_id
         self.sessions.pop(sid, None)
         _keep(self.ended, sid, session)
-        return [Event(sid, self.name, state, origin=origin, reason=reason)]
+        return [Event(sid, self.name, state, abort=notice, detail=detail)]
 
 
 def _keep(memory: OrderedDict, key: str, value: object) -> None:
@@ -306,12 +329,4 @@ def _keep(memory: OrderedDict, key: str, value: object) -> None:
     memory[key] = value
     while len(memory) > KEPT_STATES:
         memory.popitem(last=False)
-
-
-def refusal_origin(detail: str) -> str | None:
-    """The node a refusal names as the origin of an abort ("... is aborted by X: ..."), if any."""
-    marker = " is aborted by "
-    if marker not in detail:
-        return None
-    return detail.split(marker, 1)[1].split(":", 1)[0].strip() or None
 

@@ -35,6 +35,7 @@ from cels import metrics
 from cels.claims import privacy_accounting
 from cels.logs.model import MAX_COUNT, LogRecord, SearchLog
 from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
+from cels.protocol.aborts import PROTOCOL_ERROR
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
@@ -157,8 +158,8 @@ class PartyRole(SessionRole):
         self._enter("load")
         try:
             log = self._log_source() if callable(self._log_source) else self._log_source
-        except Exception as exc:  # noqa: BLE001 - any load failure aborts the session with its message
-            raise RoleFailure(f"cannot load the log: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - any load failure aborts the session (its message stays here)
+            raise RoleFailure("cannot load its log", f"cannot load the log: {exc}") from None
         self.log = log
         self.counts = apply_cap(log.counts, self.options.cap).tocsr()
         local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
@@ -283,7 +284,7 @@ class PartyRole(SessionRole):
                     decryption_pool=self._decryption_pool,
                 )  # fmt: skip
         except paillier.PackingOverflowError as exc:
-            raise RoleFailure(str(exc)) from None
+            raise RoleFailure("a value exceeds its packing bound", str(exc)) from None
         self._sums[sum_id] = joined
         if isinstance(joined, SecureSum):
             return joined.start()
@@ -354,10 +355,22 @@ class PartyRole(SessionRole):
     def _on_noise_total(self, sender: str, msg: cels_pb2.NoiseTotal) -> list[Outgoing]:
         return self._private_progress(self._private.on_noise_total(sender, msg))
 
+    def _on_transcript_digest(self, sender: str, msg: cels_pb2.TranscriptDigest) -> list[Outgoing]:
+        self._private.on_transcript_digest(sender, msg)
+        return self._private_progress([])
+
     def _private_progress(self, out: list[Outgoing]) -> list[Outgoing]:
-        """Once the rounds ended (no proposal left), x is public: check it and sample."""
+        """Once the rounds ended (no proposal left) and every party's verdict transcript agrees
+        (private_solve step 6), x is public: check it and sample.  Transcripts that differ
+        abort the session blaming the aggregator, with a reason that names no party."""
         if not self._private.done or self.phase != "solve":
             return out
+        out = out + self._private.send_digest()
+        agreed = self._private.agreement()
+        if agreed is None:
+            return out
+        if not agreed:
+            raise RoleFailure("verdict transcripts differ", self._private.disagreement(), PROTOCOL_ERROR, origin=self.solver)
         report = {
             "solve": "private",
             "objective": self.options.objective,
@@ -505,7 +518,7 @@ class PartyRole(SessionRole):
         load = self.rows @ x.astype(np.float64)
         if np.any(load > self.b):
             worst = float(load.max())
-            raise RoleFailure(f"the solution breaks one of this party's conditions ({worst:.6g} > b = {self.b:.6g})")
+            raise RoleFailure("the solution breaks one of its conditions", f"the solution breaks one of this party's conditions ({worst:.6g} > b = {self.b:.6g})")
         self.x = x
         self._enter("sampling")
         if self.options.sampling == "paper":
@@ -664,6 +677,7 @@ class PartyRole(SessionRole):
         "mask_key": accepts(("universe", "counts", "solve"), _on_mask_key),
         "round_verdict": accepts("solve", _on_round_verdict),
         "noise_total": accepts("solve", _on_noise_total),
+        "transcript_digest": accepts("solve", _on_transcript_digest),
         "union_encrypt_hop": accepts("union", _on_union, whole=True),
         "union_decrypt_hop": accepts("union", _on_union, whole=True),
         "union_result": accepts("union", _on_union, whole=True),

@@ -14,7 +14,13 @@ run the monotone greedy of :mod:`cels.mechanism.greedy` over secure OR-aggregati
    :func:`cels.mechanism.noise.laplace_share`); the aggregator's sum z (one discrete Laplace
    per pair) goes to every party as ``NoiseTotal``, and the rounds go on (round numbers
    continue) in the noise pass towards max(x + z, 0) (:meth:`ProposalRule.noise_pass`),
-   which then ends with ``MaskedVerdicts(last)``.
+   which then ends with ``MaskedVerdicts(last)``;
+6. transcript agreement: once its rounds are over, every party sends every other party the
+   SHA-256 of every RoundVerdict (and NoiseTotal) it applied (``TranscriptDigest``) and goes
+   on only if all r digests agree, so an aggregator that tells parties different verdicts is
+   caught before any x is used.  A party that sees its own rejection come back accepted does
+   not say so: it goes on with the rounds and sends random bytes as its digest, so the
+   session aborts with "verdict transcripts differ", which names no party (docs/security.md).
 
 What each node sees: the aggregator sees the rounds, the number of proposals and the accepted
 bits (a function of the published x; with noise, of x, z and the release); a party additionally
@@ -23,6 +29,8 @@ sees its own rows.  No row, load, slack, coefficient or single noise share leave
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from fractions import Fraction
 
 import numpy as np
@@ -42,6 +50,13 @@ def _envelope(session_id: str, sender: str, **step) -> Envelope:
 
 NOISE_LIMIT = 2**62
 """Largest |z_i| a party takes from a NoiseTotal (x + z must not overflow int64)."""
+DIGEST_BYTES = 32
+"""A TranscriptDigest: SHA-256."""
+
+
+def _framed(*parts: bytes) -> bytes:
+    """Length-prefixed concatenation (an injective encoding of the transcript's fields)."""
+    return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
 
 
 class PrivateSolveParty:
@@ -68,6 +83,10 @@ class PrivateSolveParty:
         self.first_x: np.ndarray | None = None  # the first pass's x, once the noise shares are sent
         self.noise_total: np.ndarray | None = None  # z, once received
         self.own_verdicts = np.zeros(0, dtype=np.uint64)
+        self.transcript = hashlib.sha256(_framed(b"cels verdict transcript", session_id.encode()))
+        self.rejected_accepted = ""  # this party's own note (its log only): a verdict it cannot apply honestly
+        self.digests: dict[str, bytes] = {}  # every party's TranscriptDigest, this party's once sent
+        self._digest_sent = False
 
     @property
     def x(self) -> np.ndarray:
@@ -132,6 +151,7 @@ class PrivateSolveParty:
         if len(msg.noise) and max(abs(v) for v in msg.noise) > NOISE_LIMIT:
             raise malformed(f"{self.name}: noise_total has a value beyond +-2^62")
         self.noise_total = np.array(msg.noise, dtype=np.int64)
+        self.transcript.update(_framed(b"noise_total", msg.session_id.encode(), self.noise_total.astype(">i8").tobytes()))
         self.state = self.rule.noise_pass(self.first_x, self.noise_total)
         self.loads = self.rows @ self.state.x.astype(np.float64)
         return self._next_round()
@@ -142,17 +162,61 @@ class PrivateSolveParty:
             raise fail(f"{self.name}: round_verdict from {sender!r}, expected from {self.aggregator!r}")
         if self.rule is None or not len(self.proposals) or msg.round != self.round:
             raise fail(f"{self.name}: round_verdict for round {msg.round} out of order (round {self.round})")
-        if msg.proposals != len(self.proposals) or len(msg.accepted) != (len(self.proposals) + 7) // 8:
+        if msg.proposals != len(self.proposals):
             raise malformed(f"{self.name}: round_verdict for {msg.proposals} proposals, this round has {len(self.proposals)}")
+        if len(msg.accepted) != (len(self.proposals) + 7) // 8:
+            raise malformed(
+                f"{self.name}: round_verdict has {len(msg.accepted)} bytes of accepted bits for {len(self.proposals)} proposals, "
+                f"expected {(len(self.proposals) + 7) // 8}"
+            )
         accepted = np.unpackbits(np.frombuffer(msg.accepted, dtype=np.uint8), bitorder="little")[: len(self.proposals)].astype(bool)
-        if np.any(accepted & (self.own_verdicts != 0)):
-            raise malformed(f"{self.name}: round_verdict {self.round} accepts a proposal this party rejected")
+        self.transcript.update(
+            _framed(b"round_verdict", msg.session_id.encode(), msg.round.to_bytes(8, "big"), msg.proposals.to_bytes(8, "big"), msg.accepted)
+        )
+        vetoed = int(np.count_nonzero(accepted & (self.own_verdicts != 0)))
+        if vetoed and not self.rejected_accepted:  # applied all the same: transcript agreement ends the session
+            self.rejected_accepted = f"round_verdict {self.round} accepts {vetoed} proposal(s) this party rejected"
         chosen = self.proposals[accepted]
         self.loads += np.asarray(self.rows[:, chosen].sum(axis=1)).ravel()
         self.rule.update(self.state, self.proposals, accepted)
         self.round += 1
         self.proposals = np.zeros(0, dtype=np.int64)
         return self._next_round()
+
+    # -- step 6: transcript agreement ---------------------------------------------------------
+    def send_digest(self) -> list[Outgoing]:
+        """The rounds are over: this party's transcript digest to every other party (once).
+        Random bytes if a round accepted a proposal this party rejected: the digests then
+        disagree, as after an equivocation, and nobody is told that this party vetoed."""
+        if self._digest_sent:
+            return []
+        self._digest_sent = True
+        digest = secrets.token_bytes(DIGEST_BYTES) if self.rejected_accepted else self.transcript.digest()
+        self.digests[self.name] = digest
+        msg = cels_pb2.TranscriptDigest(session_id=self.session_id, sha256=digest)
+        return [(p, _envelope(self.session_id, self.name, transcript_digest=msg)) for p in self.parties if p != self.name]
+
+    def on_transcript_digest(self, sender: str, msg: cels_pb2.TranscriptDigest) -> None:
+        """Another party's digest (it may arrive before this party's rounds are over)."""
+        if sender not in self.parties or sender == self.name:
+            raise fail(f"{self.name}: transcript_digest from {sender!r}, not another party")
+        if sender in self.digests:
+            raise fail(f"{self.name}: second transcript_digest from {sender!r}")
+        if len(msg.sha256) != DIGEST_BYTES:
+            raise malformed(f"{self.name}: transcript_digest of {len(msg.sha256)} bytes, expected {DIGEST_BYTES}")
+        self.digests[sender] = bytes(msg.sha256)
+
+    def agreement(self) -> bool | None:
+        """None until every party's digest is in (this party's sent), then whether all agree."""
+        if not self._digest_sent or len(self.digests) < len(self.parties):
+            return None
+        return len(set(self.digests.values())) == 1
+
+    def disagreement(self) -> str:
+        """This party's own account of a failed agreement (its log only)."""
+        differ = sorted(p for p, d in self.digests.items() if d != self.digests[self.name] and p != self.name)
+        mine = f"; {self.rejected_accepted}" if self.rejected_accepted else ""
+        return f"verdict transcript digests of {', '.join(differ) or 'no other party'} differ from this party's{mine}"
 
 
 class PrivateSolveAggregator:

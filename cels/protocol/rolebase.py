@@ -5,8 +5,9 @@ A role takes one step message at a time (``receive``): the step's row in the cla
 refused with :class:`ProtocolError` and leaves the role unchanged, so a stray message does not
 end the session.  A failure of the role's own (a bad local log, an infeasible problem, a broken
 invariant) is a :class:`RoleFailure`: the role ends the session everywhere by returning Abort
-envelopes and keeps the reason.  Roles hold no clock: the host charges busy time to the phase
-the role reports through ``phase_hook`` (cels.protocol.host).
+envelopes (kind, phase and a generic reason, cels.protocol.aborts) and keeps the details
+(``failure``) for this node's log.  Roles hold no clock: the host charges busy time to the
+phase the role reports through ``phase_hook`` (cels.protocol.host).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
+from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
@@ -35,6 +37,7 @@ STEP_PHASE = {
     "round_verdict": "solve",
     "masked_noise_share": "solve",
     "noise_total": "solve",
+    "transcript_digest": "solve",
     "union_encrypt_hop": "union",
     "union_decrypt_hop": "union",
     "union_result": "union",
@@ -52,7 +55,13 @@ def phase_of(envelope: Envelope) -> str:
 
 
 class RoleFailure(Exception):
-    """A failure inside this node that ends the session (becomes an Abort broadcast)."""
+    """A failure inside this node that ends the session: the Abort broadcast says ``reason``
+    (generic, no digit), of ``kind``, blaming ``origin`` (default: this node); the message
+    (``detail``, with the numbers) stays in this node's ``failure``."""
+
+    def __init__(self, reason: str, detail: str, kind: int = LOCAL_FAILURE, origin: str = "") -> None:
+        super().__init__(detail)
+        self.reason, self.kind, self.origin = reason, kind, origin
 
 
 class SessionRole:
@@ -75,6 +84,7 @@ class SessionRole:
         self.phase = "prepared"
         self.done = False
         self.aborted: cels_pb2.Abort | None = None
+        self.failure = ""  # this node's details of its own failure (its log only)
         self.output = None
         self.report: dict | None = None
         self.seconds: dict[str, float] = defaultdict(float)
@@ -94,7 +104,7 @@ class SessionRole:
         if step == "abort":
             return self._on_abort(sender, envelope.abort)
         if self.aborted is not None:
-            raise fail(f"{self.name}: session {self.session_id!r} was aborted ({self.aborted.reason})")
+            raise fail(f"{self.name}: session {self.session_id!r} was aborted: {describe(self.aborted)}", self.aborted)
         row = self.ACCEPTS.get(step)
         if row is None:
             raise fail(f"{self.name}: a {type(self).__name__} does not take {step}")
@@ -109,19 +119,22 @@ class SessionRole:
             return []
         return self._run(self._begin)
 
-    def abort(self, reason: str) -> list[Outgoing]:
-        """This node gives up (peer unreachable, watchdog, own failure): tell every other node."""
+    def abort(self, notice: cels_pb2.Abort, detail: str = "") -> list[Outgoing]:
+        """This node gives up (peer unreachable, watchdog, own failure): tell every other node
+        ``notice``; ``detail`` stays here (``failure``)."""
         if self.aborted is not None or self.done:
             return []
-        self.aborted = cels_pb2.Abort(session_id=self.session_id, origin=self.name, reason=reason)
+        self.aborted, self.failure = notice, detail
         self._enter("aborted")
         return self._send([n for n in self.nodes if n != self.name], abort=self.aborted)
 
     def refuse_and_abort(self, message: str) -> ProtocolError:
         """A peer's message that no session can go on from (a size past what the session's
         public sizes allow): this node aborts the session (the host sends the notices, held in
-        ``abort_notices``) and the returned INVALID_ARGUMENT refuses the message."""
-        self.abort_notices = self.abort(message)
+        ``abort_notices``: a protocol error, no number) and the returned INVALID_ARGUMENT
+        refuses the message, telling its sender ``message``."""
+        notice = abort_notice(self.session_id, self.name, PROTOCOL_ERROR, "a peer's message does not fit the session's sizes", self.phase)
+        self.abort_notices = self.abort(notice, message)
         return malformed(message)
 
     @property
@@ -136,7 +149,8 @@ class SessionRole:
         try:
             out = action()
         except RoleFailure as exc:
-            out = self.abort(str(exc))
+            notice = abort_notice(self.session_id, exc.origin or self.name, exc.kind, exc.reason, self.phase)
+            out = self.abort(notice, str(exc))
         for _dst, env in out:
             self.bytes_sent[phase_of(env)] += env.ByteSize()
         if self._report_due:
@@ -175,7 +189,7 @@ class SessionRole:
 
     def _on_abort(self, sender: str, msg: cels_pb2.Abort) -> list[Outgoing]:
         if self.aborted is None and not self.done:
-            self.aborted = cels_pb2.Abort(session_id=self.session_id, origin=msg.origin or sender, reason=msg.reason)
+            self.aborted = peer_abort(msg, sender, self.session_id)
             self._enter("aborted")
         return []
 

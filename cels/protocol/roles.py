@@ -26,17 +26,31 @@ class ProtocolError(Exception):
 
     ``code`` is ``"failed_precondition"`` (unknown session, message out of protocol order,
     unexpected sender) or ``"invalid_argument"`` (malformed content); the gRPC adapters map
-    it to the status code of the same name.
+    it to the status code of the same name.  ``abort``: the Abort the sender should end the
+    session with (the session is aborted here already, or this node refuses it), carried to
+    the sender as a structured field (cels.node: trailing metadata), never parsed from text.
+    ``detail``: what only this node's log (and its own controller) may read, e.g. the numbers
+    behind a refusal of its policy; the message itself goes to the sender.
     """
 
     FAILED_PRECONDITION = "failed_precondition"
     INVALID_ARGUMENT = "invalid_argument"
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, abort: cels_pb2.Abort | None = None, detail: str = "") -> None:
         if code not in (self.FAILED_PRECONDITION, self.INVALID_ARGUMENT):
             raise ValueError(f"unknown protocol error code {code!r}")
         super().__init__(message)
         self.code = code
+        self.abort, self.detail = abort, detail
+
+
+class Refusal(ValueError):
+    """A node's policy refuses a session (a role factory raises it): ``public`` is what the
+    peers are told (no digit), the message the details for this node's log and its controller."""
+
+    def __init__(self, public: str, detail: str) -> None:
+        super().__init__(detail)
+        self.public = public
 
 
 QUOTE_CHARS = 40
@@ -48,9 +62,9 @@ def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def fail(message: str) -> ProtocolError:
+def fail(message: str, abort: cels_pb2.Abort | None = None) -> ProtocolError:
     """A message out of protocol order, from the wrong sender, or for an unknown session."""
-    return ProtocolError(ProtocolError.FAILED_PRECONDITION, message)
+    return ProtocolError(ProtocolError.FAILED_PRECONDITION, message, abort)
 
 
 def malformed(message: str) -> ProtocolError:
@@ -89,6 +103,7 @@ class Role(Protocol):
     name: str
     phase: str
     aborted: cels_pb2.Abort | None
+    failure: str
     output: Any
     report: dict | None
     seconds: dict[str, float]
@@ -105,8 +120,9 @@ class Role(Protocol):
         """Take one step message; return the messages it causes. Raises ProtocolError."""
         ...
 
-    def abort(self, reason: str) -> list[Outgoing]:
-        """This node gives up: the Abort envelopes for every other node."""
+    def abort(self, notice: cels_pb2.Abort, detail: str = "") -> list[Outgoing]:
+        """This node gives up with ``notice`` (what the peers are told; ``detail`` stays
+        here): the Abort envelopes for every other node."""
         ...
 
     @property

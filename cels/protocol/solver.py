@@ -97,7 +97,7 @@ class SolverRole(SessionRole):
             return []
         rows = [self.shapes[p] for p in self.parties]
         if sum(rows) == 0:
-            raise RoleFailure("no party has a constraint row: no pair is held by two users")
+            raise RoleFailure("no party has a constraint row", "no party has a constraint row: no pair is held by two users")
         ell = agreed_ell(sum(rows), self.options.ell_ratio)
         if ell > MAX_ELL:
             raise self.refuse_and_abort(
@@ -193,14 +193,14 @@ class SolverRole(SessionRole):
             recovered = eliminate_slacks(at[:-1], af, ab)
             cond = Conditions(sp.csr_matrix(recovered.G), recovered.h, counts.astype(np.float64))
         except ValueError as exc:
-            raise RoleFailure(f"transformed problem unusable: {exc}") from None
+            raise RoleFailure("the transformed problem is unusable", f"transformed problem unusable: {exc}") from None
         self._private_key = None  # this session decrypts nothing else
         self.view = (recovered, counts)  # what P_0 learns (cels attack solver-reconstruction shows it)
         params = self.params
         try:
             solution = solve_with_params(cond, params)
         except ValueError as exc:
-            raise RoleFailure(f"solver: {exc}") from None
+            raise RoleFailure("the solver failed", f"solver: {exc}") from None
         x = solution.x
         self.report = {**solution.summary(), "residual": recovered.residual, "rows": int(cond.G.shape[0]), "ell": self.ell}
         if params.noise_epsilon is not None:

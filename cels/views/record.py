@@ -38,7 +38,7 @@ from google.protobuf.json_format import MessageToDict
 
 from cels.crypto import paillier
 from cels.fileio import atomic_write, atomic_write_json
-from cels.inprocess import InMemoryNetwork, session_hosts, start_session
+from cels.inprocess import InMemoryNetwork, abort_message, session_hosts, start_session
 from cels.logs.model import SearchLog
 from cels.protocol.options import SessionOptions
 from cels.protocol.rolebase import phase_of
@@ -48,7 +48,8 @@ from cels.views.read import SESSION_FILE, VIEW_FILE
 
 PLAINTEXT_STEPS = {
     "start_session": "the session's public parameters",
-    "abort": "why a node gave up",
+    "abort": "which node gave up, the kind of failure and the phase (no data)",
+    "transcript_digest": "a SHA-256 of the verdicts another party applied (its own, unless the aggregator equivocated)",
     "step_report": "a node's seconds and bytes per phase",
     "sum_key": "a Paillier public key",
     "sum_result": "the summed vector (public by design)",
@@ -193,8 +194,8 @@ class ViewRecorder:
     def begin(self) -> list[Outgoing]:
         return self._sent(self.role.begin())
 
-    def abort(self, reason: str) -> list[Outgoing]:
-        return self._sent(self.role.abort(reason))
+    def abort(self, notice: cels_pb2.Abort, detail: str = "") -> list[Outgoing]:
+        return self._sent(self.role.abort(notice, detail))
 
     def _sent(self, out: list[Outgoing]) -> list[Outgoing]:
         for recipient, envelope in out:
@@ -262,7 +263,6 @@ def record_session(logs: Sequence[SearchLog], options: SessionOptions, directory
     with every node's view recorded under ``directory``; returns the session's role on every
     node.  Raises RuntimeError naming the node and its reason if the session aborts."""
     roles = start_session(InMemoryNetwork(record_hosts(session_hosts(logs, options, **role_options), directory)), options)
-    failed = [role.aborted for role in roles.values() if role.aborted is not None]
-    if failed:
-        raise RuntimeError(f"session aborted by {failed[0].origin}: {failed[0].reason}")
+    if (aborted := abort_message(roles)) is not None:
+        raise RuntimeError(aborted)
     return roles

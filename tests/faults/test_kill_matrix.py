@@ -41,6 +41,8 @@ import grpc
 import pytest
 
 from cels.node.client import SessionAborted
+from cels.protocol.aborts import describe
+from cels.protocol.wire import cels_pb2
 from fault_harness import FAULTS, PARTIES, SOLVER, FaultCluster, reap
 
 DEADLINE = 8.0
@@ -117,7 +119,7 @@ def poll(condition, timeout: float, done) -> bool:
 def survivor_states(cluster: FaultCluster, survivors: list[str], session_id: str, signalled: float) -> tuple[dict, float | None]:
     """Each survivor's final state of the session, and the seconds after the signal when the
     last one ended it (None if one is still live at ABORT_BOUND)."""
-    final: dict[str, tuple[str, str]] = {}
+    final: dict[str, tuple[str, cels_pb2.Abort]] = {}
     last = 0.0
     while time.monotonic() - signalled < ABORT_BOUND + 1:
         for node in survivors:
@@ -128,7 +130,7 @@ def survivor_states(cluster: FaultCluster, survivors: list[str], session_id: str
             except grpc.RpcError:
                 continue
             if state.state in ("aborted", "done", "unknown"):
-                final[node] = (state.state, state.reason)
+                final[node] = (state.state, state.abort)
                 last = time.monotonic() - signalled
         if len(final) == len(survivors):
             return final, last
@@ -202,21 +204,20 @@ def test_kill(cluster: FaultCluster, tmp_path: Path, role: str, phase: str, sign
     if "aborted" in outcome:
         result, blamed = "aborted", outcome["aborted"].origin
         if blamed != victim:
-            problems.append(f"cels run blames {blamed}, not {victim}: {outcome['aborted'].reason}")
+            problems.append(f"cels run blames {blamed}, not {victim}: {outcome['aborted']}")
     elif "report" in outcome:
         result, blamed = "completed", "-"
         if phase != "finish":
             problems.append(f"the session completed although {victim} was killed in {phase}")
     else:
         result, blamed = "hang", "-"
-    for node, (state, reason) in final.items():
-        origin = reason.partition(": ")[0]
-        never_begun = phase == "prepared" and victim == PARTIES[0] and origin in survivors and "never begun" in reason
-        if state == "aborted" and origin != victim and not never_begun:
-            problems.append(f"{node} blames {origin!r}: {reason}")
+    for node, (state, notice) in final.items():
+        never_begun = phase == "prepared" and victim == PARTIES[0] and notice.origin in survivors and notice.kind == cels_pb2.Abort.DEADLINE
+        if state == "aborted" and notice.origin != victim and not never_begun:
+            problems.append(f"{node} blames {notice.origin!r}: {describe(notice)}")
         if state == "done" and result != "completed":
             problems.append(f"{node} reports the session done, but cels run got {result}")
-    survivors_blame = sorted({r.partition(': ')[0] for s, r in final.values() if s == "aborted"})
+    survivors_blame = sorted({notice.origin for s, notice in final.values() if s == "aborted"})
 
     orphans = cluster.orphans(victim_run)
     if orphans:

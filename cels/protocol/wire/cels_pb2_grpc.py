@@ -27,7 +27,9 @@ if _version_not_supported:
 
 class CelsNodeStub:
     """Every node (party or solver) serves the same service; what it accepts depends on its role
-    and the session's state (FAILED_PRECONDITION otherwise).
+    and the session's state (FAILED_PRECONDITION otherwise).  A refusal that ends the caller's
+    session (this node aborted it already, or refuses it) carries the Abort to end it with as
+    trailing metadata "cels-abort-bin" (a serialised Abort): nobody parses a refusal's text.
     """
 
     def __init__(self, channel):
@@ -60,7 +62,9 @@ class CelsNodeStub:
 
 class CelsNodeServicer:
     """Every node (party or solver) serves the same service; what it accepts depends on its role
-    and the session's state (FAILED_PRECONDITION otherwise).
+    and the session's state (FAILED_PRECONDITION otherwise).  A refusal that ends the caller's
+    session (this node aborted it already, or refuses it) carries the Abort to end it with as
+    trailing metadata "cels-abort-bin" (a serialised Abort): nobody parses a refusal's text.
     """
 
     def Deliver(self, request_iterator, context):
@@ -125,7 +129,9 @@ def add_CelsNodeServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class CelsNode:
     """Every node (party or solver) serves the same service; what it accepts depends on its role
-    and the session's state (FAILED_PRECONDITION otherwise).
+    and the session's state (FAILED_PRECONDITION otherwise).  A refusal that ends the caller's
+    session (this node aborted it already, or refuses it) carries the Abort to end it with as
+    trailing metadata "cels-abort-bin" (a serialised Abort): nobody parses a refusal's text.
     """
 
     @staticmethod

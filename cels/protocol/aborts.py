@@ -1,0 +1,70 @@
+"""What an Abort tells a peer, and how it reads (docs/protocol.md, "Aborts").
+
+A peer is told the node to blame (``origin``), the kind of failure (``Abort.Kind``), the phase
+and a generic reason: never a number, a row, a user or a pair from the data.  The details
+(a load, a file and line, a peer's refusal) stay with the node that saw them: its log and its
+local error.  :func:`abort_notice` refuses a reason with a digit, so a number cannot slip into
+a notice; :func:`describe` renders any Abort as one line for people (no code parses it).
+"""
+
+from __future__ import annotations
+
+from cels.protocol.wire import cels_pb2
+
+Kind = cels_pb2.Abort.Kind
+REFUSED, UNREACHABLE, DIED = cels_pb2.Abort.REFUSED, cels_pb2.Abort.UNREACHABLE, cels_pb2.Abort.DIED
+DEADLINE, PROTOCOL_ERROR = cels_pb2.Abort.DEADLINE, cels_pb2.Abort.PROTOCOL_ERROR
+LOCAL_FAILURE, CANCELLED = cels_pb2.Abort.LOCAL_FAILURE, cels_pb2.Abort.CANCELLED
+BEFORE_START = "start"
+"""The phase of an abort before any role ran (a refused or undeliverable StartSession): the
+rendering says "no session ran"."""
+
+
+def abort_notice(session_id: str, origin: str, kind: int, reason: str, phase: str) -> cels_pb2.Abort:
+    """The Abort a node sends its peers; ValueError for a reason with a digit (a number from
+    the data belongs in the local detail, not in a notice)."""
+    if any(ch.isdigit() for ch in reason):
+        raise ValueError(f"an abort reason for peers carries no digit: {reason!r}")
+    if kind not in Kind.values() or kind == cels_pb2.Abort.KIND_UNSPECIFIED:
+        raise ValueError(f"unknown abort kind {kind}")
+    return cels_pb2.Abort(session_id=session_id, origin=origin, kind=kind, reason=reason, phase=phase)
+
+
+PEER_TEXT = 200
+"""Characters of a peer's reason or phase an adopted Abort keeps."""
+
+
+def peer_abort(abort: cels_pb2.Abort, sender: str, session_id: str) -> cels_pb2.Abort:
+    """A peer's Abort as this node keeps and passes it on: this session, ``sender`` as the
+    origin if it names none, its texts cut to PEER_TEXT printable characters (one log line)."""
+
+    def clean(text: str) -> str:
+        return "".join(ch if ch.isprintable() else " " for ch in text[:PEER_TEXT])
+
+    return cels_pb2.Abort(
+        session_id=session_id, origin=clean(abort.origin) or sender, kind=abort.kind, reason=clean(abort.reason), phase=clean(abort.phase)
+    )
+
+
+RENDERING = {
+    REFUSED: "refused by {origin}{why}",
+    UNREACHABLE: "{origin} unreachable{where}{why}",
+    DIED: "{origin} died{where}{why}",
+    DEADLINE: "{origin} timed out{where}{why}",
+    PROTOCOL_ERROR: "protocol error at {origin}{where}{why}",
+    LOCAL_FAILURE: "{origin} failed{where}{why}",
+    CANCELLED: "cancelled by {origin}{where}{why}",
+}
+"""How each kind reads (:func:`describe`); an unknown kind reads "aborted by ..."."""
+
+
+def describe(abort: cels_pb2.Abort) -> str:
+    """One line: what happened, to whom, in which phase, e.g. "party-3 died in phase counts
+    (stopped answering)" or "no session ran: refused by party-2 (privacy budget exceeded)"."""
+    phase = abort.phase
+    text = RENDERING.get(abort.kind, "aborted by {origin}{where}{why}").format(
+        origin=abort.origin or "a node",
+        where=f" in phase {phase}" if phase and phase != BEFORE_START else "",
+        why=f" ({abort.reason})" if abort.reason else "",
+    )
+    return f"no session ran: {text}" if phase == BEFORE_START else text

@@ -11,7 +11,7 @@ from cels.logs import LogError, synthetic_log
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.inprocess import run_session, session_hosts, start_session
-from cels.protocol.aborts import DIED
+from cels.protocol.aborts import DIED, PROTOCOL_ERROR
 from cels.protocol.options import DEFAULT_ELL_RATIO, SessionOptions
 from cels.protocol.transform import agreed_ell
 from cels.protocol.wire import cels_pb2
@@ -326,15 +326,17 @@ def test_an_impossible_row_count_is_refused_and_aborts_the_solvers_session(logs)
         solver.deliver("party-3", shape("party-3", 1), 0.0)
     assert err.value.code == ProtocolError.INVALID_ARGUMENT
     assert "rows {'party-1': 4294967295, 'party-2': 1, 'party-3': 1} need l = 6442450946 rows of A, more than the 4294967295" in str(err.value)
-    state, origin, reason = solver.state(sid)
-    assert (state, origin) == ("aborted", "solver") and reason == str(err.value)
+    state, notice = solver.state(sid)
+    assert (state, notice.origin, notice.kind) == ("aborted", "solver", PROTOCOL_ERROR)
+    assert not any(ch.isdigit() for ch in notice.reason)  # the sizes stay in the refusal to the sender
+    assert solver.role(sid).failure == str(err.value)
     effects = solver.expire(1.0)
     assert sorted(dst for dst, env in effects.messages if env.WhichOneof("step") == "abort") == ["party-1", "party-2", "party-3"]
     assert [e.kind for e in effects.events] == ["aborted"] and solver.expire(2.0).messages == []
     assert code_of(lambda: solver.deliver("party-1", shape("party-1", 1), 3.0)) == ProtocolError.FAILED_PRECONDITION
 
 
-def refused_at(logs, node: str, step: str, tamper) -> tuple[ProtocolError, tuple[str, str, str]]:
+def refused_at(logs, node: str, step: str, tamper) -> tuple[ProtocolError, tuple[str, cels_pb2.Abort | None]]:
     """Run a session in which ``tamper(envelope)`` changes the first ``step`` message ``node``
     receives; return the refusal and that node's session state afterwards."""
     cfg = config()
@@ -373,13 +375,13 @@ def inflate_rows(env) -> None:
 def test_an_nlp_key_whose_sizes_do_not_add_up_is_refused_and_aborts(logs, tamper, detail) -> None:
     """A party allocates l x m_k and (l + 1) x n from NlpKey: l must be what the rows give
     (agreed_ell), and the rows no more than the records of the pairs they constrain."""
-    error, (state, origin, _) = refused_at(logs, "party-2", "nlp_key", tamper)
+    error, (state, notice) = refused_at(logs, "party-2", "nlp_key", tamper)
     assert error.code == ProtocolError.INVALID_ARGUMENT and detail in str(error)
-    assert (state, origin) == ("aborted", "party-2")
+    assert (state, notice.origin) == ("aborted", "party-2")
 
 
 def test_a_solution_count_past_int64_is_refused_and_aborts(logs) -> None:
     """NlpSolution.x is uint64: 2^64 - 1 was an OverflowError (INTERNAL) in the party."""
-    error, (state, origin, _) = refused_at(logs, "party-3", "nlp_solution", lambda env: env.nlp_solution.x.__setitem__(0, 2**64 - 1))
+    error, (state, notice) = refused_at(logs, "party-3", "nlp_solution", lambda env: env.nlp_solution.x.__setitem__(0, 2**64 - 1))
     assert error.code == ProtocolError.INVALID_ARGUMENT and "holds a count 18446744073709551615 above 9007199254740992" in str(error)
-    assert (state, origin) == ("aborted", "party-3")
+    assert (state, notice.origin) == ("aborted", "party-3")

@@ -1,5 +1,5 @@
 """Fig. 6 (CELS 6.5): total time of a CELS session vs the number of parties r and vs the input
-size, from the in-memory distributed runner (:func:`cels.protocol.session.run_session`: every
+size, from the in-memory distributed runner (:func:`cels.inprocess.run_session`: every
 party and the solver run their real roles and crypto in one process; bytes are the serialized
 messages).  Time is the session's CPU time in that one process (``cpu_seconds``, plotted: the
 sum of all parties' and the solver's work, as the paper's "overall computation cost", and

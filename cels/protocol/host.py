@@ -6,7 +6,7 @@ the initiator's own request), begin, deliver, abort, finish, report, and the exp
 sessions that never began or stopped moving.  It takes messages and the time (``now``, in
 seconds of any monotonic clock) and returns :class:`Effects`: the messages to send, the events
 to log or stream, and when it wants to be called again (``wake_at``).  No sockets, threads or
-clocks inside: the in-memory runner (cels.protocol.session), the benchmarks and the gRPC node
+clocks inside: the in-memory runner (cels.inprocess), the benchmarks and the gRPC node
 (cels.node.service) all drive this one host.
 
 Session states and what each takes (the h11-style table :data:`TAKES`)::

@@ -63,7 +63,6 @@ class SolverRole(SessionRole):
         self._ab: np.ndarray | None = None
         self._at: np.ndarray | None = None
         self.report: dict = {}
-        self.view: tuple | None = None
         self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
 
     def view_keys(self) -> list:
@@ -195,7 +194,6 @@ class SolverRole(SessionRole):
         except ValueError as exc:
             raise RoleFailure("the transformed problem is unusable", f"transformed problem unusable: {exc}") from None
         self._private_key = None  # this session decrypts nothing else
-        self.view = (recovered, counts)  # what P_0 learns (cels attack solver-reconstruction shows it)
         params = self.params
         try:
             solution = solve_with_params(cond, params)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cels.cli.progress import party_phases
+from cels.protocol.phases import party_phases
 from cels.cli.service import session_options
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import SearchLog

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cels.protocol.phases import Phase
 from cels.logs import load_log  # noqa: E402
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config  # noqa: E402
 from cels.node.process import serve  # noqa: E402
@@ -95,7 +96,7 @@ class ToyRole(SessionRole):
 
     ACCEPTS = {
         "sum_result": accepts("toy", _on_sum_result),
-        "step_report": accepts(("toy", "done"), _on_step_report),
+        "step_report": accepts(("toy", Phase.OVER), _on_step_report),
     }
 
 

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 
+from cels.protocol.phases import Phase
 from cels.inprocess import InMemoryNetwork, abort_message, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.node.client import SessionAborted
@@ -123,7 +124,7 @@ def test_an_equivocating_aggregator_is_caught_by_transcript_agreement(logs) -> N
     roles = start_session(InMemoryNetwork(taps), options)
     assert_generic_transcript_abort(taps, roles, options.parties)
     assert all("differ from this party's" in roles[p].failure for p in options.parties)  # details: each party's own log
-    assert all(roles[p].phase == "aborted" and getattr(roles[p], "x", None) is None for p in options.parties)
+    assert all(roles[p].phase == Phase.FAILED and getattr(roles[p], "x", None) is None for p in options.parties)
 
 
 @pytest.mark.parametrize("vetoer", ["party-2", "party-3"])

@@ -13,7 +13,7 @@ import pytest
 
 from cels.bench.scale import fitted_slope, load_range, paper_comparison, parse_sizes, series_summary
 from cels.cli import main
-from cels.cli.progress import party_phases
+from cels.protocol.phases import party_phases
 from cels.logs import LoadOptions, load_log
 from cels.logs.synthetic import synthetic_histogram
 

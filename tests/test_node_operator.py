@@ -172,7 +172,7 @@ def test_status_of_a_party(operated) -> None:
     assert status["serving"] and status["health"] == "SERVING" and status["exit_code"] == 0
     refused, done = status["status"]["sessions"]  # newest first
     assert refused["outcome"] == "refused" and "privacy budget exceeded" in refused["reason"] and refused["origin"] == "party-1"
-    assert done["outcome"] == "done" and done["session_id"] == operated["report"]["session_id"] and done["phase"] == "done"
+    assert done["outcome"] == "done" and done["session_id"] == operated["report"]["session_id"] and done["phase"] == "over"
     assert int(done["bytes_sent"]) > 0 and int(done["bytes_received"]) > 0 and done["seconds"] > 0
     ledger = status["status"]["ledger"]
     assert (ledger["epsilon_spent"], ledger["epsilon_reserved"], ledger["epsilon_left"], ledger["sessions"]) == (1.0, 0.0, 0.5, 1)

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from cels.protocol.phases import Phase
 from cels.inprocess import session_hosts
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
@@ -80,7 +81,7 @@ def test_a_session_that_is_never_begun_expires_at_its_deadline() -> None:
     assert host.expire(now=129.9).messages == []
     ended = host.expire(now=130.0)
     state, notice = host.state(options.session_id)
-    assert state == ABORTED and (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", DEADLINE, PREPARED, "session was never begun")
+    assert state == ABORTED and (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", DEADLINE, Phase.READY, "session was never begun")
     assert sorted(dst for dst, _ in ended.messages) == ["party-1", "party-3", "solver"]
     assert all(env.abort == notice for _, env in ended.messages)
     assert [e.kind for e in ended.events] == [ABORTED]
@@ -98,7 +99,7 @@ def test_a_refusal_after_abort_names_who_aborted() -> None:
     assert err.value.code == ProtocolError.FAILED_PRECONDITION
     assert err.value.abort.origin == "party-2" and err.value.abort.kind == DIED  # the sender blames party-2, not party-3
     sid = options.session_id
-    assert str(err.value) == f"party-3: session {sid!r} is aborted: party-2 died in phase prepared (stopped answering); step refused"
+    assert str(err.value) == f"party-3: session {sid!r} is aborted: party-2 died in phase ready (stopped answering); step refused"
 
 
 def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives() -> None:

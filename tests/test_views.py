@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from cels.protocol.phases import Phase
 from cels.cli import main
 from cels.logs import synthetic_log
 from cels.protocol.roles import ProtocolError
@@ -81,7 +82,7 @@ def test_refused_messages_are_noted_and_node_factories_wrap(tmp_path) -> None:
     log = synthetic_log(seed=1, users=10)
     factory = record_views(lambda options: PartyRole("party-2", options, log, allow_insecure_key_bits=True), tmp_path)
     role = factory(config)
-    assert role.phase == "prepared" and role.name == "party-2"  # attributes reach the role
+    assert role.phase == Phase.READY and role.name == "party-2"  # attributes reach the role
     stray = cels_pb2.Envelope(session_id=config.session_id, sender="party-1", universe_index=cels_pb2.UniverseIndex())
     with pytest.raises(ProtocolError):
         role.receive("party-1", stray)

@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cels.bench.protocol import PAPER_TABLE5_MB, bench_processes, solve_result
-from cels.cli.progress import party_phases
+from cels.protocol.phases import WORK_PHASES, party_phases
 from cels.crypto.paillier import DEFAULT_KEY_BITS, Packing, PublicKey
 from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
@@ -47,8 +47,8 @@ from cels.protocol.party import COUNT_BOUND
 DEFAULT_PAIRS = "10K,100K,1M,4M"
 DEFAULT_PARTIES = "3,10"
 DEFAULT_POINT_TIME_LIMIT = 1800.0
-PHASES = ("load", "universe", "counts", "solve", "nlp", "sampling", "union")
-"""Every phase a point can have, in protocol order (phase 3 is "solve" or "nlp")."""
+
+
 PAPER_POINT = {"pairs": 4_000_000, "parties": 10, "bytes": PAPER_TABLE5_MB["AOL 4M"][10] * 1e6, "key_bits": 512}
 """CELS Table 5's largest run: AOL 4M over r = 10, all parties' bytes (512-bit Paillier, 1024-bit PH)."""
 SUFFIXES = {"K": 10**3, "M": 10**6}
@@ -226,7 +226,7 @@ def csv_row(point: dict[str, Any]) -> dict[str, Any]:
                                      "point_seconds", "offline_seconds", "online_seconds", "total_seconds", "bytes_total",
                                      "wire_bytes_total", "peak_rss_bytes_max", "peak_rss_with_workers_bytes_max",
                                      "outside_phases_seconds")}  # fmt: skip
-    for name in PHASES:
+    for name in WORK_PHASES:  # every phase a point can have, in protocol order
         phase = point.get("phases", {}).get(name, {})
         row |= {f"{name}_wall_seconds": phase.get("wall_seconds"), f"{name}_busy_seconds": phase.get("busy_seconds"), f"{name}_bytes": phase.get("bytes")}
     return row

@@ -23,18 +23,8 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import party_phases, solve_phase
 from cels.protocol.wire import cels_pb2
-
-def party_phases(solve: str) -> tuple[str, ...]:
-    """A party's phases in protocol order (CELS section 4: Algorithms 1-3, then the secure
-    union); phase 3 is "solve" in the private solve, "nlp" in the paper's Algorithm 2."""
-    return ("load", "universe", "counts", solve_phase(solve), "sampling", "union")
-
-
-def solve_phase(solve: str) -> str:
-    """The solver node's one phase: aggregating masked verdicts, or solving the transformed NLP."""
-    return "solve" if solve == "private" else "nlp"
-
 
 class SessionProgress:
     """Renders a session's phase events; ``step`` and ``start`` take the StepReports."""

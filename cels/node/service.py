@@ -45,6 +45,7 @@ from cels.node.peers import ABORT_METADATA, PeerClients, Refused, call_abort, rp
 from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.aborts import BEFORE_START, CANCELLED, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Refusal, Role, check_session_id, malformed, quoted, step_name
@@ -328,7 +329,7 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
                 self.call(lambda now: self.host.finish(sid, now), sid)
             wire = self.wires.get(sid) or self.ended_wires.get(sid)
             if wire is None:
-                return cels_pb2.SessionState(session_id=sid, state="unknown")
+                return cels_pb2.SessionState(session_id=sid, state=SessionState.UNKNOWN)
             return wire.snapshot() if sid in self.wires else wire.final
         except ProtocolError as exc:
             self.refuse(context, exc)
@@ -413,12 +414,12 @@ class Node(cels_pb2_grpc.CelsNodeServicer):
         while not isinstance(event := wire.events.get(), Event) or event.kind not in ("finished", ABORTED):
             if isinstance(event, cels_pb2.StepReport):  # a node left a phase (its report)
                 yield cels_pb2.RunEvent(progress=event)
-            elif isinstance(event, PeerPhase) and event.phase not in ("done", ABORTED):
+            elif isinstance(event, PeerPhase) and event.phase not in (Phase.OVER, Phase.FAILED):
                 yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=event.node, phase=event.phase, seconds=event.seconds))
             elif isinstance(event, Event) and event.kind == "phase":  # this node, the initiator
-                if event.old not in ("prepared", "done"):
+                if event.old not in (Phase.READY, Phase.OVER):
                     yield cels_pb2.RunEvent(progress=cels_pb2.StepReport(session_id=sid, node=me, phase=event.old, seconds=event.seconds, bytes_sent=event.bytes_sent))
-                if event.phase not in ("done", ABORTED):
+                if event.phase not in (Phase.OVER, Phase.FAILED):
                     since = time.monotonic() - wire.started
                     yield cels_pb2.RunEvent(phase_start=cels_pb2.StepReport(session_id=sid, node=me, phase=event.phase, seconds=since))
         if event.kind == ABORTED:

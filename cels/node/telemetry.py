@@ -26,9 +26,11 @@ from prometheus_client.registry import Collector
 
 from cels.node.ledger import Ledger, LedgerError, read_entries, totals
 from cels.node.pool import ElasticThreadPool
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
 
-RUNNING, DONE, ABORTED, REFUSED = "running", "done", "aborted", "refused"
+RUNNING, DONE, ABORTED = SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED
+REFUSED = "refused"  # an outcome, not a host state: the session was never admitted here
 OUTCOMES = (DONE, ABORTED, REFUSED)
 """How a session ends on a node: its part done, aborted (by anyone), or refused at its start
 (the ledger's budget, an unknown peer, keys below the node's minimum)."""
@@ -50,7 +52,7 @@ class SessionRecord:
     """Unix seconds (the wall clock: shown to people)."""
     started: float
     """Monotonic seconds (durations)."""
-    phase: str = "prepared"
+    phase: str = Phase.READY
     phase_since: float = 0.0
     outcome: str = RUNNING
     origin: str = ""
@@ -183,7 +185,7 @@ class NodeTelemetry:
             record = self._records.get(session_id)
             if record is None:
                 return
-            if old != "prepared":
+            if old != Phase.READY:
                 self.phase_seconds.labels(old).observe(now - record.phase_since)
             record.phase, record.phase_since = new, now
 
@@ -205,7 +207,7 @@ class NodeTelemetry:
             if session_id in self._records:
                 return
             self._records[session_id] = SessionRecord(
-                session_id, initiator, self.clock(), now, phase="prepared", outcome=REFUSED, origin=self.name, reason=reason, ended=now
+                session_id, initiator, self.clock(), now, phase=Phase.READY, outcome=REFUSED, origin=self.name, reason=reason, ended=now
             )  # fmt: skip
             self.sessions_total.labels(REFUSED).inc()
             self._forget()

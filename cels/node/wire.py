@@ -16,6 +16,7 @@ import grpc
 from cels.node.framing import to_frames
 from cels.node.peers import Refused, call_abort, rpc_text
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.host import ABORTED, Event
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
@@ -134,7 +135,7 @@ class Wire:
         phases: dict[str, str] = {}
         while not self.stopped.wait(interval):
             self.node.expire()
-            if self.node.host.state(self.id)[0] != "running":
+            if self.node.host.state(self.id)[0] != SessionState.RUNNING:
                 continue
             total, anyone_busy = 0, False
             for peer in self._watched():
@@ -149,13 +150,13 @@ class Wire:
                         self._peer_gone(peer, kind, "stopped answering", detail)
                     continue
                 unreachable_since.pop(peer, None)
-                if state.state == "unknown":
+                if state.state == SessionState.UNKNOWN:
                     self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
                 elif state.state == ABORTED:
                     peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", "")
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
-                if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, "prepared"):
+                if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, Phase.READY):
                     phases[peer] = state.phase  # a peer entered a phase: the initiator streams it (Run)
                     self.events.put(PeerPhase(peer, state.phase, time.monotonic() - self.started))
             if total != last_total or anyone_busy:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from cels.protocol.aborts import BEFORE_START, DEADLINE, PROTOCOL_ERROR, REFUSED, abort_notice, describe
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Refusal, Role, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
@@ -40,7 +41,7 @@ Meter = Callable[[], float]
 """Seconds of a performance counter, read around role calls to charge busy time per phase
 (the driver passes ``time.perf_counter``; the host itself reads no clock)."""
 
-PREPARED, RUNNING, DONE, ABORTED = "prepared", "running", "done", "aborted"
+PREPARED, RUNNING, DONE, ABORTED = SessionState.PREPARED, SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED
 TAKES: dict[str, frozenset[str]] = {
     PREPARED: frozenset({"begin", "step", "abort", "expire"}),
     RUNNING: frozenset({"begin", "step", "abort", "expire", "finish"}),
@@ -147,7 +148,7 @@ class SessionHost:
         session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
         role.phase_hook = lambda old, new: self._phase(session, old, new)
         self.sessions[options.session_id] = session
-        created = Effects(events=[Event(options.session_id, self.name, "created", phase=PREPARED)], wake_at=session.expires_at)
+        created = Effects(events=[Event(options.session_id, self.name, "created", phase=Phase.READY)], wake_at=session.expires_at)
         sender, early = self.forewarned.pop(options.session_id, ("", None))
         if sender in options.nodes:  # a node of the session aborted it before it reached this one
             notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
@@ -235,10 +236,10 @@ class SessionHost:
 
     # -- reading -----------------------------------------------------------------------------
     def state(self, session_id: str) -> tuple[str, cels_pb2.Abort | None]:
-        """(state, Abort if aborted) of a session; ("unknown", None) if this node never had it."""
+        """(state, Abort if aborted) of a session; (UNKNOWN, None) if this node never had it."""
         session = self.sessions.get(session_id) or self.ended.get(session_id)
         if session is None:
-            return "unknown", None
+            return SessionState.UNKNOWN, None
         return session.state, session.notice
 
     def role(self, session_id: str) -> Role:

@@ -37,6 +37,7 @@ from cels.logs.model import MAX_COUNT, LogRecord, SearchLog
 from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
 from cels.protocol.aborts import PROTOCOL_ERROR
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase, solve_phase
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.mechanism.sampling import make_rng, multinomial_sample, pseudonyms
@@ -155,7 +156,7 @@ class PartyRole(SessionRole):
 
     # -- phase 1: universe -------------------------------------------------------------------
     def _begin(self) -> list[Outgoing]:
-        self._enter("load")
+        self._enter(Phase.LOAD)
         try:
             log = self._log_source() if callable(self._log_source) else self._log_source
         except Exception as exc:  # noqa: BLE001 - any load failure aborts the session (its message stays here)
@@ -164,7 +165,7 @@ class PartyRole(SessionRole):
         self.counts = apply_cap(log.counts, self.options.cap).tocsr()
         local_totals = np.asarray(self.counts.sum(axis=0)).ravel()
         own = np.flatnonzero(local_totals > 0)
-        self._enter("universe")
+        self._enter(Phase.UNIVERSE)
         pairs = log.pairs
         first = self._hash.hash([encode_item(*pairs[i]) for i in own])
         order = sorted(range(len(own)), key=first.__getitem__)  # ids leave sorted, not in log order
@@ -255,7 +256,7 @@ class PartyRole(SessionRole):
         )
         self.local = (self.counts[:, self._own_pairs] @ select).tocsr()  # users x universe
         self.pair_of = dict(zip(cols.tolist(), self._own_pairs.tolist()))  # column -> own pair index
-        self._enter("counts")
+        self._enter(Phase.COUNTS)
         vector = np.asarray(self.local.sum(axis=0)).ravel().astype(np.int64)
         return self._start_sum("counts", vector)
 
@@ -334,12 +335,12 @@ class PartyRole(SessionRole):
         self.unique_pairs = int(np.count_nonzero(unique))
         self.rows = prune_dominated(log_t_rows(self.local[:, self.active], c[self.active]))
         if self._private is not None:
-            self._enter("solve")
+            self._enter(Phase.SOLVE)
             size = round(self.options.output_size) if self.options.output_size is not None else None
             frequent = c[self.active] / c.sum() >= self.options.support if self.options.objective == "frequent" else None
             rule = ProposalRule(self.options.objective, c[self.active], self.options.round_batch, size, frequent)
             return self._private_progress(self._private.start(rule, self.rows, self.b))
-        self._enter("nlp")
+        self._enter(Phase.NLP)
         shape = cels_pb2.ConstraintShape(session_id=self.session_id, party=self.name, rows=self.rows.shape[0])
         return self._send(self.solver, constraint_shape=shape)
 
@@ -363,7 +364,7 @@ class PartyRole(SessionRole):
         """Once the rounds ended (no proposal left) and every party's verdict transcript agrees
         (private_solve step 6), x is public: check it and sample.  Transcripts that differ
         abort the session blaming the aggregator, with a reason that names no party."""
-        if not self._private.done or self.phase != "solve":
+        if not self._private.done or self.phase != Phase.SOLVE:
             return out
         out = out + self._private.send_digest()
         agreed = self._private.agreement()
@@ -520,7 +521,7 @@ class PartyRole(SessionRole):
             worst = float(load.max())
             raise RoleFailure("the solution breaks one of its conditions", f"the solution breaks one of this party's conditions ({worst:.6g} > b = {self.b:.6g})")
         self.x = x
-        self._enter("sampling")
+        self._enter(Phase.SAMPLING)
         if self.options.sampling == "paper":
             return self._paper_sampling()
         self._sampler = StagedSampler(self.local[:, self.active], self.totals[self.active], x, self._rng, self.options.sampling_theta)
@@ -562,7 +563,7 @@ class PartyRole(SessionRole):
         return out
 
     def _union(self, sampled: sp.csr_matrix) -> list[Outgoing]:
-        self._enter("union")
+        self._enter(Phase.UNION)
         self.sampled = sampled
         self._secure_union = SecureUnion(
             name=self.name, session_id=self.session_id, ring=self.parties, records=self._records(sampled),
@@ -653,8 +654,8 @@ class PartyRole(SessionRole):
             "solve": {
                 "mode": opts.solve,
                 **({"rounds": self.solver_report["rounds"], "round_batch": opts.round_batch} if opts.solve == "private" else {}),
-                "bytes": phases.get("solve" if opts.solve == "private" else "nlp", {}).get("bytes_total", 0),
-                "seconds": phases.get("solve" if opts.solve == "private" else "nlp", {}).get("seconds_total", 0.0),
+                "bytes": phases.get(solve_phase(opts.solve), {}).get("bytes_total", 0),
+                "seconds": phases.get(solve_phase(opts.solve), {}).get("seconds_total", 0.0),
             },
             "universe_cipher": opts.universe_cipher,
             "key_bits": opts.key_bits,
@@ -664,23 +665,23 @@ class PartyRole(SessionRole):
         }
 
     ACCEPTS = {
-        "universe_hop": accepts("universe", _on_universe_hop),
-        "universe_index": accepts("universe", _on_universe_index),
-        "sum_key": accepts(("counts", "sampling"), _on_sum_message, whole=True),
-        "sum_hop": accepts(("counts", "sampling"), _on_sum_message, whole=True),
-        "sum_result": accepts(("counts", "sampling"), _on_sum_message, whole=True),
-        "masked_sum_share": accepts(("counts", "sampling"), _on_sum_message, whole=True),
-        "nlp_key": accepts("nlp", _on_nlp_key),
-        "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
-        "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
-        "nlp_solution": accepts("nlp", _on_nlp_solution),
-        "mask_key": accepts(("universe", "counts", "solve"), _on_mask_key),
-        "round_verdict": accepts("solve", _on_round_verdict),
-        "noise_total": accepts("solve", _on_noise_total),
-        "transcript_digest": accepts("solve", _on_transcript_digest),
-        "union_encrypt_hop": accepts("union", _on_union, whole=True),
-        "union_decrypt_hop": accepts("union", _on_union, whole=True),
-        "union_result": accepts("union", _on_union, whole=True),
-        "step_report": accepts(("universe", "counts", "nlp", "solve", "sampling", "union", "done"), _on_step_report),
+        "universe_hop": accepts(Phase.UNIVERSE, _on_universe_hop),
+        "universe_index": accepts(Phase.UNIVERSE, _on_universe_index),
+        "sum_key": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
+        "sum_hop": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
+        "sum_result": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
+        "masked_sum_share": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
+        "nlp_key": accepts(Phase.NLP, _on_nlp_key),
+        "nlp_sum_hop": accepts(Phase.NLP, _on_nlp_sum_hop),
+        "nlp_permute_hop": accepts(Phase.NLP, _on_nlp_permute_hop),
+        "nlp_solution": accepts(Phase.NLP, _on_nlp_solution),
+        "mask_key": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE), _on_mask_key),
+        "round_verdict": accepts(Phase.SOLVE, _on_round_verdict),
+        "noise_total": accepts(Phase.SOLVE, _on_noise_total),
+        "transcript_digest": accepts(Phase.SOLVE, _on_transcript_digest),
+        "union_encrypt_hop": accepts(Phase.UNION, _on_union, whole=True),
+        "union_decrypt_hop": accepts(Phase.UNION, _on_union, whole=True),
+        "union_result": accepts(Phase.UNION, _on_union, whole=True),
+        "step_report": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.NLP, Phase.SOLVE, Phase.SAMPLING, Phase.UNION, Phase.OVER), _on_step_report),
     }
     """Which step message P_k takes in which phase (the initiator also takes StepReports)."""

@@ -18,39 +18,40 @@ from typing import ClassVar
 
 from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase
 from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
 STEP_PHASE = {
-    "abort": "control",
-    "step_report": "control",
-    "universe_hop": "universe",
-    "universe_index": "universe",
-    "constraint_shape": "nlp",
-    "nlp_key": "nlp",
-    "nlp_sum_hop": "nlp",
-    "nlp_permute_hop": "nlp",
-    "nlp_solution": "nlp",
-    "nlp_slack_block": "nlp",
-    "mask_key": "solve",
-    "masked_verdicts": "solve",
-    "round_verdict": "solve",
-    "masked_noise_share": "solve",
-    "noise_total": "solve",
-    "transcript_digest": "solve",
-    "union_encrypt_hop": "union",
-    "union_decrypt_hop": "union",
-    "union_result": "union",
+    "abort": Phase.CONTROL,
+    "step_report": Phase.CONTROL,
+    "universe_hop": Phase.UNIVERSE,
+    "universe_index": Phase.UNIVERSE,
+    "constraint_shape": Phase.NLP,
+    "nlp_key": Phase.NLP,
+    "nlp_sum_hop": Phase.NLP,
+    "nlp_permute_hop": Phase.NLP,
+    "nlp_solution": Phase.NLP,
+    "nlp_slack_block": Phase.NLP,
+    "mask_key": Phase.SOLVE,
+    "masked_verdicts": Phase.SOLVE,
+    "round_verdict": Phase.SOLVE,
+    "masked_noise_share": Phase.SOLVE,
+    "noise_total": Phase.SOLVE,
+    "transcript_digest": Phase.SOLVE,
+    "union_encrypt_hop": Phase.UNION,
+    "union_decrypt_hop": Phase.UNION,
+    "union_result": Phase.UNION,
 }
 """The phase a step message belongs to (secure sums: by sum id, see :func:`phase_of`)."""
 
 
-def phase_of(envelope: Envelope) -> str:
+def phase_of(envelope: Envelope) -> Phase:
     """Phase of a message: counts (sum ids "counts"/"unique"), sampling ("sampling-*"), ..."""
     step = step_name(envelope)
     if step.startswith("sum_") or step == "masked_sum_share":
         sum_id = getattr(envelope, step).sum_id
-        return "sampling" if sum_id.startswith("sampling") else "counts"
+        return Phase.SAMPLING if sum_id.startswith("sampling") else Phase.COUNTS
     return STEP_PHASE[step]
 
 
@@ -81,14 +82,14 @@ class SessionRole:
         self.initiator = options.initiator
         self.nodes = list(options.nodes)
         self.b = options.b
-        self.phase = "prepared"
+        self.phase = Phase.READY
         self.done = False
         self.aborted: cels_pb2.Abort | None = None
         self.failure = ""  # this node's details of its own failure (its log only)
         self.output = None
         self.report: dict | None = None
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.bytes_sent: dict[str, int] = defaultdict(int)
+        self.seconds: dict[Phase, float] = defaultdict(float)
+        self.bytes_sent: dict[Phase, int] = defaultdict(int)
         self.phase_hook: PhaseHook | None = None
         self._report_due = False
         self.abort_notices: list[Outgoing] = []
@@ -115,7 +116,7 @@ class SessionRole:
 
     def begin(self) -> list[Outgoing]:
         """Begin the session on this node (idempotent)."""
-        if self.aborted is not None or self.phase != "prepared":
+        if self.aborted is not None or self.phase != Phase.READY:
             return []
         return self._run(self._begin)
 
@@ -125,7 +126,7 @@ class SessionRole:
         if self.aborted is not None or self.done:
             return []
         self.aborted, self.failure = notice, detail
-        self._enter("aborted")
+        self._enter(Phase.FAILED)
         return self._send([n for n in self.nodes if n != self.name], abort=self.aborted)
 
     def refuse_and_abort(self, message: str) -> ProtocolError:
@@ -160,7 +161,7 @@ class SessionRole:
 
     def _finish(self) -> None:
         """This node's part is over: it reports to the initiator after this step's messages."""
-        self._enter("done")
+        self._enter(Phase.OVER)
         self.done = True
         self._report_due = True
 
@@ -168,7 +169,7 @@ class SessionRole:
         """Send this node's StepReports to the initiator (the initiator overrides: it keeps them)."""
         return [(self.initiator, self._envelope(step_report=r)) for r in self.step_reports()]
 
-    def _enter(self, phase: str) -> None:
+    def _enter(self, phase: Phase) -> None:
         """Switch phase; the host charges the time spent so far to the old one."""
         if self.phase_hook is not None:
             self.phase_hook(self.phase, phase)
@@ -190,7 +191,7 @@ class SessionRole:
     def _on_abort(self, sender: str, msg: cels_pb2.Abort) -> list[Outgoing]:
         if self.aborted is None and not self.done:
             self.aborted = peer_abort(msg, sender, self.session_id)
-            self._enter("aborted")
+            self._enter(Phase.FAILED)
         return []
 
     def view_keys(self) -> list:
@@ -200,7 +201,7 @@ class SessionRole:
 
     def step_reports(self) -> list[cels_pb2.StepReport]:
         """This node's accounting: busy seconds and bytes sent per phase."""
-        phases = sorted((set(self.seconds) | set(self.bytes_sent)) - {"prepared", "done", "aborted"})
+        phases = sorted((set(self.seconds) | set(self.bytes_sent)) - {Phase.READY, Phase.OVER, Phase.FAILED})
         return [
             cels_pb2.StepReport(
                 session_id=self.session_id,

@@ -21,6 +21,7 @@ from cels.mechanism.conditions import Conditions
 from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase
 from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
@@ -69,7 +70,7 @@ class SolverRole(SessionRole):
         return [] if self._private_key is None else [self._private_key]
 
     def _begin(self) -> list[Outgoing]:
-        self._enter("solve" if self._aggregator is not None else "nlp")
+        self._enter(Phase.SOLVE if self._aggregator is not None else Phase.NLP)
         return []
 
     def _on_masked_noise_share(self, sender: str, msg: cels_pb2.MaskedNoiseShare) -> list[Outgoing]:
@@ -213,11 +214,11 @@ class SolverRole(SessionRole):
         return self._send(self.parties[-1], nlp_solution=solution_msg)
 
     ACCEPTS = {
-        "constraint_shape": accepts("nlp", _on_constraint_shape),
-        "nlp_slack_block": accepts("nlp", _on_nlp_slack_block),
-        "nlp_sum_hop": accepts("nlp", _on_nlp_sum_hop),
-        "nlp_permute_hop": accepts("nlp", _on_nlp_permute_hop),
-        "masked_verdicts": accepts("solve", _on_masked_verdicts),
-        "masked_noise_share": accepts("solve", _on_masked_noise_share),
+        "constraint_shape": accepts(Phase.NLP, _on_constraint_shape),
+        "nlp_slack_block": accepts(Phase.NLP, _on_nlp_slack_block),
+        "nlp_sum_hop": accepts(Phase.NLP, _on_nlp_sum_hop),
+        "nlp_permute_hop": accepts(Phase.NLP, _on_nlp_permute_hop),
+        "masked_verdicts": accepts(Phase.SOLVE, _on_masked_verdicts),
+        "masked_noise_share": accepts(Phase.SOLVE, _on_masked_noise_share),
     }
     """Which step message P_0 takes in which phase."""

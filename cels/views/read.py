@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.json_format import ParseDict, ParseError
 
+from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2
 
 VIEW_FILE = "view.jsonl"
 SESSION_FILE = "session.json"
-PHASE_ORDER = ("control", "universe", "counts", "solve", "nlp", "sampling", "union")
+PHASE_ORDER = (Phase.CONTROL, Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE, Phase.NLP, Phase.SAMPLING, Phase.UNION)
 
 @dataclass
 class ViewEntry:
@@ -181,9 +182,9 @@ def arrows(views: dict[str, NodeView], fold_sampling: bool = True) -> list[Arrow
             seen.setdefault(key, Arrow(sender, recipient, e["step"], e["phase"], e["bytes"], e["time"], label))
     ordered = sorted(seen.values(), key=lambda a: a.time)
     if fold_sampling:
-        first = next((a.label for a in ordered if a.phase == "sampling"), None)
+        first = next((a.label for a in ordered if a.phase == Phase.SAMPLING), None)
         stage = first.split("[", 1)[1] if first and "[" in first else None
-        ordered = [a for a in ordered if a.phase != "sampling" or stage is None or a.label.endswith(f"[{stage}")]
+        ordered = [a for a in ordered if a.phase != Phase.SAMPLING or stage is None or a.label.endswith(f"[{stage}")]
     return ordered
 
 
@@ -210,7 +211,7 @@ def mermaid(views: dict[str, NodeView]) -> str:
     for a in drawn:
         if a.phase != phase:
             phase = a.phase
-            note = phase + (" (first stage shown)" if phase == "sampling" else "")
+            note = phase + (" (first stage shown)" if phase == Phase.SAMPLING else "")
             lines.append(f"    Note over {alias[nodes[0]]},{alias[nodes[-1]]}: {note}")
         lines.append(f"    {alias[a.sender]}->>{alias[a.recipient]}: {a.label} ({_size(a.bytes)})")
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ reaches the phase:
 - "prepared": when a PROBE finds the session prepared on the victim (on party-2 for the
   initiator), with the solver's proxy slowed to 1 s each way so that StartSession / BEGIN take
   seconds;
-- "finish": when the initiator's role is done ("now done") and so is the victim's (PROBE
+- "finish": when the initiator's role is over ("now over") and so is the victim's (PROBE
   phase), before FINISH reaches it (from the initiator's union on, the victim's proxy adds
   FINISH_DELAY each way).
 
@@ -98,8 +98,8 @@ def hit_phase(cluster: FaultCluster, victim: str, phase: str, session_id: str, s
         return False
     if victim != PARTIES[0]:
         cluster.proxy[victim].delay = FINISH_DELAY
-    return follower.wait(rf"session {session_id}: .* now done$", timeout=60, stop=done) and (
-        victim == PARTIES[0] or poll(lambda: cluster.state(victim, session_id, timeout=1).phase == "done", 20, done)
+    return follower.wait(rf"session {session_id}: .* now over$", timeout=60, stop=done) and (
+        victim == PARTIES[0] or poll(lambda: cluster.state(victim, session_id, timeout=1).phase == "over", 20, done)
     )
 
 

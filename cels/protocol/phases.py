@@ -1,0 +1,69 @@
+"""The session's vocabulary, one enum each (docs/protocol.md, "How a session lives").
+
+:class:`Phase` is where one node's role is in a session: CELS section 4 in order -- the load
+of its log, the universe (Algorithm 3's commutative hash), the counts (Algorithm 1's secure
+sums), phase 3 (the private solve, or the paper's Algorithm 2 as ``NLP``), the sampling and
+the secure union -- between ``READY`` (made, not begun) and ``OVER`` (its part is done) or
+``FAILED`` (the session was aborted).  :class:`SessionState` is what a node's host knows of a
+session (cels.protocol.host): its own names, so a role's phase is never compared with a host
+state.  Both are ``str`` enums: their values are what the wire's string fields and the reports
+carry, and every module names a phase through these members, never through a string literal.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Phase(str, Enum):
+    """A role's phase (the rows of the roles' transition tables, cels.protocol.rolebase)."""
+
+    READY = "ready"
+    LOAD = "load"
+    UNIVERSE = "universe"
+    COUNTS = "counts"
+    SOLVE = "solve"
+    NLP = "nlp"
+    SAMPLING = "sampling"
+    UNION = "union"
+    OVER = "over"
+    FAILED = "failed"
+    CONTROL = "control"
+    """Not a phase a role is in: the bucket that session control (Abort, StepReport) is counted in."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:  # messages quote a phase as its wire value
+        return repr(self.value)
+
+
+WORK_PHASES = (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE, Phase.NLP, Phase.SAMPLING, Phase.UNION)
+"""The phases in which a role works and is charged busy seconds and bytes (protocol order)."""
+
+
+def solve_phase(solve: str) -> Phase:
+    """Phase 3 of a session that solves with ``solve``: the private solve, or Algorithm 2."""
+    return Phase.SOLVE if solve == "private" else Phase.NLP
+
+
+def party_phases(solve: str) -> tuple[Phase, ...]:
+    """A party's working phases in protocol order (CELS section 4)."""
+    return (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, solve_phase(solve), Phase.SAMPLING, Phase.UNION)
+
+
+class SessionState(str, Enum):
+    """A session as a node's host knows it (cels.protocol.host)."""
+
+    UNKNOWN = "unknown"
+    """The host never had the session, or has forgotten it."""
+    PREPARED = "prepared"
+    RUNNING = "running"
+    DONE = "done"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)

@@ -1,0 +1,88 @@
+"""The roles' transition tables are the machine (issue 24; docs/protocol.md, "How a session lives").
+
+Read from the tables themselves: every step message of the one protocol schema is a row of a
+role's table or refused by it; every (message, phase) pair outside a row is refused without
+changing the role; every phase a row names is reached by a real session, and so are the
+phases no row names (READY, OVER, FAILED)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cels.inprocess import InMemoryNetwork, session_hosts, start_session
+from cels.logs import synthetic_log
+from cels.protocol.options import SessionOptions
+from cels.protocol.party import PartyRole
+from cels.protocol.phases import Phase
+from cels.protocol.roles import ProtocolError
+from cels.protocol.solver import SolverRole
+from cels.protocol.wire import cels_pb2
+
+TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
+ROLE_PHASES = [p for p in Phase if p is not Phase.CONTROL]
+HOST_STEPS = {"start_session", "abort"}
+"""Step messages the host or every role takes whatever the phase (not rows of a role's table)."""
+STEPS = [f.name for f in cels_pb2.Envelope.DESCRIPTOR.oneofs_by_name["step"].fields]
+
+
+def roles(solve: str) -> tuple[SessionOptions, dict[str, object]]:
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, solve=solve, session_id=f"table-{solve}", **TEST_KEYS)
+    log = synthetic_log(seed=3, users=30)
+    shares = log.split_by_user(3)
+    made = {p: PartyRole(p, options, shares[k], allow_insecure_key_bits=True) for k, p in enumerate(options.parties)}
+    made[options.solver] = SolverRole(options.solver, options, allow_insecure_key_bits=True)
+    return options, made
+
+
+@pytest.mark.parametrize("role_class", [PartyRole, SolverRole])
+def test_every_row_names_a_step_of_the_schema_and_a_role_phase(role_class) -> None:
+    for step, row in role_class.ACCEPTS.items():
+        assert step in STEPS, step
+        assert row.phases and set(row.phases) <= set(ROLE_PHASES), (step, row.phases)
+
+
+@pytest.mark.parametrize("solve", ["private", "transformed"])
+@pytest.mark.parametrize("node", ["party-2", "solver"])
+def test_every_pair_outside_a_row_is_refused_and_changes_nothing(solve, node) -> None:
+    options, made = roles(solve)
+    role = made[node]
+    sender = "party-1" if node != "party-1" else "party-2"
+    refused = 0
+    for step in STEPS:
+        if step in HOST_STEPS:
+            continue
+        row = type(role).ACCEPTS.get(step)
+        for phase in ROLE_PHASES:
+            if row is not None and phase in row.phases:
+                continue
+            role.phase = phase
+            envelope = cels_pb2.Envelope(session_id=options.session_id, sender=sender, **{step: getattr(cels_pb2, type(getattr(cels_pb2.Envelope(), step)).__name__)()})
+            with pytest.raises(ProtocolError) as err:
+                role.receive(sender, envelope)
+            assert err.value.code == ProtocolError.FAILED_PRECONDITION, (step, phase, str(err.value))
+            assert role.phase == phase and role.aborted is None, (step, phase)
+            refused += 1
+    assert refused > len(STEPS)  # the loop refused something for every step outside the rows
+
+
+@pytest.mark.parametrize("solve", ["private", "transformed"])
+def test_every_phase_a_row_names_is_reached_by_a_session(solve) -> None:
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, solve=solve, **TEST_KEYS)
+    log = synthetic_log(seed=3, users=30)
+    network = InMemoryNetwork(session_hosts(log.split_by_user(3), options, allow_insecure_key_bits=True))
+    ended = start_session(network, options)
+    for node, role in ended.items():
+        reached = set(role.seconds) | {Phase.READY, role.phase}  # left (charged) phases, the first and the last
+        assert role.phase is Phase.OVER, (node, role.phase)
+        named = {p for row in type(role).ACCEPTS.values() for p in row.phases}
+        solve_phase = Phase.SOLVE if solve == "private" else Phase.NLP
+        named &= {Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, solve_phase, Phase.SAMPLING, Phase.UNION, Phase.OVER}
+        assert named <= reached, (node, named - reached)
+
+
+def test_an_abort_reaches_failed() -> None:
+    options, made = roles("private")
+    role = made["party-2"]
+    abort = cels_pb2.Abort(session_id=options.session_id, origin="party-1", kind=cels_pb2.Abort.DIED, reason="stopped answering", phase="load")
+    role.receive("party-1", cels_pb2.Envelope(session_id=options.session_id, sender="party-1", abort=abort))
+    assert role.phase is Phase.FAILED and role.aborted.origin == "party-1"

@@ -14,11 +14,11 @@ from cels.protocol.roles import ProtocolError
 
 
 def make(ring, values, bound=2**31 - 1, round_number=0):
-    masks = {p: PairwiseMasks(p, ring, "s1") for p in ring}
+    masks = {p: PairwiseMasks(k, len(ring), b"s1") for k, p in enumerate(ring)}
     for p in ring:
-        for q in ring:
+        for k, q in enumerate(ring):
             if p != q:
-                masks[p].add_peer(q, masks[q].public_key)
+                masks[p].add_peer(k, masks[q].public_key)
     return {
         p: MaskedSum(name=p, session_id="s1", sum_id="counts", ring=ring, values=values[p], bound=bound, masks=masks[p], round_number=round_number)
         for p in ring
@@ -53,9 +53,9 @@ def test_every_party_learns_the_sum_and_p1_sees_masked_vectors_only(r) -> None:
 
 def test_each_sum_has_its_own_masks() -> None:
     ring = ["a", "b", "c"]
-    masks = PairwiseMasks("b", ring, "s1")
-    for q, m in (("a", PairwiseMasks("a", ring, "s1")), ("c", PairwiseMasks("c", ring, "s1"))):
-        masks.add_peer(q, m.public_key)
+    masks = PairwiseMasks(ring.index("b"), len(ring), b"s1")
+    for q in ("a", "c"):
+        masks.add_peer(ring.index(q), PairwiseMasks(ring.index(q), len(ring), b"s1").public_key)
     zeros = np.zeros(64, dtype=np.int64)
     assert not np.array_equal(masks.masked_values(zeros, 2, 0), masks.masked_values(zeros, 2, 1))
 

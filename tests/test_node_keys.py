@@ -14,10 +14,10 @@ import gmpy2
 import grpc
 import pytest
 
-from cels.crypto.obfuscators import ObfuscatorPool, ObfuscatorStock
 from cels.crypto.paillier import checked_keypair, generate_keypair
 from cels.node.config import DEFAULT_NICE, add_node_arguments, node_config
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy, NodeKeys
+from cels.node.obfuscator_stock import ObfuscatorPool, ObfuscatorStock
 from cels.protocol.wire import cels_pb2, codec
 
 SMALL = dict(allow_insecure_key_bits=True)
@@ -56,18 +56,18 @@ def test_stock_fills_each_key_to_its_target_only_while_idle(two_keys) -> None:
         wait_until(stock.full)
         levels = {lv.owner: lv for lv in stock.levels()}
         assert (levels["a"].ready, levels["b"].ready) == (12, 5)  # exactly the targets, no more
-        got = stock.source(int(pk_a.n)).take(pk_a, 15)  # 12 from the stock, 3 computed on the workers
+        got = stock.source(int(pk_a.n)).take(pk_a.hs, 15)  # 12 from the stock, 3 computed on the workers
         assert len(set(got)) == 15 and all(is_obfuscator(v, sk_a) for v in got)
         assert stock.levels()[0].handed_out == 15
         wait_until(lambda: stock.levels()[0].ready == 12)  # refilled once idle
-        assert all(is_obfuscator(v, sk_b) for v in stock.source(int(pk_b.n)).take(pk_b, 5))
+        assert all(is_obfuscator(v, sk_b) for v in stock.source(int(pk_b.n)).take(pk_b.hs, 5))
 
 
 def test_stock_serves_unknown_keys_from_its_workers_and_replaces_changed_keys(two_keys) -> None:
     (pk_a, sk_a), (pk_b, sk_b) = two_keys
     with ObfuscatorStock({"a": 3}, workers=1, batch=2) as stock:
         source = stock.source(int(pk_b.n))  # a fresh session key: a pool on the same workers
-        assert isinstance(source, ObfuscatorPool) and all(is_obfuscator(v, sk_b) for v in source.take(pk_b, 3))
+        assert isinstance(source, ObfuscatorPool) and all(is_obfuscator(v, sk_b) for v in source.take(pk_b.hs, 3))
         assert stock.levels() == []
         stock.add_key(pk_a, "a")
         stock.add_key(pk_b, "a")  # the owner restarted with a new key
@@ -114,7 +114,7 @@ def test_node_learns_peer_keys_and_stocks_them(two_keys) -> None:
         entries = {e.owner: e for e in status.stock}
         assert set(entries) == {"solver", "party-1"}  # party-2's key is not stocked (0)
         assert int.from_bytes(entries["solver"].n, "big") == solver_pk.n and entries["solver"].ready == 4
-        assert all(is_obfuscator(v, solver_sk) for v in keys.obfuscators(int(solver_pk.n)).take(solver_pk, 4))
+        assert all(is_obfuscator(v, solver_sk) for v in keys.obfuscators(int(solver_pk.n)).take(solver_pk.hs, 4))
         assert keys.keypair_for(512) is keys.keypair and keys.keypair_for(2048) is None  # other sizes: fresh keys
         peer_view = keys.status(running_sessions=2, with_stock=False)  # what a peer's Status gets
         assert peer_view.key.n == status.key.n and list(peer_view.stock) == [] and peer_view.running_sessions == 0

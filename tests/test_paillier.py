@@ -24,7 +24,6 @@ from cels.crypto.obfuscators import (
     OBFUSCATOR_MODES,
     FixedBaseTable,
     InlineObfuscators,
-    ObfuscatorPool,
     djn_exponent_bits,
     obfuscators,
 )
@@ -39,6 +38,7 @@ from cels.crypto.paillier import (
     encrypt,
     generate_keypair,
 )
+from cels.node.obfuscator_stock import ObfuscatorPool
 from cels.protocol.wire import codec
 
 SMALL = dict(allow_insecure_key_bits=True)
@@ -252,7 +252,7 @@ def test_obfuscator_pool_gives_fresh_encryptions_of_zero(keys, mode) -> None:
     public_key, private_key, _ = keys
     with ObfuscatorPool(int(public_key.n), hs=int(public_key.hs), mode=mode, workers=2, batch=3) as pool:
         pool.prefetch(4)
-        got = pool.take(public_key, 7)  # 4 prefetched + 3 computed on demand
+        got = pool.take(public_key.hs, 7)  # 4 prefetched + 3 computed on demand
     assert len(set(got)) == 7
     assert all(private_key.decrypt_raw(r) == 0 for r in got)
 
@@ -268,7 +268,7 @@ def test_concurrent_takers_on_one_pool_both_get_obfuscators(keys) -> None:
 
         def taker(k: int) -> None:
             start.wait()
-            got[k] = pool.take(public_key, 5)
+            got[k] = pool.take(public_key.hs, 5)
 
         threads = [threading.Thread(target=taker, args=(k,), daemon=True) for k in range(2)]
         for t in threads:

@@ -14,6 +14,8 @@ from cels.mechanism.conditions import build_conditions, log_t_rows
 from cels.mechanism.greedy import ProposalRule, central_run, replay
 from cels.mechanism.solvers import feasible
 from cels.protocol.options import SessionOptions
+from cels.protocol.private_solve import PrivateSolveParty
+from cels.protocol.roles import ProtocolError
 from cels.protocol.wire import cels_pb2
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
@@ -141,3 +143,21 @@ def test_end_to_end_noise_in_the_private_solve() -> None:
     assert "noise-free first-pass counts x; the noise total z" in privacy["learns"]["solver"]
     assert "no differential privacy against partner organisations" in privacy["against_partners"]
     assert all(np.array_equal(roles[p].x, lead.x) for p in config.parties)
+
+
+def test_a_party_gives_the_masks_its_ring_index_and_the_session_id_and_maps_senders() -> None:
+    """The protocol maps names to the masks' primitives (cels.crypto knows no names): P_k is
+    ring index k - 1, the HKDF context is the session id's bytes, the masks of the ring
+    cancel, and a mask key from a node that is not a party (or a second one) is refused as
+    malformed (INVALID_ARGUMENT)."""
+    ring = ["party-1", "party-2", "party-3"]
+    parties = {name: PrivateSolveParty(name, ring, "solver", "session-7") for name in ring}
+    assert [(p.masks.index, p.masks.parties, p.masks.context) for p in parties.values()] == [(k, 3, b"session-7") for k in range(3)]
+    for sender, party in parties.items():
+        for to, env in party.mask_keys():
+            parties[to].on_mask_key(sender, env.mask_key)
+    assert not np.any(sum(p.masks.mask(0, 16) for p in parties.values()))
+    for sender, match in (("solver", "'solver', which is not a party"), ("party-3", "second mask key")):
+        with pytest.raises(ProtocolError, match=match) as err:
+            parties["party-2"].on_mask_key(sender, env.mask_key)
+        assert err.value.code == ProtocolError.INVALID_ARGUMENT

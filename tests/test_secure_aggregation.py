@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy import stats
 
-from cels.crypto.secure_aggregation import NOISE, VERDICTS, MaskError, PairwiseMasks, aggregate, prg_words, signed
+from cels.crypto.secure_aggregation import NOISE, SUMS, VERDICTS, MaskError, PairwiseMasks, aggregate, prg_words, signed
 
 
-def parties_with_keys(r: int, session: str = "s1") -> dict[str, PairwiseMasks]:
+def parties_with_keys(r: int, context: bytes = b"s1") -> dict[str, PairwiseMasks]:
     names = [f"party-{k}" for k in range(1, r + 1)]
-    masks = {n: PairwiseMasks(n, names, session) for n in names}
+    masks = {n: PairwiseMasks(k, r, context) for k, n in enumerate(names)}
     for n, m in masks.items():
-        for other, o in masks.items():
+        for k, (other, o) in enumerate(masks.items()):
             if other != n:
-                m.add_peer(other, o.public_key)
+                m.add_peer(k, o.public_key)
     return masks
 
 
@@ -76,12 +77,39 @@ def test_a_single_party_has_a_zero_mask() -> None:
 
 
 def test_bad_peer_keys_are_refused() -> None:
-    m = PairwiseMasks("party-1", ["party-1", "party-2"], "s")
+    m = PairwiseMasks(0, 2, b"s")
     with pytest.raises(MaskError, match="bytes"):
-        m.add_peer("party-2", b"short")
+        m.add_peer(1, b"short")
     with pytest.raises(MaskError, match="no mask seed"):
-        m.add_peer("mallory", bytes(32))
+        m.add_peer(2, bytes(32))
+    with pytest.raises(MaskError, match="no mask seed"):
+        m.add_peer(0, bytes(32))  # itself
     with pytest.raises(MaskError):
-        m.add_peer("party-2", bytes(32))  # the zero point has small order
+        m.add_peer(1, bytes(32))  # the zero point has small order
     with pytest.raises(MaskError, match="missing"):
         m.mask(0, 3)
+
+
+def ring_with_keys(context: bytes) -> list[PairwiseMasks]:
+    """Three parties at ring indices 0, 1, 2 with fixed X25519 keys; every key arrives in
+    reverse ring order (the order must not matter)."""
+    keys = [X25519PrivateKey.from_private_bytes(bytes([k + 1]) * 32) for k in range(3)]
+    masks = [PairwiseMasks(k, 3, context, private_key=key) for k, key in enumerate(keys)]
+    for k, m in enumerate(masks):
+        for peer in reversed(range(3)):
+            if peer != k:
+                m.add_peer(peer, masks[peer].public_key)
+    return masks
+
+
+def test_masks_are_pinned_by_keys_context_and_ring_order() -> None:
+    """Known answer: the SUMS masks of round 3 under the context b"session-7" (HKDF info =
+    SEED_LABEL || context) are the words these keys gave when PairwiseMasks still took the
+    party names ["a", "b", "c"] and the session id "session-7"; another context, other masks."""
+    expected = [
+        [0xD70A29848509FE74, 0x3945AFC5FDC16154],
+        [0x2729CB9C957C1EE9, 0x5AE35F88ABE1FCD1],
+        [0x01CC0ADEE579E2A3, 0x6BD6F0B1565CA1DB],
+    ]
+    assert [[int(w) for w in m.mask(3, 2, SUMS)] for m in ring_with_keys(b"session-7")] == expected
+    assert [int(w) for w in ring_with_keys(b"session-8")[0].mask(3, 2, SUMS)] != expected[0]

@@ -7,7 +7,7 @@ Measures, in one run:
   the paper's Algorithm 1 reads; timed on ``--naive-sample`` values and scaled to N -- and
   (b) with the packed engine: the real :class:`~cels.protocol.secure_sum.SecureSum` roles over
   the in-memory network (every message serialised), obfuscators precomputed by an
-  :class:`~cels.crypto.obfuscators.ObfuscatorPool` (offline) before the online run;
+  :class:`~cels.node.obfuscator_stock.ObfuscatorPool` (offline) before the online run;
 * one obfuscator (a fresh encryption of zero) three ways: textbook r^N mod N^2 by powmod,
   DJN h_s^a by powmod, and DJN from the fixed-base table (with the table's build seconds and
   bytes), and their ratios (docs/crypto.md, "Obfuscators");
@@ -39,7 +39,7 @@ from tqdm import tqdm
 from cels.crypto.commutative_cipher import PohligHellman, encode_record
 from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
-from cels.crypto.obfuscators import FixedBaseTable, ObfuscatorPool, djn_exponent_bits, obfuscators
+from cels.crypto.obfuscators import FixedBaseTable, djn_exponent_bits, obfuscators
 from cels.crypto.paillier import (
     DECRYPT_CHUNK,
     PAPER_KEY_BITS,
@@ -51,6 +51,7 @@ from cels.crypto.paillier import (
 )
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
+from cels.node.obfuscator_stock import ObfuscatorPool
 from cels.protocol.party import COUNT_BOUND
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2, codec

@@ -41,9 +41,9 @@ class TimedObfuscators:
         self.n = n
         self._ledger = ledger
 
-    def take(self, public_key, count: int) -> list:
+    def take(self, hs: int, count: int) -> list:
         start = time.perf_counter()
-        values = self._inner.take(public_key, count)
+        values = self._inner.take(hs, count)
         self._ledger["seconds"] += time.perf_counter() - start
         self._ledger["obfuscators"] += count
         return values

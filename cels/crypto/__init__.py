@@ -1,4 +1,6 @@
-"""Cryptographic primitives of CELS (section 4.2): packed Paillier (:mod:`.paillier`, with
-precomputed obfuscators in :mod:`.obfuscators`), the Pohlig-Hellman commutative cipher
-(:mod:`.commutative_cipher` over the RFC groups of :mod:`.groups`) and the X25519 commutative
-hash (:mod:`.ec_hash`).  See docs/crypto.md."""
+"""Cryptographic primitives of CELS (section 4.2): packed Paillier (:mod:`.paillier`, with the
+obfuscator formulas in :mod:`.obfuscators`), the Pohlig-Hellman commutative cipher
+(:mod:`.commutative_cipher` over the RFC groups of :mod:`.groups`), the X25519 commutative
+hash (:mod:`.ec_hash`) and pairwise masks (:mod:`.secure_aggregation`).  Keys, integers and
+bytes in and out: no party names, sessions, threads or pools (those are the protocol's and
+the node's).  See docs/crypto.md."""

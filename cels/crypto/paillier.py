@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import gmpy2
 import numpy as np
@@ -400,7 +400,7 @@ class EncryptedMatrix:
         """Multiply every ciphertext by a fresh encryption of zero (single-use obfuscators)."""
         _check_source(self.public_key, obfuscators)
         nsq = self.public_key.nsquare
-        fresh = obfuscators.take(self.public_key, len(self.ciphertexts))
+        fresh = obfuscators.take(int(self.public_key.hs), len(self.ciphertexts))
         return self._with([c * r % nsq for c, r in zip(self.ciphertexts, fresh)])
 
     def ciphertext_bytes(self) -> list[bytes]:
@@ -456,13 +456,20 @@ def encrypt(public_key: PublicKey, values: np.ndarray, packing: Packing, obfusca
     matrix = _as_matrix(values)
     n, nsq = public_key.n, public_key.nsquare
     plain = packing.encode(matrix)
-    fresh = obfuscators.take(public_key, len(plain))
+    fresh = obfuscators.take(int(public_key.hs), len(plain))
     ciphertexts = [(1 + m * n) * r % nsq for m, r in zip(plain, fresh)]
     return EncryptedMatrix(public_key, matrix.shape[0], matrix.shape[1], packing, 1, ciphertexts)
 
 
 DECRYPT_CHUNK = 256
 """Ciphertexts per task when a pool decrypts (each task is a few hundred ms at 2048 bits)."""
+
+
+class Executor(Protocol):
+    """A pool the caller owns and passes in: a ``concurrent.futures`` executor (processes or
+    threads), whose ``submit`` returns a future."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any: ...
 
 
 def int_bytes(x) -> bytes:

@@ -2,7 +2,7 @@
 
 Every party k makes an X25519 key pair per session and gives its public key to every other
 party over the mutually authenticated channel.  Parties k and l derive the shared seed
-s_kl = HKDF-SHA256(X25519(k, l), info = label || session id) and expand it, per round t, with
+s_kl = HKDF-SHA256(X25519(k, l), info = label || context) and expand it, per round t, with
 ChaCha20 into a vector PRG(s_kl, t) of uint64 words.  Party k's mask is
 
     mask_k = sum_{l > k} PRG(s_kl, t) - sum_{l < k} PRG(s_lk, t)   (mod 2^64)
@@ -19,12 +19,17 @@ with rho_kq uniform and non-zero; sum_k w_kq = sum_k rho_kq v_kq is 0 iff no par
 except with probability <= r 2^-64 (a non-zero sum of uniform non-zero values hitting 0), and a
 non-zero sum is uniform, so it tells neither which parties said 1 nor how many.
 Randomness: X25519 keys from ``cryptography`` (the OS CSPRNG), rho from :mod:`secrets`.
+
+Parties are indices 0..r-1 in ring order and the context is bytes (the protocol layer,
+cels.protocol.private_solve, maps party names to indices and passes the session id's bytes):
+this module knows no names and no sessions.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -55,14 +60,16 @@ def prg_words(seed: bytes, round_number: int, length: int, stream: int = VERDICT
 
 
 class PairwiseMasks:
-    """Party ``me``'s side of the masks for one session among ``parties`` (in ring order)."""
+    """Party ``index``'s side of the masks among ``parties`` parties, indices 0..parties-1 in
+    ring order, with HKDF info ``SEED_LABEL || context``; its X25519 ``private_key`` is made
+    here unless given."""
 
-    def __init__(self, me: str, parties: Sequence[str], session_id: str) -> None:
-        if me not in parties or len(set(parties)) != len(parties):
-            raise MaskError(f"{me!r} must be one of the distinct parties {list(parties)}")
-        self.me, self.parties, self.session_id = me, list(parties), session_id
-        self._key = X25519PrivateKey.generate()
-        self._seeds: dict[str, bytes] = {}
+    def __init__(self, index: int, parties: int, context: bytes, private_key: X25519PrivateKey | None = None) -> None:
+        if not 0 <= index < parties:
+            raise MaskError(f"party index {index} outside 0..{parties - 1}")
+        self.index, self.parties, self.context = index, parties, bytes(context)
+        self._key = private_key or X25519PrivateKey.generate()
+        self._seeds: dict[int, bytes] = {}
 
     @property
     def public_key(self) -> bytes:
@@ -71,32 +78,31 @@ class PairwiseMasks:
     @property
     def complete(self) -> bool:
         """Every other party's key is in."""
-        return len(self._seeds) == len(self.parties) - 1
+        return len(self._seeds) == self.parties - 1
 
-    def add_peer(self, peer: str, public_key: bytes) -> None:
-        """Derive s_{me,peer} from the peer's public key (once per peer)."""
-        if peer == self.me or peer not in self.parties:
-            raise MaskError(f"no mask seed with {peer!r}")
+    def add_peer(self, peer: int, public_key: bytes) -> None:
+        """Derive s_{index,peer} from party ``peer``'s public key (once per peer)."""
+        if peer == self.index or not 0 <= peer < self.parties:
+            raise MaskError(f"no mask seed with party index {peer}")
         if peer in self._seeds:
-            raise MaskError(f"second mask key from {peer!r}")
+            raise MaskError(f"second mask key from party index {peer}")
         if len(public_key) != PUBLIC_KEY_BYTES:
-            raise MaskError(f"mask key of {peer!r}: {len(public_key)} bytes, expected {PUBLIC_KEY_BYTES}")
+            raise MaskError(f"mask key: {len(public_key)} bytes, expected {PUBLIC_KEY_BYTES}")
         try:
             shared = self._key.exchange(X25519PublicKey.from_public_bytes(public_key))
         except ValueError as exc:  # a small-order point
-            raise MaskError(f"mask key of {peer!r}: {exc}") from None
-        info = SEED_LABEL + self.session_id.encode()
+            raise MaskError(f"mask key: {exc}") from None
+        info = SEED_LABEL + self.context
         self._seeds[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
     def mask(self, round_number: int, length: int, stream: int = VERDICTS) -> np.ndarray:
-        """mask_me for one round: + PRG of every later party, - PRG of every earlier one."""
+        """mask_index for one round: + PRG of every later party, - PRG of every earlier one."""
         if not self.complete:
             raise MaskError("mask keys of some parties are missing")
-        k = self.parties.index(self.me)
         total = np.zeros(length, dtype=np.uint64)
         for peer, seed in self._seeds.items():
             words = prg_words(seed, round_number, length, stream)
-            total = total + words if self.parties.index(peer) > k else total - words  # wraps mod 2^64
+            total = total + words if peer > self.index else total - words  # wraps mod 2^64
         return total
 
     def masked_or_shares(self, round_number: int, verdicts: Sequence[int]) -> np.ndarray:
@@ -128,8 +134,9 @@ def signed(total: np.ndarray) -> np.ndarray:
     return np.asarray(total, dtype=np.uint64).view(np.int64)
 
 
-def aggregate(shares: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The sum mod 2^64 of every party's masked vector (the aggregator's only computation)."""
+def aggregate(shares: Mapping[Any, np.ndarray]) -> np.ndarray:
+    """The sum mod 2^64 of every party's masked vector, whatever the keys (the aggregator's
+    only computation)."""
     vectors = list(shares.values())
     if not vectors or len({len(v) for v in vectors}) != 1:
         raise MaskError("masked vectors of different lengths")

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from cels.crypto import paillier
-from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource, ObfuscatorStock
+from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
+from cels.node.obfuscator_stock import ObfuscatorStock
 from cels.protocol.wire import cels_pb2, codec
 
 log = logging.getLogger("cels.node")

@@ -74,7 +74,7 @@ class PrivateSolveParty:
         rng: CipherRandom | None = None,
     ) -> None:
         self.name, self.parties, self.aggregator, self.session_id = name, parties, aggregator, session_id
-        self.masks = PairwiseMasks(name, parties, session_id)
+        self.masks = PairwiseMasks(parties.index(name), len(parties), session_id.encode())  # HKDF info: label || session id
         self.rule: ProposalRule | None = None
         self.round = 0
         self.proposals = np.zeros(0, dtype=np.int64)
@@ -99,10 +99,12 @@ class PrivateSolveParty:
         return [(p, _envelope(self.session_id, self.name, mask_key=msg)) for p in self.parties if p != self.name]
 
     def on_mask_key(self, sender: str, msg: cels_pb2.MaskKey) -> list[Outgoing]:
+        if sender not in self.parties:
+            raise malformed(f"{self.name}: mask_key from {sender!r}, which is not a party")
         try:
-            self.masks.add_peer(sender, msg.public_key)
+            self.masks.add_peer(self.parties.index(sender), msg.public_key)
         except MaskError as exc:
-            raise malformed(f"{self.name}: mask_key: {exc}") from None
+            raise malformed(f"{self.name}: mask_key from {sender!r}: {exc}") from None
         return self._next_round()
 
     def start(self, rule: ProposalRule, rows: sp.spmatrix, b: float) -> list[Outgoing]:

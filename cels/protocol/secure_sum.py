@@ -93,7 +93,7 @@ class SecureSum(RingMember):
     ``values`` is an int vector (counts) or a float matrix; ``result`` has its shape (int64
     when ``scale_bits`` is 0, else float64).  ``keypair`` lets the key holder reuse a key
     across sums; ``obfuscators`` maps the sum's public key to an obfuscator source (e.g. a
-    shared :class:`~cels.crypto.obfuscators.ObfuscatorPool`; default: computed inline);
+    shared :class:`~cels.node.obfuscator_stock.ObfuscatorPool`; default: computed inline);
     ``decryption_pool`` (a process pool) lets the key holder spread its CRT decryptions over
     worker processes (default: in this process).
     """

@@ -86,3 +86,23 @@ def test_an_abort_reaches_failed() -> None:
     abort = cels_pb2.Abort(session_id=options.session_id, origin="party-1", kind=cels_pb2.Abort.DIED, reason="stopped answering", phase="load")
     role.receive("party-1", cels_pb2.Envelope(session_id=options.session_id, sender="party-1", abort=abort))
     assert role.phase is Phase.FAILED and role.aborted.origin == "party-1"
+
+
+def table_markdown() -> str:
+    """The roles' transition tables as docs/protocol.md shows them ("How a session lives")."""
+    rows = ["| step message | a party takes it in | the solver takes it in |", "| --- | --- | --- |"]
+    for step in STEPS:
+        cells = []
+        for role_class in (PartyRole, SolverRole):
+            row = role_class.ACCEPTS.get(step)
+            cells.append(", ".join(p.value for p in ROLE_PHASES if row is not None and p in row.phases) or "refused")
+        if step in HOST_STEPS:
+            cells = ["any phase (the host)"] * 2
+        rows.append(f"| `{step}` | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows)
+
+
+def test_docs_show_the_tables_as_they_are() -> None:
+    from pathlib import Path
+
+    assert table_markdown() in (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()

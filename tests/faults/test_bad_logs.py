@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,9 @@ def test_bad_log_on_one_party_aborts_naming_it(cluster: FaultCluster, tmp_path: 
     own = [line for line in cluster.log_text(VICTIM).splitlines() if f"session {options.session_id} aborted" in line]
     assert len(own) == 1 and str(path) in own[0] and all(name in own[0] for name in names), own
     for node in NODES:  # every node ended the session, blaming party-2, told nothing of its file
-        state = cluster.state(node, options.session_id)
+        limit = time.monotonic() + 10  # the Abort notices travel on their own calls: a peer may take them a moment later
+        while (state := cluster.state(node, options.session_id)).state not in ("aborted", "unknown") and time.monotonic() < limit:
+            time.sleep(0.05)
         assert state.state in ("aborted", "unknown") and (state.state == "unknown" or state.abort.origin == VICTIM), (node, state)
         assert node == VICTIM or str(path) not in cluster.log_text(node)
     left = cluster.leftovers(tmp_path / "out")

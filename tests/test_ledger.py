@@ -127,8 +127,8 @@ def test_the_ledger_survives_restarts_and_cels_ledger_shows_it(tmp_path, capsys)
     finish(Ledger(LedgerPolicy(path)), session("s2", 1.5, 0.25))  # a restarted node appends
     assert main(["ledger", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "s1  eps 2 (counts not DP: no end-to-end noise)  delta 0.25" in out
-    assert "(7 days): 2 session(s), eps 3.5, delta 0.5; 2 without end-to-end noise" in out
+    assert "s1  eps 2 (no noise on the counts)  delta 0.25" in out
+    assert "(7 days): 2 session(s), eps 3.5, delta 0.5; 2 without noise on the counts" in out
     assert "budget: eps 10 (spent 3.5, reserved 0, 6.5 left)" in out
 
 

@@ -1,12 +1,14 @@
 """A party node's privacy budget ledger: every session it released data in, and a budget.
 
 Each session a party takes part in spends privacy of its users: (eps, delta) for the sampling
-and, with end-to-end noise, eps' for the counts (CELS section 3.3).  The ledger keeps one
+and, with noise on the counts, eps' (CELS section 3.3).  The ledger keeps one
 entry per session that finished with output and composes them by **basic composition**: k
 releases that are (eps_i, delta_i)-DP are together (sum eps_i, sum delta_i)-DP (the bad
 events' probabilities add up by the union bound; outside them the probability ratios
-multiply).  A session's eps is eps + eps' with end-to-end noise, else eps alone: its counts
-step is then not DP at all, which the ledger counts and says.
+multiply).  A session's eps is eps + eps' with noise on the counts, else eps alone.  What the
+sum bounds is each session's sampling given its counts: no session's counts are DP, with or
+without noise (README, "What is promised"); the ledger counts the sessions without noise.
+The entries' field ``end_to_end`` (kept for the file format) says whether a session had noise.
 
 A budget (``[ledger]`` budget_epsilon / budget_delta over window_days) makes the node refuse,
 when a session is opened (StartSession, before any work), a session that would take the
@@ -69,7 +71,7 @@ class LedgerPolicy:
 
 
 def session_cost(options: SessionOptions) -> tuple[float, float, float]:
-    """(eps, delta, eps') one session spends (eps' = 0 without end-to-end noise)."""
+    """(eps, delta, eps') one session spends (eps' = 0 without noise on the counts)."""
     return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
 
 
@@ -284,13 +286,13 @@ def show(policy: LedgerPolicy, now: float | None = None) -> str:
     entries = read_entries(policy.path)
     lines = [f"ledger {policy.path}: {len(entries)} session(s); {COMPOSITION}"]
     for e in entries:
-        noise = f" + eps' {e['noise_epsilon']:g}" if e["end_to_end"] else " (counts not DP: no end-to-end noise)"
+        noise = f" + eps' {e['noise_epsilon']:g} (noisy counts)" if e["end_to_end"] else " (no noise on the counts)"
         lines.append(f"  {iso(e['finished_at'])}  {e['session_id']}  eps {e['epsilon']:g}{noise}  delta {e['delta']:g}  "
                      f"parties {','.join(e['parties'])}")  # fmt: skip
     t = totals(entries, policy.window_days, now)
     window = f"since {t['since']} ({policy.window_days:g} days)" if policy.window_days else "all sessions"
     lines.append(f"total {window}: {t['sessions']} session(s), eps {t['epsilon']:g}, delta {t['delta']:g}"
-                 + (f"; {t['without_end_to_end']} without end-to-end noise" if t["without_end_to_end"] else ""))  # fmt: skip
+                 + (f"; {t['without_end_to_end']} without noise on the counts" if t["without_end_to_end"] else ""))  # fmt: skip
     reserved, pid = read_reservations(policy.path)
     if reserved and pid is not None and not process_alive(pid):
         lines.append(f"reserved: none (the node process {pid} that reserved {len(reserved)} session(s) is gone; its reservations ended with it)")

@@ -210,3 +210,12 @@ def test_lenient_says_on_stderr_which_lines_it_skipped(tmp_path, capsys):
     assert f"cels sanitize: --lenient skipped 2 bad lines: {src}:4:AnonID, {src}:5" in capsys.readouterr().err
     assert main(["split", str(src), "--format", "aol", "--lenient", "--parties", "2", "--out", str(tmp_path / "p{k}.tsv")]) == 0
     assert "cels split: --lenient skipped 2 bad lines" in capsys.readouterr().err
+
+
+def test_safelog_transitions_on_a_log_without_any_summarises(tmp_path, capsys):
+    """A log whose users each issue one query has no query pairs: the summary said KeyError 'recall'."""
+    rows = [(f"u{j:03d}", "weather", "weather.com") for j in range(60)]
+    src = aol_file(tmp_path / "single.tsv", rows)
+    code = run(tmp_path, "--epsilon", "10", "--delta", "0.001", "--method", "safelog", "--safelog-transitions", "--seed", "3", input_path=src)
+    assert code in (0, 3)
+    assert "query_pair: 0 released, none in the log" in capsys.readouterr().out

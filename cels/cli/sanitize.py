@@ -217,7 +217,8 @@ def summary_line(report: dict) -> str:
         parts += [f"KL {u['kl']:.4f}", f"recall {u['recall']:.4f}"]
     for kind, per_kind in u.items():  # baselines: utility per released item type
         if isinstance(per_kind, dict) and "released" in per_kind:
-            parts.append(f"{kind}: {per_kind['released']} released, recall {per_kind['recall']:.2e}")
+            measured = f"recall {per_kind['recall']:.2e}" if "recall" in per_kind else "none in the log"
+            parts.append(f"{kind}: {per_kind['released']} released, {measured}")
     if "bound" in p:  # the optimal method: b = min{eps/2 or eps, ln 1/(1-delta)}
         parts.append(f"b {p['b']:.4g} (eps {p['epsilon']:g}, delta {p['delta']:g}, bound {p['bound']}), {guarantee_word(p)}")
     elif p:

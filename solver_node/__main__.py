@@ -21,9 +21,11 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
     add_node_arguments(parser)
     parser.add_argument(
+        "--time-limit",
         "--solver-time-limit",
+        dest="time_limit",
         type=float,
-        help="the most seconds this solver gives the integer step; a session asking more gets this many ([solver] time_limit)",
+        help="the most seconds this solver gives the integer step; a session whose time_limit asks more gets this many ([solver] time_limit)",
     )
     return parser
 
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args = build_parser().parse_args(argv)
         config = node_config(args, "solver")
-        max_time_limit = args.solver_time_limit if args.solver_time_limit is not None else config.extra.get("time_limit")
+        max_time_limit = args.time_limit if args.time_limit is not None else config.extra.get("time_limit")
         allow_small = warn_insecure_keys(config)
         # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
         pool = worker_pool(config.keys.workers)

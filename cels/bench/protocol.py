@@ -23,12 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
 from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
-from cels.protocol.options import SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions
+from cels.protocol.options import SessionOptions
 
 RUNNERS = ("inmemory", "processes")
 
@@ -58,20 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-users", type=int, help="keep the first N users of the input (MSNBC subsets)")
     parser.add_argument("--parties", type=int, default=3)
     parser.add_argument("--runner", choices=RUNNERS, default="inmemory", help="roles in one process (default) or node processes over gRPC")
-    parser.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; < 2048 only to reproduce the paper)")
-    parser.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="default x25519")
-    parser.add_argument("--sampling", choices=SAMPLING_MODES, help="default exact")
-    parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--delta", type=float, default=0.4)
-    parser.add_argument("--objective", default="kl")
-    parser.add_argument("--min-count", type=int, default=0, help="drop pairs with total count < N (the paper cleans with 20)")
-    parser.add_argument("--time-limit", type=float, help="solver MIP time limit (seconds, default 20)")
     parser.add_argument("--json", type=Path, help="also write the JSON here (atomically)")
-    parser.add_argument(
-        "--solve", action="append", choices=SOLVE_MODES,
-        help="phase 3's mode; repeat to compare both in the same run (default private)",
+    add_option_arguments(
+        parser, SESSION_FLAGS, DEMO_BUDGET,
+        {"solve": {"action": "append", "default": None, "help": "phase 3's mode; repeat to compare both in the same run (default private)"}},
     )  # fmt: skip
-    parser.add_argument("--round-batch", type=int, metavar="B", help="private solve: proposals per round (default 64)")
     add_stock_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -188,19 +180,7 @@ def run(args: argparse.Namespace) -> int:
             share.source = {"format": "histogram"}
     solves = {}
     for solve in dict.fromkeys(args.solve or ["private"]):  # in the order given, each once
-        options = SessionOptions.create(
-            args.parties,
-            epsilon=args.epsilon,
-            delta=args.delta,
-            objective=args.objective,
-            min_count=args.min_count,
-            sampling=args.sampling,
-            key_bits=args.key_bits,
-            universe_cipher=args.universe_cipher,
-            solver_time_limit=args.time_limit,
-            solve=solve,
-            round_batch=args.round_batch,
-        )
+        options = SessionOptions.create(args.parties, **{**option_values(args, SESSION_FLAGS), "solve": solve})
         if options.key_bits < DEFAULT_KEY_BITS:
             print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
         print(f"cels bench protocol: solve = {solve} ...", file=sys.stderr, flush=True)

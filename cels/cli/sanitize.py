@@ -19,22 +19,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cels.cli.options import MECHANISM_FLAGS, add_option_arguments, option_values
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
 from cels.logs.textio import ENCODING
-from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.reports import default_operator_path, release_note_path, write_reports
-from cels.mechanism.solvers import (
-    DEFAULT_BREAKPOINTS,
-    DEFAULT_SUPPORT,
-    DEFAULT_TIME_LIMIT,
-    INTEGER_METHODS,
-    OBJECTIVES,
-)
+from cels.mechanism.solvers import INTEGER_METHODS
 
 
 @dataclass
@@ -55,23 +49,12 @@ class Method:
 
 
 def params_from_args(args: argparse.Namespace) -> SanitizeParams:
-    """The optimal method's parameters from the parsed flags."""
+    """The optimal method's parameters from the parsed flags (the session options' flags and
+    the single-holder ones)."""
     return SanitizeParams(
-        epsilon=args.epsilon,
-        delta=args.delta,
-        bound=args.bound,
-        objective=args.objective,
-        output_size=args.output_size,
-        min_count=args.min_count,
-        cap=args.cap,
-        noise_epsilon=args.noise_epsilon,
-        sensitivity=args.sensitivity,
+        **option_values(args, MECHANISM_FLAGS),
         preprocess=args.preprocess,
-        keep_user_ids=args.keep_user_ids,
         seed=getattr(args, "seed", None),  # cels simulate has no seed: its parties draw from `secrets`
-        breakpoints=args.breakpoints,
-        support=args.support,
-        time_limit=args.time_limit,
         integer=args.integer,
     )
 
@@ -101,19 +84,14 @@ def baseline_method(baseline: Baseline) -> Method:
 
 def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("optimal method (CELS/EDBT multinomial sampling)")
-    g.add_argument("--bound", choices=BOUNDS, default="cels", help="b = min{eps/2 (cels) or eps (edbt), ln 1/(1-delta)}")
-    g.add_argument("--objective", choices=OBJECTIVES, default="kl", help="utility to optimise (default kl)")
-    g.add_argument("--output-size", type=float, default=None, metavar="F", help="|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5)")
-    g.add_argument("--min-count", type=int, default=0, metavar="N", help="drop pairs with total count < N (CELS cleans with 20)")
-    g.add_argument("--cap", type=int, default=None, metavar="K", help="per-user cap c_ij <- min(c_ij, K), applied first")
-    g.add_argument("--noise-epsilon", type=float, default=None, metavar="E'", help="add discrete Lap(d/E') to the counts before the repair (CELS 3.3); no end-to-end bound is claimed: the repair reads the data (docs/security.md)")
-    g.add_argument("--sensitivity", type=float, default=None, metavar="d", help="L1 sensitivity d of the counts (assumed; --preprocess enforces it)")
-    g.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
-    g.add_argument("--keep-user-ids", action="store_true", help="keep the input user ids (default: fresh pseudonyms)")
-    g.add_argument("--breakpoints", type=int, default=DEFAULT_BREAKPOINTS, metavar="K", help="kl: breakpoints per variable")
-    g.add_argument("--support", type=float, default=DEFAULT_SUPPORT, metavar="s", help="frequent: minimum support (default 1/500)")
-    g.add_argument("--integer", choices=INTEGER_METHODS, default="mip", help="integer counts: HiGHS MIP + greedy (default), greedy fill, or floor")
-    g.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="SEC", help="MIP time limit in seconds")
+    add_option_arguments(g, [o for o in MECHANISM_FLAGS if not o.required])
+    single_holder_arguments(g)
+
+
+def single_holder_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The optimal method's flags that are no session option (``cels simulate`` refuses them)."""
+    parser.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
+    parser.add_argument("--integer", choices=INTEGER_METHODS, default="mip", help="integer counts: HiGHS MIP + greedy (default), greedy fill, or floor")
 
 
 METHODS: dict[str, Method] = {
@@ -126,8 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("sanitize")
     parser.add_argument("input", metavar="INPUT", help="the search log to sanitize")
     add_input_arguments(parser)
-    parser.add_argument("--epsilon", type=float, required=True, help="epsilon of the sampling's probabilistic DP (docs/mechanism.md)")
-    parser.add_argument("--delta", type=float, required=True, help="per-user probability that the output holds one of the user's records (not approximate DP's delta << 1/n)")
+    add_option_arguments(parser, [o for o in MECHANISM_FLAGS if o.required])  # --epsilon, --delta
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
     parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")

@@ -23,7 +23,8 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
-from cels.cli.sanitize import _optimal_arguments, params_from_args, delimiter, guarantee_word, load_input
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
+from cels.cli.sanitize import delimiter, guarantee_word, load_input, single_holder_arguments
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.claims import TRANSFORMED_WARNING
@@ -36,7 +37,7 @@ from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, pyth
 from cels.node.config import load_toml
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
-from cels.protocol.options import DEFAULT_DEADLINE, SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS, SessionOptions, mechanism_options
+from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
 from cels.reports import default_operator_path, release_note_path, write_reports
 
@@ -65,29 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
     sim.add_argument("--encoding", default="utf-8", help="how the log bytes are text (default utf-8; e.g. latin-1): a line not valid in it is an error naming file, line and field")
-    sim.add_argument("--epsilon", type=float, default=1.0, help="epsilon of the sampling's probabilistic DP (default 1)")
-    sim.add_argument("--delta", type=float, default=0.4, help="per-user probability that the output holds one of the user's records (default 0.4; not approximate DP's delta << 1/n)")
-    sim.add_argument("--sampling", choices=SAMPLING_MODES, help="exact distributed multinomial (default) or the paper's local sampling")
-    sim.add_argument("--key-bits", type=int, help="Paillier key bits (default 2048; 512/1024 only to reproduce the paper)")
-    sim.add_argument("--universe-cipher", choices=UNIVERSE_CIPHERS, help="commutative hash of the universe phase (default x25519)")
-    add_solve_arguments(sim)
-    sim.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
+    add_option_arguments(sim, SESSION_FLAGS, DEMO_BUDGET)
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, its public release note sanitized.<ext>.release-note.json and the node logs")
     sim.add_argument("--report", type=Path, metavar="REPORT.json", help="the confidential operator report (mode 0600; default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside the release)")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
-    _optimal_arguments(sim)
+    single_holder_arguments(sim)
     sim.set_defaults(func=run_simulate)
-
-
-def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Phase 3's mode (docs/protocol.md): the private solve (default) or the paper's Algorithm 2."""
-    parser.add_argument(
-        "--solve", choices=SOLVE_MODES,
-        help="private (default): a masked greedy, no constraint row leaves its party; transformed: the paper's "
-        "Algorithm 2, in which the solver node can rebuild every row (SECURITY.md)",
-    )  # fmt: skip
-    parser.add_argument("--round-batch", type=int, metavar="B", help="private solve: proposals per round (default 64)")
 
 
 def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
@@ -259,22 +244,12 @@ def input_flags(args: argparse.Namespace) -> list[str]:
 
 
 def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
-    """The session of ``cels simulate`` / ``cels bench protocol``: the privacy / objective flags
-    as ``cels sanitize`` (flags left unset take SessionOptions' defaults)."""
+    """The session of ``cels simulate``: its session option flags (cels.cli.options)."""
     if args.preprocess:
         raise ValueError("--preprocess is not part of the distributed protocol (no party sees every user's log)")
     if args.integer != "mip":
         raise ValueError("the solver node rounds with the MIP (--integer mip)")
-    return SessionOptions.create(
-        parties,
-        **mechanism_options(params_from_args(args)),
-        sampling=args.sampling,
-        key_bits=args.key_bits,
-        universe_cipher=getattr(args, "universe_cipher", None),
-        deadline=getattr(args, "deadline", None),
-        solve=args.solve,
-        round_batch=args.round_batch,
-    )
+    return SessionOptions.create(parties, **option_values(args, SESSION_FLAGS))
 
 
 def run_nodes(

@@ -24,9 +24,10 @@ from cels.mechanism.sampling import multinomial_sample, released_log
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, Solution, solve
 
 
-@dataclass
+@dataclass(frozen=True)
 class SanitizeParams:
-    """Everything ``cels sanitize`` decides (CLI flags of the same names)."""
+    """Everything ``cels sanitize`` decides (CLI flags of the same names; the session options
+    marked ``mechanism`` in cels.protocol.options are these fields)."""
 
     epsilon: float
     delta: float

@@ -20,15 +20,13 @@ from jsonschema.exceptions import ValidationError
 
 from cels.crypto.paillier import MIN_TEST_KEY_BITS
 from cels.logs.options import FORMATS
-from cels.mechanism.conditions import BOUNDS
-from cels.mechanism.solvers import OBJECTIVES
-from cels.protocol.options import SAMPLING_MODES, SOLVE_MODES, UNIVERSE_CIPHERS
-from cels.protocol.roles import MAX_SESSION_ID
+from cels.protocol.options import OPTIONS, Option
 
 HOST_PORT = {"type": "string", "pattern": r"^\S+:[0-9]{1,5}$", "description": "host:port"}
 POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 NAME = {"type": "string", "minLength": 1, "description": "a name (a non-empty string)"}
 KEY_BITS = {"type": "integer", "minimum": MIN_TEST_KEY_BITS}
+_JSON_TYPES = {float: "number", int: "integer", str: "string", bool: "boolean"}
 
 NODE_TABLE = {
     "type": "object",
@@ -101,6 +99,29 @@ SOLVER_SCHEMA: dict[str, Any] = {
     "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "solver": SOLVER_TABLE},
 }
 """A solver node's TOML (``cels-solver --config``)."""
+
+
+def option_schema(declared: Option) -> dict[str, Any]:
+    """The JSON schema of one session option's value (its type, choices and bounds)."""
+    if declared.choices is not None:
+        return {"enum": list(declared.choices)}
+    if declared.kind is tuple:
+        return {"type": "array", "items": NAME, **declared.bounds}
+    return {"type": _JSON_TYPES[declared.kind], **declared.bounds}
+
+
+def session_table() -> dict[str, Any]:
+    """session.toml's ``[session]``: the session options of cels.protocol.options.OPTIONS that
+    the file sets (SessionOptions checks what a schema cannot)."""
+    keys = [o for o in OPTIONS if o.toml]
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [o.name for o in keys if o.required and o.name != "session_id"],
+        "properties": {o.name: option_schema(o) for o in keys},
+    }
+
+
 SESSION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -123,38 +144,7 @@ SESSION_SCHEMA: dict[str, Any] = {
                 "nodes": PEERS_TABLE,
             },
         },
-        "session": {  # SessionOptions' fields (cels.protocol.options); it checks what a schema cannot
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["parties", "epsilon", "delta"],
-            "properties": {
-                "parties": {"type": "array", "items": NAME, "minItems": 2},
-                "session_id": {"type": "string", "minLength": 1, "maxLength": MAX_SESSION_ID},
-                "epsilon": POSITIVE,
-                "delta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                "solver": NAME,
-                "bound": {"enum": list(BOUNDS)},
-                "objective": {"enum": list(OBJECTIVES)},
-                "output_size": POSITIVE,
-                "min_count": {"type": "integer", "minimum": 0},
-                "cap": {"type": "integer", "minimum": 1},
-                "noise_epsilon": POSITIVE,
-                "sensitivity": POSITIVE,
-                "sampling": {"enum": list(SAMPLING_MODES)},
-                "sampling_theta": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                "key_bits": KEY_BITS,
-                "group_bits": {"type": "integer", "minimum": 1},
-                "universe_cipher": {"enum": list(UNIVERSE_CIPHERS)},
-                "ell_ratio": {"type": "number", "minimum": 1},
-                "keep_user_ids": {"type": "boolean"},
-                "support": POSITIVE,
-                "breakpoints": {"type": "integer", "minimum": 1},
-                "solver_time_limit": POSITIVE,
-                "deadline": POSITIVE,
-                "solve": {"enum": list(SOLVE_MODES)},
-                "round_batch": {"type": "integer", "minimum": 1},
-            },
-        },
+        "session": session_table(),
     },
 }
 """The session file of ``cels run`` (deploy/session.toml): [run] and [session]."""
@@ -167,7 +157,7 @@ for _schema in (PARTY_SCHEMA, SOLVER_SCHEMA, SESSION_SCHEMA):
 _TYPES = {"number": "a number", "integer": "an integer", "string": "a string", "boolean": "true or false",
           "array": "an array", "object": "a table"}  # fmt: skip
 _BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
-           "minItems": "with at least", "minLength": "of at least", "maxLength": "of at most"}  # fmt: skip
+           "minItems": "with at least", "minLength": "of at least", "maxLength": "of at most", "multipleOf": "a multiple of"}  # fmt: skip
 
 
 def check_toml(doc: dict[str, Any], path: str | os.PathLike[str], schema: dict[str, Any]) -> None:

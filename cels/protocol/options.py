@@ -1,12 +1,16 @@
 """SessionOptions: one immutable value per session, resolved once with every default and check.
 
-Every option of a session has exactly one default, here.  The command line (``cels simulate``,
-``cels bench``), the session TOML (``cels run``) and the wire (``SessionConfig`` in the
-StartSession message) meet at one conversion: :meth:`SessionOptions.create` builds the value
-from keyword options, :meth:`SessionOptions.from_config` from a received SessionConfig (proto3
-zeros and empty strings mean "the default"), :meth:`SessionOptions.to_config` writes every
-resolved value back explicitly, so that every node of a session runs with the same resolved
-options.  Roles, hosts and node adapters read the options and never default again.
+Every option of a session is declared once, here: a field of :class:`SessionOptions` whose
+:func:`option` entry holds its default, its meaning, its command-line flag, its range and its
+field in the ``SessionConfig`` proto.  :data:`OPTIONS` is that table, and every conversion reads
+it: :meth:`SessionOptions.create` (keyword options), :meth:`SessionOptions.from_config` /
+:meth:`SessionOptions.to_config` (the wire: proto3 zeros and empty strings mean "the default";
+every resolved value goes out explicitly, so that every node of a session runs with the same
+options), the ``[session]`` table's schema (cels.node.schemas), the flags of ``cels simulate``,
+``cels bench protocol`` and ``cels sanitize`` (cels.cli.options) and the mechanism's
+:class:`SanitizeParams` (:attr:`SessionOptions.params`, :func:`mechanism_options`).  Adding an
+option is one field here plus its proto field.  Roles, hosts and node adapters read the options
+and never default again.
 
 The privacy bound b (CELS eq. 5 / EDBT Theorem 1, :func:`cels.mechanism.conditions.privacy_bound`)
 is computed once here.
@@ -14,9 +18,12 @@ is computed once here.
 
 from __future__ import annotations
 
+import operator
 import secrets
+import types
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
 from cels.crypto.groups import DEFAULT_GROUP_BITS
@@ -33,16 +40,63 @@ SOLVER_NAME = "solver"
 SAMPLING_MODES = ("exact", "paper")
 """Phase 4: the exact distributed multinomial (docs/protocol.md) or the paper's local sampling."""
 UNIVERSE_CIPHERS = ("x25519", "pohlig-hellman")
+"""Phase 1: the commutative hash of the pair ids (docs/protocol.md)."""
 SOLVE_MODES = ("private", "transformed")
 """Phase 3: the masked greedy in which no constraint row leaves its party (default), or the
 paper's Algorithm 2, in which the solver decrypts the transformed problem (docs/protocol.md)."""
-"""Phase 1: the commutative hash of the pair ids (docs/protocol.md)."""
 DEFAULT_THETA = 0.7
 """Exact sampling: a stage draws mu_i = theta * R_i trials of the R_i still missing."""
 DEFAULT_ELL_RATIO = 1.5
 """Algorithm 2: the random matrix A has l >= ell_ratio * m rows (well-conditioned)."""
 DEFAULT_DEADLINE = 600.0
 """Seconds every node gives one protocol call of the session, and the watchdog's patience."""
+NODES = None
+""":attr:`Option.wire` of the fields that are the session's nodes and their addresses
+(``parties``, ``solver``, ``addresses``): the SessionConfig's NodeAddress messages."""
+NUMBER_BOUNDS = {"minimum": (">=", operator.ge), "exclusiveMinimum": (">", operator.gt), "maximum": ("<=", operator.le),
+                 "exclusiveMaximum": ("<", operator.lt)}  # fmt: skip
+"""The JSON-schema keywords of :attr:`Option.bounds` that :class:`SessionOptions` checks itself."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One session option, declared once (a field's ``metadata``; :data:`OPTIONS` lists them)."""
+
+    help: str
+    """What it is, for ``--help`` and docs (the default is added where it is shown)."""
+    flag: str | None = None
+    """Its flag in ``cels simulate`` / ``cels bench protocol`` (and ``cels sanitize`` when
+    ``mechanism``); None: not on the command line."""
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    bounds: Mapping[str, float] = field(default_factory=dict)
+    """Its range as JSON-schema keywords (``minimum``, ``exclusiveMinimum``, ``maximum``,
+    ``exclusiveMaximum``, ``multipleOf``, ``minLength``, ``maxLength``, ``minItems``): the TOML
+    schema's, and for numbers the check of :class:`SessionOptions`."""
+    wire: str | None = ""
+    """Its SessionConfig field ("" = the same name; :data:`NODES` = a NodeAddress)."""
+    wire_scale: int = 1
+    """The wire carries ``round(value * wire_scale)`` (deadline: seconds as milliseconds)."""
+    toml: bool = True
+    """A key of session.toml's ``[session]`` table (the initiator is ``[run]``'s)."""
+    mechanism: bool = False
+    """A parameter of the mechanism: the :class:`SanitizeParams` field of the same name."""
+    name: str = ""
+    kind: type = object
+    """The value's type (``int``, ``float``, ``str``, ``bool`` or ``tuple``; None: its default
+    "none" where the field allows it)."""
+    default: Any = None
+    required: bool = False
+
+    @property
+    def proto_field(self) -> str:
+        return self.wire or self.name
+
+
+def option(default: Any = ..., help: str = "", **declaration: Any) -> Any:
+    """A SessionOptions field and its :class:`Option` (``default`` left out: required)."""
+    metadata = {"option": Option(help, **declaration)}
+    return field(metadata=metadata) if default is ... else field(default=default, metadata=metadata)
 
 
 def party_names(r: int) -> list[str]:
@@ -54,33 +108,79 @@ def party_names(r: int) -> list[str]:
 class SessionOptions:
     """A session's public parameters, resolved (docs/protocol.md, "Session options")."""
 
-    session_id: str
-    parties: tuple[str, ...]
-    epsilon: float
-    delta: float
-    solver: str = SOLVER_NAME
-    initiator: str = ""
-    addresses: tuple[tuple[str, str], ...] = ()
-    bound: str = "cels"
-    objective: str = "kl"
-    output_size: float | None = None
-    min_count: int = 0
-    cap: int | None = None
-    noise_epsilon: float | None = None
-    sensitivity: float | None = None
-    sampling: str = "exact"
-    sampling_theta: float = DEFAULT_THETA
-    key_bits: int = DEFAULT_KEY_BITS
-    group_bits: int = DEFAULT_GROUP_BITS
-    universe_cipher: str = "x25519"
-    ell_ratio: float = DEFAULT_ELL_RATIO
-    keep_user_ids: bool = False
-    support: float = DEFAULT_SUPPORT
-    breakpoints: int = DEFAULT_BREAKPOINTS
-    solver_time_limit: float = DEFAULT_TIME_LIMIT
-    deadline: float = DEFAULT_DEADLINE
-    solve: str = "private"
-    round_batch: int = DEFAULT_BATCH
+    parties: tuple[str, ...] = option(help="the parties' node names in ring order P_1 .. P_r", wire=NODES, bounds={"minItems": 2})
+    session_id: str = option(help="the session's id", bounds={"minLength": 1, "maxLength": MAX_SESSION_ID})
+    epsilon: float = option(
+        help="epsilon of the sampling's probabilistic DP (docs/mechanism.md)", flag="--epsilon", bounds={"exclusiveMinimum": 0},
+        mechanism=True,
+    )  # fmt: skip
+    delta: float = option(
+        help="per-user probability that the output holds one of the user's records (not approximate DP's delta << 1/n)",
+        flag="--delta", bounds={"exclusiveMinimum": 0, "exclusiveMaximum": 1}, mechanism=True,
+    )  # fmt: skip
+    solver: str = option(SOLVER_NAME, "the solver's node name", wire=NODES, bounds={"minLength": 1})
+    initiator: str = option("", "the party that starts the session and gets the output (default: P_1)", toml=False)
+    addresses: tuple[tuple[str, str], ...] = option((), "node name -> host:port", wire=NODES, toml=False)
+    bound: str = option(
+        "cels", "b = min{eps/2 (cels) or eps (edbt), ln 1/(1-delta)}", flag="--bound", choices=BOUNDS, mechanism=True
+    )  # fmt: skip
+    objective: str = option("kl", "utility to optimise", flag="--objective", choices=OBJECTIVES, mechanism=True)
+    output_size: float | None = option(
+        None, "|O|: F <= 1 a fraction of the maximum, F > 1 a count (default 0.5 of the LP bound; the private solve: as many as fit)",
+        flag="--output-size", metavar="F", bounds={"exclusiveMinimum": 0}, mechanism=True,
+    )  # fmt: skip
+    min_count: int = option(
+        0, "drop pairs with total count < N (CELS cleans with 20)", flag="--min-count", metavar="N", bounds={"minimum": 0}, mechanism=True
+    )  # fmt: skip
+    cap: int | None = option(
+        None, "per-user cap c_ij <- min(c_ij, K), applied first", flag="--cap", metavar="K", bounds={"minimum": 1}, mechanism=True
+    )  # fmt: skip
+    noise_epsilon: float | None = option(
+        None, "add discrete Lap(d/E') to the counts before the repair (CELS 3.3); no end-to-end bound is claimed: the repair reads "
+        "the data (docs/security.md)", flag="--noise-epsilon", metavar="E'", bounds={"exclusiveMinimum": 0}, mechanism=True,
+    )  # fmt: skip
+    sensitivity: float | None = option(
+        None, "L1 sensitivity d of the counts (assumed; --preprocess enforces it)", flag="--sensitivity", metavar="d",
+        bounds={"exclusiveMinimum": 0}, mechanism=True,
+    )  # fmt: skip
+    sampling: str = option(
+        "exact", "phase 4: the exact distributed multinomial or the paper's local sampling", flag="--sampling", choices=SAMPLING_MODES
+    )  # fmt: skip
+    sampling_theta: float = option(
+        DEFAULT_THETA, "exact sampling: a stage draws theta * R_i trials", bounds={"exclusiveMinimum": 0, "exclusiveMaximum": 1}
+    )  # fmt: skip
+    key_bits: int = option(
+        DEFAULT_KEY_BITS, f"Paillier key bits (below {DEFAULT_KEY_BITS} only to reproduce the paper: 512/1024)", flag="--key-bits",
+        bounds={"minimum": MIN_TEST_KEY_BITS, "multipleOf": 2},
+    )  # fmt: skip
+    group_bits: int = option(DEFAULT_GROUP_BITS, "Pohlig-Hellman group bits", bounds={"minimum": 1})
+    universe_cipher: str = option(
+        "x25519", "commutative hash of the universe phase", flag="--universe-cipher", choices=UNIVERSE_CIPHERS
+    )  # fmt: skip
+    ell_ratio: float = option(DEFAULT_ELL_RATIO, "Algorithm 2: l >= ell_ratio * m rows of A", bounds={"minimum": 1})
+    keep_user_ids: bool = option(
+        False, "keep the input user ids (default: fresh pseudonyms)", flag="--keep-user-ids", mechanism=True
+    )  # fmt: skip
+    support: float = option(
+        DEFAULT_SUPPORT, "frequent: minimum support", flag="--support", metavar="s", bounds={"exclusiveMinimum": 0}, mechanism=True
+    )  # fmt: skip
+    breakpoints: int = option(
+        DEFAULT_BREAKPOINTS, "kl: breakpoints per variable", flag="--breakpoints", metavar="K", bounds={"minimum": 1}, mechanism=True
+    )  # fmt: skip
+    time_limit: float = option(
+        DEFAULT_TIME_LIMIT, "MIP time limit in seconds (a solver node's [solver] time_limit caps it)", flag="--time-limit",
+        metavar="SEC", bounds={"exclusiveMinimum": 0}, mechanism=True,
+    )  # fmt: skip
+    deadline: float = option(
+        DEFAULT_DEADLINE, "seconds for every RPC", flag="--deadline", bounds={"exclusiveMinimum": 0}, wire="deadline_ms", wire_scale=1000
+    )  # fmt: skip
+    solve: str = option(
+        "private", "phase 3: private, a masked greedy, no constraint row leaves its party; transformed, the paper's Algorithm 2, "
+        "in which the solver node can rebuild every row (SECURITY.md)", flag="--solve", choices=SOLVE_MODES,
+    )  # fmt: skip
+    round_batch: int = option(
+        DEFAULT_BATCH, "private solve: proposals per round", flag="--round-batch", metavar="B", bounds={"minimum": 1}
+    )  # fmt: skip
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,30 +197,13 @@ class SessionOptions:
             raise ValueError(f"node names must be distinct and non-empty: {nodes}")
         if self.initiator not in self.parties:
             raise ValueError(f"initiator {self.initiator!r} is not a party of the session")
-        _one_of("bound", self.bound, BOUNDS)
-        _one_of("objective", self.objective, OBJECTIVES)
-        _one_of("sampling", self.sampling, SAMPLING_MODES)
-        _one_of("universe_cipher", self.universe_cipher, UNIVERSE_CIPHERS)
-        _one_of("solve", self.solve, SOLVE_MODES)
-        if self.round_batch < 1:
-            raise ValueError(f"round_batch must be >= 1, got {self.round_batch}")
+        for declared in OPTIONS:
+            _check(declared, getattr(self, declared.name))
         if self.solve == "private" and self.output_size is not None and self.output_size <= 1:
             raise ValueError(
                 f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
                 "private solve: give an absolute size (> 1), or --solve transformed"
             )
-        if self.key_bits < MIN_TEST_KEY_BITS or self.key_bits % 2:
-            raise ValueError(f"key_bits must be even and >= {MIN_TEST_KEY_BITS}, got {self.key_bits}")
-        if not 0 < self.sampling_theta < 1:
-            raise ValueError(f"sampling_theta must be in (0, 1), got {self.sampling_theta}")
-        if self.ell_ratio < 1:
-            raise ValueError(f"ell_ratio must be >= 1, got {self.ell_ratio}")
-        if self.deadline <= 0 or self.solver_time_limit <= 0 or self.breakpoints < 1 or self.support <= 0:
-            raise ValueError("deadline, solver_time_limit, breakpoints and support must be positive")
-        if self.output_size is not None and self.output_size <= 0:
-            raise ValueError(f"output_size must be positive, got {self.output_size}")
-        if self.cap is not None and self.cap < 1:
-            raise ValueError(f"cap must be >= 1, got {self.cap}")
         object.__setattr__(self, "b", self.params.validate())
 
     # -- derived values ------------------------------------------------------------------
@@ -132,21 +215,7 @@ class SessionOptions:
     @property
     def params(self) -> SanitizeParams:
         """The mechanism's parameters (the same as ``cels sanitize`` with these flags)."""
-        return SanitizeParams(
-            epsilon=self.epsilon,
-            delta=self.delta,
-            bound=self.bound,
-            objective=self.objective,
-            output_size=self.output_size,
-            min_count=self.min_count,
-            cap=self.cap,
-            noise_epsilon=self.noise_epsilon,
-            sensitivity=self.sensitivity,
-            keep_user_ids=self.keep_user_ids,
-            breakpoints=self.breakpoints,
-            support=self.support,
-            time_limit=self.solver_time_limit,
-        )
+        return SanitizeParams(**{o.name: getattr(self, o.name) for o in OPTIONS if o.mechanism})
 
     def address(self, node: str) -> str:
         return dict(self.addresses).get(node, "")
@@ -165,7 +234,7 @@ class SessionOptions:
         """A new session's options: ``parties`` is r (named party-1 .. party-r) or the names in
         ring order; ``options`` are the fields above (None = the default)."""
         names = party_names(parties) if isinstance(parties, int) else list(parties)
-        known = {f.name for f in fields(cls)} - {"b", "session_id", "parties", "addresses", "initiator"}
+        known = {o.name for o in OPTIONS} - {"session_id", "parties", "addresses", "initiator"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown session option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -182,71 +251,34 @@ class SessionOptions:
     def from_config(cls, config: cels_pb2.SessionConfig) -> SessionOptions:
         """The options a received SessionConfig asks for (0 / "" = the default).  ValueError
         names what is wrong."""
-        if config.epsilon <= 0 or config.delta <= 0:
-            raise ValueError("a session needs epsilon > 0 and delta > 0")
+        given = {}
+        for declared in OPTIONS:
+            if declared.wire is NODES:
+                continue
+            value = getattr(config, declared.proto_field)
+            if declared.required and declared.kind in (int, float) and not value > 0:
+                raise ValueError(f"a session needs {declared.name} > 0")
+            if value or declared.required:
+                given[declared.name] = value / declared.wire_scale if declared.wire_scale != 1 else value
         nodes = [*config.parties, config.solver]
-        optional = {
-            "solver": config.solver.name,
-            "initiator": config.initiator,
-            "bound": config.bound,
-            "objective": config.objective,
-            "output_size": config.output_size,
-            "min_count": config.min_count,
-            "cap": config.cap,
-            "noise_epsilon": config.noise_epsilon,
-            "sensitivity": config.sensitivity,
-            "sampling": config.sampling,
-            "sampling_theta": config.sampling_theta,
-            "key_bits": config.key_bits,
-            "group_bits": config.group_bits,
-            "universe_cipher": config.universe_cipher,
-            "ell_ratio": config.ell_ratio,
-            "keep_user_ids": config.keep_user_ids,
-            "support": config.support,
-            "breakpoints": config.breakpoints,
-            "solver_time_limit": config.solver_time_limit,
-            "deadline": config.deadline_ms / 1000,
-            "solve": config.solve,
-            "round_batch": config.round_batch,
-        }
         return cls(
-            session_id=config.session_id,
             parties=tuple(p.name for p in config.parties),
-            epsilon=config.epsilon,
-            delta=config.delta,
             addresses=tuple((n.name, n.address) for n in nodes if n.address),
-            **{k: v for k, v in optional.items() if v},
+            **({"solver": config.solver.name} if config.solver.name else {}),
+            **given,
         )
 
     def to_config(self) -> cels_pb2.SessionConfig:
         """Every resolved value, explicitly (None -> 0: "none" for cap, output size, noise)."""
+        values = {}
+        for declared in OPTIONS:
+            value = getattr(self, declared.name)
+            if declared.wire is not NODES and value is not None:
+                values[declared.proto_field] = round(value * declared.wire_scale) if declared.wire_scale != 1 else value
         return cels_pb2.SessionConfig(
-            session_id=self.session_id,
             parties=[cels_pb2.NodeAddress(name=p, address=self.address(p)) for p in self.parties],
             solver=cels_pb2.NodeAddress(name=self.solver, address=self.address(self.solver)),
-            epsilon=self.epsilon,
-            delta=self.delta,
-            bound=self.bound,
-            objective=self.objective,
-            output_size=self.output_size or 0.0,
-            min_count=self.min_count,
-            cap=self.cap or 0,
-            noise_epsilon=self.noise_epsilon or 0.0,
-            sensitivity=self.sensitivity or 0.0,
-            sampling=self.sampling,
-            key_bits=self.key_bits,
-            group_bits=self.group_bits,
-            universe_cipher=self.universe_cipher,
-            ell_ratio=self.ell_ratio,
-            keep_user_ids=self.keep_user_ids,
-            support=self.support,
-            breakpoints=self.breakpoints,
-            solver_time_limit=self.solver_time_limit,
-            deadline_ms=round(self.deadline * 1000),
-            initiator=self.initiator,
-            sampling_theta=self.sampling_theta,
-            solve=self.solve,
-            round_batch=self.round_batch,
+            **values,
         )
 
     def with_addresses(self, addresses: Mapping[str, str]) -> SessionOptions:
@@ -254,26 +286,39 @@ class SessionOptions:
         return replace(self, addresses=tuple(addresses.items()))
 
 
+def _declared(session_field: Field[Any], hint: Any) -> Option:
+    """A field's :class:`Option` with its name, type, default and whether it is required."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+    base = next((a for a in args if a is not type(None)), hint)
+    required = session_field.default is MISSING
+    return replace(
+        session_field.metadata["option"], name=session_field.name, kind=typing.get_origin(base) or base,
+        default=None if required else session_field.default, required=required,
+    )  # fmt: skip
+
+
+_HINTS = typing.get_type_hints(SessionOptions)
+OPTIONS: tuple[Option, ...] = tuple(_declared(f, _HINTS[f.name]) for f in fields(SessionOptions) if "option" in f.metadata)
+"""Every session option, in SessionOptions' field order: the one table the conversions read."""
+OPTION = {o.name: o for o in OPTIONS}
+
+
 def mechanism_options(params: SanitizeParams) -> dict[str, Any]:
     """The SessionOptions fields of ``cels sanitize``'s parameters (the inverse of
     :attr:`SessionOptions.params`; the single-holder-only ones stay out)."""
-    return {
-        "epsilon": params.epsilon,
-        "delta": params.delta,
-        "bound": params.bound,
-        "objective": params.objective,
-        "output_size": params.output_size,
-        "min_count": params.min_count,
-        "cap": params.cap,
-        "noise_epsilon": params.noise_epsilon,
-        "sensitivity": params.sensitivity,
-        "keep_user_ids": params.keep_user_ids,
-        "breakpoints": params.breakpoints,
-        "support": params.support,
-        "solver_time_limit": params.time_limit,
-    }
+    return {o.name: getattr(params, o.name) for o in OPTIONS if o.mechanism}
 
 
-def _one_of(name: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+def _check(declared: Option, value: Any) -> None:
+    """ValueError naming the option unless ``value`` is one of its choices and within its bounds."""
+    if declared.choices is not None and value not in declared.choices:
+        raise ValueError(f"{declared.name} must be one of {', '.join(declared.choices)}; got {value!r}")
+    if value is None or declared.kind not in (int, float):
+        return
+    bounds = declared.bounds
+    step = bounds.get("multipleOf")
+    if any(not holds(value, bounds[k]) for k, (_, holds) in NUMBER_BOUNDS.items() if k in bounds) or (step and value % step):
+        said = ([] if step is None else ["even" if step == 2 else f"a multiple of {step:g}"]) + [
+            f"{relation} {bounds[k]:g}" for k, (relation, _) in NUMBER_BOUNDS.items() if k in bounds
+        ]
+        raise ValueError(f"{declared.name} must be {' and '.join(said)}, got {value!r}")

@@ -11,6 +11,7 @@ constraints) and returns pi_r(..pi_1(x)..) to the last party.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from concurrent.futures import Executor
 
 import numpy as np
@@ -51,9 +52,8 @@ class SolverRole(SessionRole):
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
         paillier.check_key_bits(options.key_bits, allow_insecure_key_bits=allow_insecure_key_bits)
         self._keypair = paillier.checked_keypair(keypair, options.key_bits)
-        self.params = options.params
-        if max_time_limit is not None:
-            self.params.time_limit = min(self.params.time_limit, max_time_limit)
+        time_limit = options.time_limit if max_time_limit is None else min(options.time_limit, max_time_limit)
+        self.params = replace(options.params, time_limit=time_limit)
         self._allow_insecure = allow_insecure_key_bits
         self._decryption_pool = decryption_pool
         self.shapes: dict[str, int] = {}

@@ -142,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """How to read INPUT (docs/formats.md): the flags ``input_options`` reads."""
     parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]; parquet: column names, e.g. user=AnonID,query=Query,url=ClickURL")
     parser.add_argument("--no-header", action="store_true", help="the input has no header line")
     parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
     parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
@@ -153,7 +153,7 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
     """How to read the input, as the flags describe it."""
     return LoadOptions(
         format=args.format,
-        columns=parse_columns(args.columns) if args.columns else None,
+        columns=parse_columns(args.columns, by_name=args.format == "parquet") if args.columns else None,
         header=False if args.no_header else None,
         lenient=args.lenient,
         delimiter=args.delimiter,

@@ -14,16 +14,7 @@ import pytest
 from cels.cli import main
 from cels.logs import LoadOptions, LogError, SearchLog, load_log, parse_columns, synthetic_log, write_log
 from cels.logs.parquet import ParquetLog, load_shard, shard_row_groups, write_parquet
-
-
-def histogram(log: SearchLog) -> dict[tuple[str, str, str], int]:
-    """{(user, query, url): c_ij} -- independent of row and column order."""
-    c = log.counts.tocoo()
-    out: dict[tuple[str, str, str], int] = {}
-    for j, i, v in zip(c.row, c.col, c.data):
-        key = (log.users[j], *log.pairs[i])
-        out[key] = out.get(key, 0) + int(v)
-    return out
+from tests.test_logs import histogram
 
 
 def merged(logs: list[SearchLog]) -> dict[tuple[str, str, str], int]:

@@ -130,7 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--delta", type=float, required=True, help="per-user probability that the output holds one of the user's records (not approximate DP's delta << 1/n)")
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
-    parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")
+    parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input; a path ending in .parquet: Parquet)")
     parser.add_argument("--report", default=None, metavar="REPORT.json", help="the confidential operator report (JSON, mode 0600): privacy accounting, solver, sizes, utility, timings (default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside OUT); the public release note goes to OUT.release-note.json")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     for method in METHODS.values():

@@ -43,7 +43,7 @@ def start(argv: Sequence[str] | None):
 
     config = node_config(args, "data")
     path, options = data_source(args, config.extra)
-    if not path.is_file():
+    if not (path.is_file() or (options.format == "parquet" and path.is_dir())):  # a Parquet dataset is a directory
         raise ValueError(f"data file {path} does not exist")
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     allow_small = warn_insecure_keys(config)

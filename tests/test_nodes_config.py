@@ -151,7 +151,7 @@ def test_the_session_schema_lists_every_session_option() -> None:
         ('[keys]\nworkers = "two"\n', '[keys] workers: expected an integer >= 1, got "two"'),
         ('[node]\ndeadline = "soon"\n', '[node] deadline: expected a number > 0, got "soon"'),
         ("[node]\ndeadline = -5\n", "[node] deadline: expected a number > 0, got -5"),
-        ('[data]\nformat = "csv"\n', '[data] format: expected one of "aol", "msnbc", "tsv", "histogram", got "csv"'),
+        ('[data]\nformat = "csv"\n', '[data] format: expected one of "aol", "msnbc", "tsv", "histogram", "parquet", got "csv"'),
         ("[keys]\nstock = { solver = -1 }\n", "[keys] stock.solver: expected an integer >= 0, got -1"),
         ('[peers]\nparty-2 = "nowhere"\n', '[peers] party-2: expected host:port, got "nowhere"'),
         ("[ledger]\nbudget_epsilon = true\n", "[ledger] budget_epsilon: expected a number > 0, got true"),

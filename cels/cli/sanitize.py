@@ -107,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_option_arguments(parser, [o for o in MECHANISM_FLAGS if o.required])  # --epsilon, --delta
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
-    parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input)")
+    parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input; a path ending in .parquet: Parquet)")
     parser.add_argument("--report", default=None, metavar="REPORT.json", help="the confidential operator report (JSON, mode 0600): privacy accounting, solver, sizes, utility, timings (default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside OUT); the public release note goes to OUT.release-note.json")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     for method in METHODS.values():
@@ -119,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """How to read INPUT (docs/formats.md): the flags ``input_options`` reads."""
     parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    parser.add_argument("--columns", default=None, help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]; parquet: column names, e.g. user=AnonID,query=Query,url=ClickURL")
     parser.add_argument("--no-header", action="store_true", help="the input has no header line")
     parser.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab; 'tab' or '\\t' for tab)")
     parser.add_argument("--lenient", action="store_true", help="skip bad lines (counted in the report) instead of failing")
@@ -130,7 +130,7 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
     """How to read the input, as the flags describe it."""
     return LoadOptions(
         format=args.format,
-        columns=parse_columns(args.columns) if args.columns else None,
+        columns=parse_columns(args.columns, by_name=args.format == "parquet") if args.columns else None,
         header=False if args.no_header else None,
         lenient=args.lenient,
         delimiter=args.delimiter,

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300: about a minute with 2048-bit keys)")
     sim.add_argument("--synthetic-pairs", type=int, default=200, metavar="N", help="shared pairs of the embedded synthetic log (default 200)")
     sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
-    sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5] (parquet: column names)")
     sim.add_argument("--no-header", action="store_true", help="the input has no header line")
     sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
     sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
@@ -396,11 +396,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
     else:  # read before --out is made: a bad input leaves nothing behind
-        if not args.input.is_file():
+        if not (args.input.is_file() or (args.format == "parquet" and args.input.is_dir())):
             raise ValueError(f"--input {args.input} does not exist")
         print(f"reading {args.input} ...", file=sys.stderr, flush=True)
         log, fmt_args = load_input(args), input_flags(args)
-    suffix = output_suffix(args.input)
+    suffix = ".parquet" if args.format == "parquet" else output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / f"sanitized{suffix}"
     report_path = operator_path(args.report, output)

@@ -3,7 +3,9 @@ into per-party files, each user's whole log at exactly one party (CELS section 4
 partition; :meth:`SearchLog.split_by_user`: round-robin, or seeded random with ``--seed``).
 
 Each file is written in the input's format (the histogram: AOL rows lose QueryTime and
-ItemRank), e.g. the ``deploy/data/party-{1,2,3}.tsv`` that docker-compose.yml mounts.
+ItemRank), e.g. the ``deploy/data/party-{1,2,3}.tsv`` that docker-compose.yml mounts; a
+pattern ending in ``.parquet`` writes Parquet files whatever the input's format (columns
+user, query, url, count; row groups of at most 65,536 rows; docs/formats.md, "Parquet").
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(parser)
     parser.add_argument("--parties", type=int, required=True, metavar="R", help="number of parties (files)")
     parser.add_argument("--seed", type=int, default=None, help="a seeded random partition (default: user j to party j mod R)")
-    parser.add_argument("--out", required=True, metavar="PATTERN", help="output path with {k} for the party number 1..R (directories are made)")
+    parser.add_argument("--out", required=True, metavar="PATTERN", help="output path with {k} for the party number 1..R (directories are made); ending in .parquet: Parquet files")
     parser.set_defaults(func=run)
 
 

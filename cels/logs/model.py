@@ -34,11 +34,18 @@ def normalise_query(text: str) -> str:
 
 
 class LogError(ValueError):
-    """Bad input: names the file, the 1-based line and the field at fault."""
+    """Bad input: names the file, the 1-based line and the field at fault.
 
-    def __init__(self, path: str, line: int | None, field: str | None, message: str) -> None:
+    A Parquet row is named by ``row_group`` = (row group numbered from 0 as pyarrow does, 1-based
+    row within it), ``line`` being its 1-based row number in the file."""
+
+    def __init__(
+        self, path: str, line: int | None, field: str | None, message: str, row_group: tuple[int, int] | None = None
+    ) -> None:
         where = str(path)
-        if line is not None:
+        if row_group is not None:
+            where += f", row {line} (row {row_group[1]} of row group {row_group[0]})"
+        elif line is not None:
             where += f", line {line}"
         if field is not None:
             where += f", field {field!r}"
@@ -47,6 +54,7 @@ class LogError(ValueError):
         self.line = line
         self.field = field
         self.reason = message
+        self.row_group = row_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +150,16 @@ class SearchLog:
             return [self.select_users(np.arange(k, self.n_users, parties)) for k in range(parties)]
         order = np.random.default_rng(seed).permutation(self.n_users)
         return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]
+
+
+def check_pair_totals(log: SearchLog, path: str) -> None:
+    """LogError naming the file and the first pair whose total c_i is above MAX_COUNT (docs/formats.md, Limits)."""
+    totals = log.pair_totals()
+    over = np.flatnonzero(totals > MAX_COUNT)
+    if over.size:
+        query, url = log.pairs[int(over[0])]
+        raise LogError(
+            path, None, None,
+            f"pair (query {query!r}, url {url!r}) totals {int(totals[over[0]])} over the log, above the {MAX_COUNT} "
+            f"(2^31 - 1) one pair may total{f' ({over.size} pairs are)' if over.size > 1 else ''} (docs/formats.md, Limits)",
+        )  # fmt: skip

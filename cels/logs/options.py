@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cels.logs.model import LogError, normalise_query
+from cels.logs.model import MAX_LOG_TOTAL, LogError, LogRecord, normalise_query
 from cels.logs.textio import ENCODING, check_encoding
 
-FORMATS = ("aol", "msnbc", "tsv", "histogram")
+FORMATS = ("aol", "msnbc", "tsv", "histogram", "parquet")
 COLUMN_NAMES = ("user", "query", "url", "count")
 REQUIRED_COLUMNS = ("user", "query", "url")
 SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"] (and file:line:field in source["skipped_at"])
@@ -20,7 +21,8 @@ SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"] (and file:lin
 class LoadOptions:
     """Reader switches.
 
-    ``columns`` maps ``user``/``query``/``url``[/``count``] to 1-based columns (``tsv`` only).
+    ``columns`` maps ``user``/``query``/``url``[/``count``] to 1-based columns (``tsv``), or to
+    column names (``parquet``, default the names themselves).
     ``header``: ``None`` detects it (see docs/formats.md), ``True``/``False`` force it.
     ``lenient`` skips bad lines (counted in ``source["skipped_lines"]``) instead of failing.
     ``max_users`` keeps the first N users in file order.
@@ -29,7 +31,7 @@ class LoadOptions:
     """
 
     format: str
-    columns: dict[str, int] | None = None
+    columns: dict[str, int] | dict[str, str] | None = None
     header: bool | None = None
     lenient: bool = False
     delimiter: str = "\t"
@@ -44,8 +46,13 @@ class LoadOptions:
             if self.columns is None:
                 raise ValueError("format 'tsv' needs a column mapping, e.g. user=1,query=2,url=4")
             check_columns(self.columns)
+        elif self.format == "parquet":
+            if self.columns is not None:
+                check_columns(self.columns, by_name=True)
+            if codecs.lookup(self.encoding).name != "utf-8":
+                raise ValueError(f"Parquet strings are UTF-8; an encoding ({self.encoding!r}) is for the text formats only")
         elif self.columns is not None:
-            raise ValueError(f"format {self.format!r} has fixed columns; a column mapping is for 'tsv' only")
+            raise ValueError(f"format {self.format!r} has fixed columns; a column mapping is for 'tsv' and 'parquet' only")
         if len(self.delimiter) != 1 or self.delimiter in "\r\n":
             raise ValueError(f"delimiter must be one character other than a line break, not {self.delimiter!r}")
         if self.max_users is not None and self.max_users < 1:
@@ -63,8 +70,34 @@ def skip_or_raise(options: LoadOptions, source: dict, error: LogError) -> None:
         source["skipped_at"].append(":".join(str(part) for part in (error.path, error.line, error.field) if part is not None))
 
 
-def check_columns(columns: dict[str, int]) -> None:
-    """Raise ValueError unless ``columns`` maps user, query, url (and maybe count) to distinct columns >= 1."""
+class Admission:
+    """What a reader keeps of the records it parsed: the first ``max_users`` users' records
+    (file order), while the log's counts add up to at most MAX_LOG_TOTAL (docs/formats.md, Limits)."""
+
+    def __init__(self, max_users: int | None) -> None:
+        self.max_users = max_users
+        self.kept: set[str] = set()
+        self.total = 0  # the counts of the records kept so far
+
+    def admit(self, record: LogRecord, refusal: Callable[[str], LogError]) -> bool:
+        """True: keep ``record``; False: a user past ``max_users`` (dropped); raises
+        ``refusal(reason)`` when its count takes the log's total above MAX_LOG_TOTAL."""
+        if self.max_users is not None and record.user not in self.kept:
+            if len(self.kept) >= self.max_users:
+                return False
+            self.kept.add(record.user)
+        if self.total + record.count > MAX_LOG_TOTAL:
+            raise refusal(
+                f"the log's counts add up to {self.total + record.count} here, above the {MAX_LOG_TOTAL} (2^53) a log may total "
+                "(docs/formats.md, Limits)"
+            )
+        self.total += record.count
+        return True
+
+
+def check_columns(columns: dict[str, int] | dict[str, str], by_name: bool = False) -> None:
+    """Raise ValueError unless ``columns`` maps user, query, url (and maybe count) to distinct
+    columns: numbers >= 1, or (``by_name``) non-empty column names."""
     unknown = sorted(set(columns) - set(COLUMN_NAMES))
     if unknown:
         raise ValueError(f"unknown column name(s) {', '.join(unknown)}; use {', '.join(COLUMN_NAMES)}")
@@ -72,15 +105,19 @@ def check_columns(columns: dict[str, int]) -> None:
     if missing:
         raise ValueError(f"column mapping lacks {', '.join(missing)} (needs user, query and url)")
     for name, col in columns.items():
-        if not isinstance(col, int) or isinstance(col, bool) or col < 1:
+        if by_name:
+            if not isinstance(col, str) or not col:
+                raise ValueError(f"column {name}={col!r}: give the column's name")
+        elif not isinstance(col, int) or isinstance(col, bool) or col < 1:
             raise ValueError(f"column {name}={col!r}: columns are numbered from 1")
     if len(set(columns.values())) != len(columns):
         raise ValueError(f"two names share one column in {format_columns(columns)}")
 
 
-def parse_columns(spec: str) -> dict[str, int]:
-    """``"user=1,query=2,url=4[,count=N]"`` -> ``{"user": 1, "query": 2, "url": 4, ...}`` (1-based)."""
-    columns: dict[str, int] = {}
+def parse_columns(spec: str, by_name: bool = False) -> dict[str, int] | dict[str, str]:
+    """``"user=1,query=2,url=4[,count=N]"`` -> ``{"user": 1, "query": 2, "url": 4, ...}`` (1-based);
+    ``by_name`` (Parquet): ``"user=AnonID,query=Query,url=ClickURL"`` -> column names."""
+    columns: dict = {}
     for item in spec.split(","):
         name, sep, number = item.strip().partition("=")
         name = name.strip()
@@ -88,18 +125,21 @@ def parse_columns(spec: str) -> dict[str, int]:
             raise ValueError(f"column mapping {spec!r}: {item.strip()!r} is not name=number")
         if name in columns:
             raise ValueError(f"column mapping {spec!r}: {name} given twice")
+        if by_name:
+            columns[name] = number.strip()
+            continue
         try:
             columns[name] = int(number.strip())
         except ValueError:
             raise ValueError(f"column mapping {spec!r}: {name}={number.strip()!r} is not a column number") from None
     try:
-        check_columns(columns)
+        check_columns(columns, by_name)
     except ValueError as exc:
         raise ValueError(f"column mapping {spec!r}: {exc}") from None
     return columns
 
 
-def format_columns(columns: dict[str, int]) -> str:
+def format_columns(columns: dict[str, int] | dict[str, str]) -> str:
     """Inverse of :func:`parse_columns`."""
     return ",".join(f"{name}={col}" for name, col in columns.items())
 

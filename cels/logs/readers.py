@@ -1,4 +1,5 @@
-"""Readers: AOL TSV, generic delimited text, histogram TSV (here) and MSNBC (cels.logs.msnbc).
+"""Readers: AOL TSV, generic delimited text, histogram TSV (here), MSNBC (cels.logs.msnbc) and
+Parquet (cels.logs.parquet).
 
 :func:`iter_records` yields the events in log order; :func:`load_log` builds the histogram
 c_ij (CELS section 2.1).  Bad input raises :class:`LogError` naming file, line and field; in
@@ -12,11 +13,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
-from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, LogRecord, SearchLog
+from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog, check_pair_totals
 from cels.logs.msnbc import iter_msnbc, load_msnbc
-from cels.logs.options import LoadOptions, skip_or_raise
+from cels.logs.parquet import ParquetReader, load_parquet
+from cels.logs.options import Admission, LoadOptions, skip_or_raise
 from cels.logs.textio import BOM, iter_lines, undecodable
 
 AOL_HEADER = ("AnonID", "Query", "QueryTime", "ItemRank", "ClickURL")
@@ -85,8 +85,7 @@ class DelimitedReader:
         }
 
     def records(self) -> Iterator[LogRecord]:
-        kept: set[str] = set()
-        total = 0  # the counts of the lines kept so far, at most MAX_LOG_TOTAL
+        admission = Admission(self.options.max_users)
         for lineno, raw, ending in iter_lines(self.path):
             try:
                 text = self._decode(raw, lineno)
@@ -108,22 +107,11 @@ class DelimitedReader:
                 continue  # blank lines (e.g. a trailing one) carry no event
             try:
                 record = self._parse(fields, lineno)
+                if not admission.admit(record, lambda reason: LogError(self.path, lineno, self.layout.names.get("count"), reason)):
+                    continue
             except LogError as exc:
                 skip_or_raise(self.options, self.source, exc)
                 continue
-            if self.options.max_users is not None and record.user not in kept:
-                if len(kept) >= self.options.max_users:
-                    continue
-                kept.add(record.user)
-            if total + record.count > MAX_LOG_TOTAL:
-                exc = LogError(
-                    self.path, lineno, self.layout.names.get("count"),
-                    f"the log's counts add up to {total + record.count} here, above the {MAX_LOG_TOTAL} (2^53) a log may total "
-                    "(docs/formats.md, Limits)",
-                )  # fmt: skip
-                skip_or_raise(self.options, self.source, exc)
-                continue
-            total += record.count
             yield record
 
     def _decode(self, raw: bytes, lineno: int) -> str:
@@ -184,25 +172,12 @@ def _is_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def check_pair_totals(log: SearchLog, path: str) -> None:
-    """LogError naming the file and the first pair whose total c_i is above MAX_COUNT (docs/formats.md, Limits)."""
-    totals = log.pair_totals()
-    over = np.flatnonzero(totals > MAX_COUNT)
-    if over.size:
-        query, url = log.pairs[int(over[0])]
-        raise LogError(
-            path, None, None,
-            f"pair (query {query!r}, url {url!r}) totals {int(totals[over[0]])} over the log, above the {MAX_COUNT} "
-            f"(2^31 - 1) one pair may total{f' ({over.size} pairs are)' if over.size > 1 else ''} (docs/formats.md, Limits)",
-        )  # fmt: skip
-
-
 def iter_records(path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
     """The events of the log in file order (``url`` None for a query without a click);
     ``source``, if given, is filled as ``load_log``'s (skipped lines included) while reading."""
     if options.format == "msnbc":
         return iter_msnbc(path, options, source)
-    reader = DelimitedReader(path, options)
+    reader: DelimitedReader | ParquetReader = ParquetReader(path, options) if options.format == "parquet" else DelimitedReader(path, options)
     if source is not None:
         source.update(reader.source)
         reader.source = source
@@ -213,6 +188,8 @@ def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
     """The histogram c_ij of the log at ``path``; ``source`` records how to write it back."""
     if options.format == "msnbc":
         log = load_msnbc(path, options)
+    elif options.format == "parquet":
+        log = load_parquet(path, options)
     else:
         reader = DelimitedReader(path, options)
         log = SearchLog.from_records(reader.records())

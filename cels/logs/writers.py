@@ -14,6 +14,7 @@ import numpy as np
 
 from cels.logs.model import SearchLog
 from cels.logs.options import FORMATS
+from cels.logs.parquet import is_parquet, write_parquet
 from cels.logs.readers import AOL_HEADER, HISTOGRAM_HEADER
 from cels.logs.textio import open_text_output
 
@@ -32,12 +33,18 @@ def released_rows(log: SearchLog) -> Iterator[tuple[int, list[tuple[int, int]]]]
 def write_log(log: SearchLog, path: str | os.PathLike[str], source: dict | None = None) -> int:
     """Write ``log`` to ``path`` in the format of ``source`` (default ``log.source``); returns data lines written.
 
-    A log whose source names no format is written as a histogram TSV.
+    A log whose source names no format is written as a histogram TSV.  Any log to a path ending
+    in ``.parquet`` is written as Parquet (cels.logs.parquet.write_parquet; returns the rows); a
+    Parquet log to any other path as a histogram TSV (``user query url count``).
     """
     source = log.source if source is None else source
     fmt = source.get("format", "histogram")
     if fmt not in FORMATS:
         raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if is_parquet(path):
+        return write_parquet(log, path, source)
+    if fmt == "parquet":
+        fmt = "histogram"  # a Parquet log to a text path: user, query, url, count (docs/formats.md, Parquet)
     with open_text_output(path, bom=bool(source.get("bom")) and fmt == "tsv") as out:
         if fmt == "msnbc":
             return _write_msnbc(log, out, source)

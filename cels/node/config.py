@@ -264,7 +264,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """A party's private log and how to read it (the same input flags as ``cels sanitize``)."""
     parser.add_argument("--data", type=Path, help="the party's private log (read at every session start)")
-    parser.add_argument("--format", help="log format: aol, msnbc, tsv, histogram (default aol)")
+    parser.add_argument("--format", help="log format: aol, msnbc, tsv, histogram, parquet (default aol)")
     parser.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
     parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
     parser.add_argument("--delimiter", help="tsv field delimiter, one character (default tab)")
@@ -286,9 +286,10 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
         header: bool | None = False
     else:
         header = table.get("header")
+    fmt = args.format or table.get("format", "aol")
     options = LoadOptions(
-        format=args.format or table.get("format", "aol"),
-        columns=parse_columns(columns) if isinstance(columns, str) else columns,
+        format=fmt,
+        columns=parse_columns(columns, by_name=fmt == "parquet") if isinstance(columns, str) else columns,
         header=header,
         lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
         delimiter=args.delimiter or table.get("delimiter", "\t"),

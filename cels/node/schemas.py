@@ -66,8 +66,11 @@ DATA_TABLE = {
         "path": {"type": "string"},
         "format": {"enum": list(FORMATS)},
         "columns": {
-            "anyOf": [{"type": "string"}, {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}}],
-            "description": 'a column mapping: "user=1,query=2,url=4[,count=5]" or a table of column numbers',
+            "anyOf": [
+                {"type": "string"},
+                {"type": "object", "additionalProperties": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}]}},
+            ],
+            "description": 'a column mapping: "user=1,query=2,url=4[,count=5]" or a table of column numbers (parquet: of column names)',
         },
         "header": {"type": "boolean"},
         "lenient": {"type": "boolean"},

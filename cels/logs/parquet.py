@@ -1,0 +1,254 @@
+"""Parquet logs (docs/formats.md, "Parquet"): a file, a directory of files (a dataset) or a
+``file://`` URI, read row group by row group, record batch by record batch, with pyarrow.
+
+Columns ``user``, ``query``, ``url`` and an optional ``count`` (default 1: a row is a click, as
+an AOL row), or the names a column mapping gives.  A null or empty url is a query without a
+click (as AOL).  Every row goes through the text readers' checks and limits (docs/formats.md,
+"Limits"); a bad row raises :class:`LogError` naming the file, the row (its number in the file,
+its row group and its row in that group) and the column, or is skipped and counted with
+``lenient``.  pyarrow is the optional extra ``parquet``, imported only when the format is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog, check_pair_totals
+from cels.logs.options import Admission, LoadOptions, skip_or_raise
+
+PARQUET_COLUMNS = {"user": "user", "query": "query", "url": "url", "count": "count"}
+"""The column names read by default (and the names a log without a source is written with)."""
+BATCH_ROWS = 8192
+"""Rows converted to Python objects at once while reading."""
+ROW_GROUP_ROWS = 65_536
+"""The most rows of one row group the writer makes."""
+
+
+def is_parquet(path: str | os.PathLike[str]) -> bool:
+    """A path the writers write as Parquet whatever the log's format: it ends in ``.parquet``."""
+    return str(path).endswith(".parquet")
+
+
+def pyarrow_modules() -> tuple[Any, Any, Any]:
+    """``pyarrow``, ``pyarrow.dataset``, ``pyarrow.parquet``; a clear error naming the extra if missing."""
+    try:
+        import pyarrow
+        import pyarrow.dataset
+        import pyarrow.parquet
+    except ImportError:
+        raise ValueError("the Parquet format needs pyarrow: pip install 'cels[parquet]'") from None
+    return pyarrow, pyarrow.dataset, pyarrow.parquet
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of a Parquet log: its file, its 0-based index there, its rows and the
+    0-based number of its first row in the file."""
+
+    file: str
+    index: int
+    rows: int
+    first_row: int
+
+
+class ParquetLog:
+    """The files of one Parquet log (a file or a dataset directory, sorted by path) and their row groups."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        pa, ds, pq = pyarrow_modules()
+        self.path = str(path)
+        try:
+            dataset = ds.dataset(self.path, format="parquet")  # a directory skips files named .* or _*
+        except (pa.ArrowException, OSError) as exc:
+            raise LogError(self.path, None, None, f"cannot open as Parquet: {exc}") from None
+        self.filesystem = dataset.filesystem
+        self.schemas: dict[str, Any] = {}  # file -> its Arrow schema
+        self.row_groups: list[RowGroup] = []
+        for file in sorted(dataset.files):
+            try:
+                metadata = pq.read_metadata(file, filesystem=self.filesystem)
+            except (pa.ArrowException, OSError) as exc:
+                raise LogError(file, None, None, f"not a Parquet file: {exc}") from None
+            self.schemas[file] = metadata.schema.to_arrow_schema()
+            first = 0
+            for g in range(metadata.num_row_groups):
+                rows = metadata.row_group(g).num_rows
+                self.row_groups.append(RowGroup(file, g, rows, first))
+                first += rows
+        if not self.schemas:
+            raise LogError(self.path, None, None, "no Parquet file in this directory")
+
+
+def shard_row_groups(row_groups: Sequence[RowGroup], shard: int, shards: int) -> list[RowGroup]:
+    """Shard ``shard`` of ``shards`` (0-based): every ``shards``-th row group from the
+    ``shard``-th, so that the shards together read each row group exactly once."""
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is not one of 0..{shards - 1}")
+    return list(row_groups[shard::shards])
+
+
+class ParquetReader:
+    """Streams the records of a Parquet log (or of some of its row groups) and fills ``source``."""
+
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions, row_groups: Sequence[RowGroup] | None = None) -> None:
+        self.log = ParquetLog(path)
+        self.options = options
+        self.names: dict[str, str] = dict(options.columns or {k: v for k, v in PARQUET_COLUMNS.items() if k != "count"})  # type: ignore[arg-type]
+        self.row_groups = self.log.row_groups if row_groups is None else list(row_groups)
+        self.source: dict = {
+            "format": "parquet",
+            "path": self.log.path,
+            "columns": dict(self.names),
+            "files": len(self.log.schemas),
+            "row_groups": len(self.row_groups),
+            "max_users": options.max_users,
+            "skipped_lines": 0,
+            "skipped_examples": [],
+            "skipped_at": [],
+        }
+        if options.columns is None and any(PARQUET_COLUMNS["count"] in schema.names for schema in self.log.schemas.values()):
+            self.names["count"] = self.source["columns"]["count"] = PARQUET_COLUMNS["count"]
+
+    def records(self) -> Iterator[LogRecord]:
+        """The rows in file order (files sorted by path), each checked (docs/formats.md, Limits)."""
+        admission = Admission(self.options.max_users)
+        for file, groups in itertools.groupby(self.row_groups, key=lambda group: group.file):
+            self._check_schema(file, self.log.schemas[file])
+            with self.log.filesystem.open_input_file(file) as handle:
+                parquet = pyarrow_modules()[2].ParquetFile(handle)
+                for group in groups:
+                    for where, values, k in self._rows(parquet, group):
+                        try:
+                            record = self._record(values, k, where)
+                            if not admission.admit(record, lambda reason: self._error(where, self.names.get("count"), reason)):
+                                continue
+                        except LogError as exc:
+                            skip_or_raise(self.options, self.source, exc)
+                            continue
+                        yield record
+
+    def _rows(self, parquet: Any, group: RowGroup) -> Iterator[tuple[tuple[str, int, int, int], dict[str, list], int]]:
+        """``(where, the batch's columns as Python lists, row k of the batch)`` for every row of
+        ``group``, one record batch of at most BATCH_ROWS rows converted at a time."""
+        row = 0  # rows of the group read so far
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group.index], columns=list(self.names.values()), use_threads=False)
+        for batch in batches:
+            values = {name: self._values(group, batch.column(column), name) for name, column in self.names.items()}
+            for k in range(batch.num_rows):
+                row += 1
+                yield (group.file, group.first_row + row, group.index, row), values, k
+
+    def _check_schema(self, file: str, schema: Any) -> None:
+        """Every mapped column exists, with a type the format reads (refused for the whole file)."""
+        pa = pyarrow_modules()[0]
+        kinds = {
+            "user": (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer),
+            "query": (pa.types.is_string, pa.types.is_large_string),
+            "url": (pa.types.is_string, pa.types.is_large_string),
+            "count": (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string),
+        }
+        for name, column in self.names.items():
+            if column not in schema.names:
+                raise LogError(file, None, column, f"no such column (the file has {', '.join(schema.names)}); map the columns with --columns {name}=NAME,...")
+            kind = schema.field(column).type
+            if not any(test(kind) for test in kinds[name]):
+                wanted = "an integer or string" if name == "count" else "a string" + (" or integer" if name == "user" else "")
+                raise LogError(file, None, column, f"column type {kind}; {name} must be {wanted} column")
+
+    @staticmethod
+    def _error(where: tuple[str, int, int, int], column: str | None, reason: str) -> LogError:
+        file, line, group, row = where
+        return LogError(file, line, column, reason, row_group=(group, row))
+
+    def _values(self, group: RowGroup, array: Any, name: str) -> list:
+        """One column of a record batch as Python values (UTF-8 checked)."""
+        pa = pyarrow_modules()[0]
+        try:
+            array.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise LogError(group.file, None, self.names[name], f"row group {group.index}: {exc}") from None
+        return array.to_pylist()
+
+    def _record(self, values: dict[str, list], k: int, where: tuple[str, int, int, int]) -> LogRecord:
+        names = self.names
+        user, query, url = values["user"][k], values["query"][k], values["url"][k]
+        if user is None:
+            raise self._error(where, names["user"], "null user id")
+        user = str(user).strip()
+        if not user:
+            raise self._error(where, names["user"], "empty user id")
+        if query is None:
+            raise self._error(where, names["query"], "null query")
+        count = 1
+        if "count" in values:
+            count = values["count"][k]
+            if isinstance(count, str):
+                text = count.strip()
+                count = int(text) if text.isascii() and text.isdigit() else None
+                if count is None:
+                    raise self._error(where, names["count"], f"{values['count'][k]!r} is not a positive integer")
+            if count is None or count < 1:
+                raise self._error(where, names["count"], f"{'null' if count is None else count} is not a positive integer")
+            if count > MAX_COUNT:
+                raise self._error(
+                    where, names["count"],
+                    f"{count} is above the largest count a row may give, {MAX_COUNT} (2^31 - 1; docs/formats.md, Limits)",
+                )  # fmt: skip
+        url = url.strip() if url is not None else ""
+        return LogRecord(user, self.options.normalise(query), url or None, count, where[1])
+
+
+def load_parquet(path: str | os.PathLike[str], options: LoadOptions, row_groups: Sequence[RowGroup] | None = None) -> SearchLog:
+    """The histogram c_ij of the Parquet log at ``path`` (of ``row_groups`` only, if given)."""
+    reader = ParquetReader(path, options, row_groups)
+    log = SearchLog.from_records(reader.records())
+    log.source = reader.source
+    return log
+
+
+def load_shard(path: str | os.PathLike[str], options: LoadOptions, shard: int, shards: int) -> SearchLog:
+    """The histogram of shard ``shard`` of ``shards`` (:func:`shard_row_groups`): the shards'
+    histograms add up to the whole log's.  The rows' checks and the pair limit hold per shard;
+    the log-total and pair-total limits of the whole are the merger's to check (docs/formats.md)."""
+    if options.max_users is not None:
+        raise ValueError("max_users (the first N users in file order) cannot be applied to one shard")
+    log = load_parquet(path, options, shard_row_groups(ParquetLog(path).row_groups, shard, shards))
+    check_pair_totals(log, str(path))
+    return log
+
+
+def write_parquet(log: SearchLog, path: str | os.PathLike[str], source: dict | None = None, row_group_rows: int = ROW_GROUP_ROWS) -> int:
+    """``log`` as Parquet at ``path`` (atomically: cels.fileio): one row per (user, pair) with
+    count > 0 in user order, in row groups of at most ``row_group_rows`` rows; columns named as
+    ``source["columns"]`` maps them (a Parquet input's), else ``user, query, url, count``.
+    Returns the rows written."""
+    from cels.fileio import atomic_write
+
+    pa, _, pq = pyarrow_modules()
+    names = {**PARQUET_COLUMNS, **((source or {}).get("columns") or {})} if (source or {}).get("format") == "parquet" else dict(PARQUET_COLUMNS)
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"cannot write Parquet columns {names}: two share one name")
+    schema = pa.schema([(names["user"], pa.string()), (names["query"], pa.string()), (names["url"], pa.string()), (names["count"], pa.int64())])
+    counts = log.counts.tocsr(copy=True)
+    counts.sum_duplicates()
+    rows = np.repeat(np.arange(log.n_users, dtype=np.int64), np.diff(counts.indptr))
+    keep = counts.data > 0
+    rows, cols, data = rows[keep], counts.indices[keep], counts.data[keep]
+    with atomic_write(path, mode="wb") as sink, pq.ParquetWriter(sink, schema) as writer:
+        for lo in range(0, len(data), row_group_rows):
+            hi = lo + row_group_rows
+            pairs = [log.pairs[i] for i in cols[lo:hi]]
+            columns = [
+                pa.array([log.users[j] for j in rows[lo:hi]], pa.string()),
+                pa.array([q for q, _ in pairs], pa.string()),
+                pa.array([u for _, u in pairs], pa.string()),
+                pa.array(data[lo:hi], pa.int64()),
+            ]
+            writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=row_group_rows)
+    return int(len(data))

@@ -1,0 +1,222 @@
+"""cels.logs.parquet: Parquet logs (a file, a dataset directory, a file:// URI) read row group by
+row group with the text readers' checks and limits, the row-group shards, `cels split` to
+Parquet, and a Parquet log through `cels sanitize` and `cels simulate` (docs/formats.md, "Parquet")."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cels.cli import main
+from cels.logs import LoadOptions, LogError, SearchLog, load_log, parse_columns, synthetic_log, write_log
+from cels.logs.parquet import ParquetLog, load_shard, shard_row_groups, write_parquet
+from tests.test_logs import histogram
+
+
+def merged(logs: list[SearchLog]) -> dict[tuple[str, str, str], int]:
+    out: dict[tuple[str, str, str], int] = {}
+    for log in logs:
+        for key, count in histogram(log).items():
+            out[key] = out.get(key, 0) + count
+    return out
+
+
+def put(path, columns: dict, row_group_size: int = 2, schema=None):
+    pq.write_table(pa.table(columns, schema=schema), path, row_group_size=row_group_size)
+    return path
+
+
+ROWS = {
+    "user": ["7", "7", "7", "9", "9", "8"],
+    "query": ["Weather  Boston", "weather boston", "no click", "caf\u00e9 paris", "weather boston", "weather boston"],
+    "url": ["http://weather.com/", "http://weather.com/", None, "http://cafe.fr/", "", "http://weather.com/"],
+}
+HISTOGRAM = {
+    ("7", "weather boston", "http://weather.com/"): 2,
+    ("9", "caf\u00e9 paris", "http://cafe.fr/"): 1,
+    ("8", "weather boston", "http://weather.com/"): 1,
+}
+
+
+def test_a_row_is_a_click_unless_a_count_column_says_more(tmp_path) -> None:
+    """Without a count column every row counts 1 (an AOL click), a null or empty url is a query
+    without a click; with one, its counts; the first file's source says how it was read."""
+    log = load_log(put(tmp_path / "a.parquet", ROWS), LoadOptions("parquet"))
+    assert histogram(log) == HISTOGRAM
+    assert log.source["columns"] == {"user": "user", "query": "query", "url": "url"}
+    assert (log.source["files"], log.source["row_groups"]) == (1, 3)
+    counted = load_log(put(tmp_path / "c.parquet", {**ROWS, "count": [1, 2, 3, 4, 5, 6]}), LoadOptions("parquet"))
+    assert histogram(counted) == {("7", "weather boston", "http://weather.com/"): 3, ("9", "caf\u00e9 paris", "http://cafe.fr/"): 4,
+                                  ("8", "weather boston", "http://weather.com/"): 6}  # fmt: skip
+    assert counted.size == 1 + 2 + 4 + 6
+
+
+def test_a_dataset_directory_a_uri_integer_users_and_mapped_columns(tmp_path) -> None:
+    """A directory of Parquet files is one log (files in path order; hidden and _ files skipped),
+    also as a file:// URI; integer user ids are read as text; --columns maps other names."""
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    names = {"AnonID": [7, 7, 9], "Query": ["a", "a", "b"], "ClickURL": ["u", "u", "v"], "n": [1, 2, 5]}
+    put(lake / "part-0.parquet", names)
+    put(lake / "part-1.parquet", {**names, "AnonID": [8, 8, 8]})
+    (lake / "_SUCCESS").write_bytes(b"")
+    (lake / ".part-2.parquet.tmp").write_bytes(b"not parquet")
+    options = LoadOptions("parquet", columns=parse_columns("user=AnonID,query=Query,url=ClickURL,count=n", by_name=True))
+    for path in (lake, lake.as_uri()):
+        log = load_log(path, options)
+        assert histogram(log) == {("7", "a", "u"): 3, ("9", "b", "v"): 5, ("8", "a", "u"): 3, ("8", "b", "v"): 5}
+    assert log.source["files"] == 2
+    # the release keeps the input's column names (count always present)
+    write_log(log, tmp_path / "out.parquet")
+    assert pq.read_schema(tmp_path / "out.parquet").names == ["AnonID", "Query", "ClickURL", "n"]
+    assert histogram(load_log(tmp_path / "out.parquet", options)) == histogram(log)
+    with pytest.raises(ValueError, match="column user=''"):
+        parse_columns("user=,query=q,url=u", by_name=True)
+    with pytest.raises(ValueError, match="Parquet strings are UTF-8"):
+        LoadOptions("parquet", encoding="latin-1")
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "where"),
+    [
+        ("user", ["7", "7", "7", None, "9", "8"], r"row 4 \(row 2 of row group 1\), field 'user': null user id"),
+        ("query", ["q", "q", "q", "q", " ", None], r"row 6 \(row 2 of row group 2\), field 'query': null query"),
+        ("count", [1, 2, 2**31, 1, 1, 1], r"row 3 \(row 1 of row group 1\), field 'count': 2147483648 is above the largest count a row may give, 2147483647"),
+        ("count", ["1", "2", "3", "x1", "1", "1"], r"row 4 \(row 2 of row group 1\), field 'count': 'x1' is not a positive integer"),
+        ("count", [1, 0, 1, 1, 1, 1], r"row 2 \(row 2 of row group 0\), field 'count': 0 is not a positive integer"),
+        ("count", [1, 1, 1, 1, None, 1], r"row 5 \(row 1 of row group 2\), field 'count': null is not a positive integer"),
+    ],
+)
+def test_a_bad_row_names_file_row_and_column_and_lenient_skips_it(tmp_path, column, values, where) -> None:
+    path = put(tmp_path / "bad.parquet", {**ROWS, column: values})
+    with pytest.raises(LogError, match=f"^{path}, {where}"):
+        load_log(path, LoadOptions("parquet"))
+    lenient = load_log(path, LoadOptions("parquet", lenient=True))
+    assert lenient.source["skipped_lines"] == 1
+    assert lenient.source["skipped_at"][0].startswith(f"{path}:")
+
+
+def test_a_wrong_column_type_or_a_missing_column_is_refused_for_the_file(tmp_path) -> None:
+    doubles = put(tmp_path / "d.parquet", {**ROWS, "count": [1.0] * 6})
+    with pytest.raises(LogError, match=f"^{doubles}, field 'count': column type double; count must be an integer or string column"):
+        load_log(doubles, LoadOptions("parquet", lenient=True))
+    missing = put(tmp_path / "m.parquet", {"user": ["u"], "query": ["q"]})
+    with pytest.raises(LogError, match=f"^{missing}, field 'url': no such column"):
+        load_log(missing, LoadOptions("parquet"))
+    text = tmp_path / "t.parquet"
+    text.write_text("user\tquery\turl\n")
+    with pytest.raises(LogError, match=f"^{text}: cannot open as Parquet: .*magic bytes not found"):
+        load_log(text, LoadOptions("parquet"))
+
+
+def test_the_log_total_limit_holds_across_row_groups(tmp_path, monkeypatch) -> None:
+    from cels.logs import options
+
+    monkeypatch.setattr(options, "MAX_LOG_TOTAL", 10)
+    path = put(tmp_path / "t.parquet", {**ROWS, "count": [3, 3, 3, 3, 3, 3]})
+    with pytest.raises(LogError, match=r"row 4 \(row 2 of row group 1\), field 'count': the log's counts add up to 12 here, above the 10"):
+        load_log(path, LoadOptions("parquet"))
+    assert load_log(path, LoadOptions("parquet", lenient=True)).source["skipped_lines"] == 3
+
+
+def test_the_shards_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
+    """Each shard reads its own row groups (of every file of a dataset); the shards' histograms
+    add up to the whole log's, whatever the number of shards."""
+    log = synthetic_log(users=80, pairs=40)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for k, share in enumerate(log.split_by_user(2)):
+        write_parquet(share, lake / f"part-{k}.parquet", row_group_rows=50)
+    groups = ParquetLog(lake).row_groups
+    assert len(groups) > 6 and max(g.rows for g in groups) == 50 and {g.file for g in groups} == {str(lake / "part-0.parquet"), str(lake / "part-1.parquet")}
+    whole = load_log(lake, LoadOptions("parquet"))
+    assert histogram(whole) == histogram(log)
+    for shards in (1, 3, 7):
+        parts = [load_shard(lake, LoadOptions("parquet"), k, shards) for k in range(shards)]
+        assert sum(p.source["row_groups"] for p in parts) == len(groups)
+        assert merged(parts) == histogram(log)
+    assert shard_row_groups(groups, 1, 3) == groups[1::3]
+    with pytest.raises(ValueError, match="shard 3 is not one of 0..2"):
+        load_shard(lake, LoadOptions("parquet"), 3, 3)
+
+
+def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch) -> None:
+    path = put(tmp_path / "a.parquet", ROWS)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ValueError, match=r"needs pyarrow: pip install 'cels\[parquet\]'"):
+        load_log(path, LoadOptions("parquet"))
+
+
+def test_sanitize_exits_2_naming_the_row_and_releases_parquet_or_tsv(tmp_path, capsys) -> None:
+    bad = put(tmp_path / "bad.parquet", {**ROWS, "user": ["7", "7", "7", None, "9", "8"]})
+    flags = ["--epsilon", "1", "--delta", "0.4", "--keep-user-ids"]
+    assert main(["sanitize", str(bad), "--format", "parquet", *flags, "--out", str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"cels sanitize: error: {bad}, row 4 (row 2 of row group 1), field 'user': null user id"]
+    assert main(["sanitize", str(bad), "--format", "parquet", "--lenient", *flags, "--out", str(tmp_path / "o.parquet")]) in (0, 3)
+    assert f"--lenient skipped 1 bad line: {bad}:4:user" in capsys.readouterr().err
+    assert pq.read_schema(tmp_path / "o.parquet").names == ["user", "query", "url", "count"]
+    assert main(["sanitize", str(bad), "--format", "parquet", "--lenient", *flags, "--out", str(tmp_path / "o.tsv")]) in (0, 3)
+    assert (tmp_path / "o.tsv").read_text().startswith("user\tquery\turl\tcount\n")
+
+
+@pytest.mark.realdata
+def test_aol_slice_through_cels_split_to_parquet_reads_back_equal(aol_path, tmp_path, capsys) -> None:
+    """The AOL slice split into Parquet files by `cels split`: the dataset of the three files
+    holds the text reader's histogram, each file its party's share."""
+    text = load_log(aol_path, LoadOptions("aol", max_users=300))
+    source = tmp_path / "aol-300.tsv"
+    write_log(text, source)
+    out = tmp_path / "lake"
+    assert main(["split", str(source), "--format", "aol", "--parties", "3", "--out", str(out / "party-{k}.parquet")]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["party-1.parquet", "party-2.parquet", "party-3.parquet"]
+    shares = text.split_by_user(3)
+    for k, share in enumerate(shares, start=1):
+        read = load_log(out / f"party-{k}.parquet", LoadOptions("parquet"))
+        assert histogram(read) == histogram(share)
+    whole = load_log(out, LoadOptions("parquet"))
+    assert histogram(whole) == histogram(text) and whole.size == text.size
+    # and back: a Parquet input split into text histograms
+    assert main(["split", str(out), "--format", "parquet", "--parties", "2", "--out", str(tmp_path / "t-{k}.tsv")]) == 0
+    back = [load_log(tmp_path / f"t-{k}.tsv", LoadOptions("histogram")) for k in (1, 2)]
+    assert merged(back) == histogram(text)
+
+
+@pytest.mark.slow
+def test_simulate_serves_a_parquet_log_from_party_nodes(tmp_path, capsys) -> None:
+    """`cels simulate --input x.parquet --format parquet`: the shares go to the party nodes as
+    Parquet files (each node reads its own with --format parquet) and the release is Parquet."""
+    log = synthetic_log(users=60, pairs=30)
+    source = tmp_path / "log.parquet"
+    write_log(log, source)
+    out = tmp_path / "out"
+    argv = ["simulate", "--input", str(source), "--format", "parquet", "--parties", "2", "--key-bits", "512",
+            "--epsilon", "4", "--delta", "0.9", "--out", str(out), "--report", str(tmp_path / "report.json")]  # fmt: skip
+    assert main(argv) == 0
+    assert "released |O| = " in capsys.readouterr().out
+    released = load_log(out / "sanitized.parquet", LoadOptions("parquet"))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert released.size == report["sizes"]["output_records"] > 0
+    assert set(released.pairs) <= set(log.pairs)
+
+
+def test_a_party_node_reads_parquet_columns_from_its_data_table(tmp_path) -> None:
+    """[data] format = "parquet" with a table of column names (the schema allows names for
+    parquet), or the --columns string form; a dataset directory is a party's log."""
+    import argparse
+
+    from cels.node.config import add_data_arguments, data_source
+    from cels.node.schemas import PARTY_SCHEMA, check_toml
+
+    table = {"path": "lake", "format": "parquet", "columns": {"user": "AnonID", "query": "Query", "url": "ClickURL"}}
+    check_toml({"data": table}, tmp_path / "party.toml", {**PARTY_SCHEMA, "required": []})
+    parser = argparse.ArgumentParser()
+    add_data_arguments(parser)
+    path, options = data_source(parser.parse_args([]), {**table, "base": tmp_path})
+    assert path == tmp_path / "lake" and options.columns == table["columns"]
+    flags = parser.parse_args(["--data", str(tmp_path), "--format", "parquet", "--columns", "user=AnonID,query=Query,url=ClickURL"])
+    assert data_source(flags, {})[1].columns == table["columns"]

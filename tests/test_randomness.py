@@ -271,7 +271,7 @@ def test_every_party_draw_of_a_session_comes_from_its_chacha20_stream(monkeypatc
         assert role._rng in streams_made and is_chacha20(role._rng)
         assert used <= role._rng.used, f"{name} drew {used - role._rng.used} elsewhere"
         if mode == "private":
-            assert isinstance(role._private.rng, CipherRandom) and role._private.rng.generator is role._rng
+            assert isinstance(role.solve.private.rng, CipherRandom) and role.solve.private.rng.generator is role._rng
     assert weak_draws == set()
 
 

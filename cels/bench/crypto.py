@@ -52,7 +52,7 @@ from cels.crypto.paillier import (
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
 from cels.node.obfuscator_stock import ObfuscatorPool
-from cels.protocol.party import COUNT_BOUND
+from cels.protocol.stages.sums import COUNT_BOUND
 from cels.protocol.secure_sum import SecureSum
 from cels.protocol.wire import cels_pb2, codec
 from cels.workers import worker_pool

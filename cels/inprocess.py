@@ -23,6 +23,7 @@ from cels.protocol.party import PartyRole
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
 from cels.protocol.solver import SolverRole
 from cels.protocol.wire import cels_pb2
+from cels.session_report import session_report
 
 
 @dataclass
@@ -111,11 +112,12 @@ class MemoryNode:
 
 def session_hosts(logs: Sequence[LogSource], options: SessionOptions, **role_options) -> dict[str, MemoryNode]:
     """One node per node of the session: party k over ``logs[k]`` (or its loader), and the
-    solver; ``role_options`` go to every role (e.g. ``allow_insecure_key_bits=True`` in tests)."""
+    solver; ``role_options`` go to every role (e.g. ``allow_insecure_key_bits=True`` in tests).
+    The initiator builds its report with cels.session_report."""
     if len(logs) != len(options.parties):
         raise ValueError(f"{len(logs)} logs for {len(options.parties)} parties")
     nodes = {
-        name: MemoryNode(SessionHost(name, lambda opts, name=name, log=log: PartyRole(name, opts, log, **role_options), time.perf_counter))
+        name: MemoryNode(SessionHost(name, lambda opts, name=name, log=log: PartyRole(name, opts, log, session_report=session_report, **role_options), time.perf_counter))
         for name, log in zip(options.parties, logs)
     }
     solver = options.solver

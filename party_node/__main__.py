@@ -40,6 +40,7 @@ def start(argv: Sequence[str] | None):
     from cels.node.tls import warn_insecure_keys
     from cels.protocol.options import SessionOptions
     from cels.protocol.party import PartyRole
+    from cels.session_report import session_report
 
     config = node_config(args, "data")
     path, options = data_source(args, config.extra)
@@ -64,6 +65,7 @@ def start(argv: Sequence[str] | None):
                 obfuscators=keys.obfuscators,
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=decryption_pool,
+                session_report=session_report,
             ),
         )
 

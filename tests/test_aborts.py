@@ -124,7 +124,7 @@ def test_an_equivocating_aggregator_is_caught_by_transcript_agreement(logs) -> N
     roles = start_session(InMemoryNetwork(taps), options)
     assert_generic_transcript_abort(taps, roles, options.parties)
     assert all("differ from this party's" in roles[p].failure for p in options.parties)  # details: each party's own log
-    assert all(roles[p].phase == Phase.FAILED and getattr(roles[p], "x", None) is None for p in options.parties)
+    assert all(roles[p].phase == Phase.FAILED and roles[p].solved is None for p in options.parties)
 
 
 @pytest.mark.parametrize("vetoer", ["party-2", "party-3"])
@@ -137,7 +137,7 @@ def test_a_rejection_marked_accepted_does_not_name_the_vetoing_party(logs, vetoe
 
     def mark_accepted(round_number, party, verdict, parties) -> None:
         if not chosen:
-            own = {p: role._private.own_verdicts for p, role in parties.items()}
+            own = {p: role.solve.private.own_verdicts for p, role in parties.items()}
             for q in np.flatnonzero(bits(verdict) == 0):
                 if [p for p in own if own[p][q]] == [vetoer]:
                     chosen.append((round_number, int(q)))

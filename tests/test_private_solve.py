@@ -56,10 +56,10 @@ def audit(log, output, b: float) -> np.ndarray:
 
 def check_replay(roles, config, verdicts) -> None:
     lead = roles[config.initiator]
-    c = lead.totals[lead.active]
+    c = lead.counted.totals[lead.counted.active]
     rule = ProposalRule(config.objective, c, config.round_batch, None,
-                        c / lead.totals.sum() >= config.support if config.objective == "frequent" else None)  # fmt: skip
-    transcript = replay(rule, lead.x)
+                        c / lead.counted.totals.sum() >= config.support if config.objective == "frequent" else None)  # fmt: skip
+    transcript = replay(rule, lead.solved.x)
     assert len(transcript) == len(verdicts)
     for rnd, (step, sent) in enumerate(zip(transcript, verdicts)):
         expected = cels_pb2.RoundVerdict(
@@ -84,14 +84,14 @@ def test_the_protocol_reaches_the_greedy_of_the_split_rows() -> None:
     log = synthetic_log(seed=9, users=60)
     config, roles, _ = run_private(log, 3, epsilon=8.0, delta=0.9, round_batch=8)
     lead = roles[config.initiator]
-    c = lead.totals[lead.active]
-    party_rows = [sp.csr_matrix(roles[p].rows) for p in config.parties]
+    c = lead.counted.totals[lead.counted.active]
+    party_rows = [sp.csr_matrix(roles[p].counted.rows) for p in config.parties]
     x, _ = central_run(ProposalRule("kl", c, 8), party_rows, config.b)
-    np.testing.assert_array_equal(lead.x, x)
-    assert all(np.array_equal(roles[p].x, x) for p in config.parties)
+    np.testing.assert_array_equal(lead.solved.x, x)
+    assert all(np.array_equal(roles[p].solved.x, x) for p in config.parties)
     for p in config.parties:  # each party's rows are its users' ln t rows against the public totals
-        own = roles[p]
-        full = log_t_rows(own.local[:, own.active], own.totals[own.active])
+        own = roles[p].counted
+        full = log_t_rows(roles[p].work.local[:, own.active], own.totals[own.active])
         assert feasible_rows(full, x, config.b)
 
 
@@ -102,7 +102,7 @@ def feasible_rows(rows, x, b) -> bool:
 def test_an_absolute_output_size_is_kept() -> None:
     log = synthetic_log(seed=9, users=60)
     config, roles, _ = run_private(log, 3, epsilon=8.0, delta=0.9, output_size=12)
-    assert roles[config.initiator].x.sum() == 12
+    assert roles[config.initiator].solved.x.sum() == 12
 
 
 @pytest.mark.realdata
@@ -135,14 +135,14 @@ def test_end_to_end_noise_in_the_private_solve() -> None:
     lead = roles[config.initiator]
     audit(log, lead.output, config.b)
     noise = lead.report["solver"]["noise"]
-    assert noise["scale"] == 5.0 and noise["total_after_repair"] == lead.x.sum()
+    assert noise["scale"] == 5.0 and noise["total_after_repair"] == lead.solved.x.sum()
     privacy = lead.report["privacy"]
     assert privacy["end_to_end"] is False and "total_epsilon" not in privacy and privacy["private"] is True
     assert privacy["learns"]["mode"] == "private solve, noise on"
     assert "noise-free first-pass counts x, the noise total z" in privacy["learns"]["party"]
     assert "noise-free first-pass counts x; the noise total z" in privacy["learns"]["solver"]
     assert "no differential privacy against partner organisations" in privacy["against_partners"]
-    assert all(np.array_equal(roles[p].x, lead.x) for p in config.parties)
+    assert all(np.array_equal(roles[p].solved.x, lead.solved.x) for p in config.parties)
 
 
 def test_a_party_gives_the_masks_its_ring_index_and_the_session_id_and_maps_senders() -> None:

@@ -178,7 +178,7 @@ def test_a_truncated_gzip_log_aborts_naming_the_party_the_file_and_the_last_line
 def raw_ciphertext(host, plaintext, width: int) -> bytes:
     """An encryption of ``plaintext`` (an int < N, or "max": N - 1) under the receiving role's key."""
     role = host.role(host.sessions and next(iter(host.sessions)))
-    key = role.public_key if not hasattr(role, "_sums") else next(iter(role._sums.values())).public_key
+    key = role.public_key if not hasattr(role, "sums") else next(iter(role.sums.running.values())).public_key
     n, nsq = int(key.n), int(key.nsquare)
     m = n - 1 if plaintext == "max" else plaintext
     r = 2 + secrets.randbelow(n - 3)

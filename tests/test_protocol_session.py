@@ -131,13 +131,13 @@ def test_paper_sampling_runs_the_local_trials(log) -> None:
     assert lead.finished and lead.report["sampling"]["mode"] == "paper"
     released = 0
     for name in ("party-1", "party-2", "party-3"):
-        role = roles[name]
-        local_totals = np.asarray(role.local[:, role.active].sum(axis=0)).ravel()
-        trials = paper_trials(local_totals, role.totals[role.active], role.x)
-        np.testing.assert_array_equal(np.asarray(role.sampled.sum(axis=0)).ravel(), trials)
-        np.testing.assert_array_equal(role.x, lead.x)
+        role, counted = roles[name], roles[name].counted
+        local_totals = np.asarray(role.work.local[:, counted.active].sum(axis=0)).ravel()
+        trials = paper_trials(local_totals, counted.totals[counted.active], role.solved.x)
+        np.testing.assert_array_equal(np.asarray(role.sampled.sampled.sum(axis=0)).ravel(), trials)
+        np.testing.assert_array_equal(role.solved.x, lead.solved.x)
         released += trials.sum()
-    assert lead.output.size == released <= lead.x.sum()
+    assert lead.output.size == released <= lead.solved.x.sum()
 
 
 def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
@@ -172,4 +172,4 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
     lead = roles["party-1"]
     assert lead.output is not None and lead.aborted is None
     assert CountingThreads.tasks >= -(-big.n_pairs // 6 // DECRYPT_CHUNK) == 3  # the counts sum's chunks went to the pool
-    np.testing.assert_array_equal(np.sort(lead.totals), np.sort(np.asarray(big.counts.sum(axis=0)).ravel()))
+    np.testing.assert_array_equal(np.sort(lead.counted.totals), np.sort(np.asarray(big.counts.sum(axis=0)).ravel()))

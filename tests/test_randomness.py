@@ -32,6 +32,7 @@ from cels.baselines import BASELINES, baseline_rng
 from cels.baselines.safelog import release_transitions
 from cels.baselines.sampling import zero_count_survivors
 from cels.cli import main
+from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, cipher_generator
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions
@@ -271,7 +272,7 @@ def test_every_party_draw_of_a_session_comes_from_its_chacha20_stream(monkeypatc
         assert role._rng in streams_made and is_chacha20(role._rng)
         assert used <= role._rng.used, f"{name} drew {used - role._rng.used} elsewhere"
         if mode == "private":
-            assert isinstance(role._private.rng, CipherRandom) and role._private.rng.generator is role._rng
+            assert isinstance(role.solve.private.rng, CipherRandom) and role.solve.private.rng.generator is role._rng
     assert weak_draws == set()
 
 
@@ -282,7 +283,7 @@ def test_the_defaults_of_each_draw_path_are_chacha20(weak_draws, log) -> None:
     add_noise_and_repair(cond, np.ones(cond.n, dtype=np.int64), 1.0, 2)
     transform_constraints(sp.csr_matrix(np.eye(3)), 2.0, 4)
     assert is_chacha20(PrivateSolveParty("a", ["a", "b"], "s", "sid", Fraction(2)).rng)
-    union = SecureUnion(name="a", session_id="s", ring=["a"], records=[b"x", b"y"], group=party_module.group_for_bits(1024, allow_paper_bits=True))
+    union = SecureUnion(name="a", session_id="s", ring=["a"], records=[b"x", b"y"], group=group_for_bits(1024, allow_paper_bits=True))
     assert is_chacha20(union.rng)
     union.start()
     assert is_chacha20(mech_sampling.make_rng()) and is_chacha20(mech_sampling.make_rng(3))

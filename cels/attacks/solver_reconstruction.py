@@ -162,17 +162,18 @@ class Truth:
 
 def ground_truth(party_roles: Sequence) -> Truth:
     """Real c_ij of the (pruned) rows each party sent, permuted by pi_r(..pi_1(.)..)."""
-    first = party_roles[0]
+    first = party_roles[0].counted
     perm = np.arange(len(first.active))
     for role in party_roles:
-        perm = perm[role.pi]  # permuted column j was original column perm[j]
+        perm = perm[role.solve.pi]  # permuted column j was original column perm[j]
     blocks, users, names = [], 0, {}
     for role in party_roles:
-        local = sp.csr_matrix(role.local[:, role.active])
-        kept = dominant_rows(log_t_rows(local, role.totals[role.active]))  # the party's own pruning
+        work, counted = role.work, role.counted
+        local = sp.csr_matrix(work.local[:, counted.active])
+        kept = dominant_rows(log_t_rows(local, counted.totals[counted.active]))  # the party's own pruning
         blocks.append(local[kept].toarray()[:, perm])
         users += int(np.count_nonzero(np.diff(local.indptr)))
-        names.update({col: role.log.pairs[own] for col, own in role.pair_of.items()})
+        names.update({col: work.log.pairs[own] for col, own in work.pair_of.items()})
     return Truth(
         cells=np.vstack(blocks),
         counts=first.totals[first.active][perm],

@@ -86,12 +86,13 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
     from cels.protocol.host import SessionHost
     from cels.protocol.party import PartyRole
     from cels.protocol.solver import SolverRole
+    from cels.session_report import session_report
 
     ledgers: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "obfuscators": 0})
     hosts = {}
     for name, log in zip(options.parties, shares):
         timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
-        factory = lambda opts, name=name, log=log, timed=timed: PartyRole(name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed)  # noqa: E731
+        factory = lambda opts, name=name, log=log, timed=timed: PartyRole(name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed, session_report=session_report)  # noqa: E731
         hosts[name] = MemoryNode(SessionHost(name, factory, time.perf_counter))
     solver = lambda opts: SolverRole(options.solver, opts, allow_insecure_key_bits=allow_small)  # noqa: E731
     hosts[options.solver] = MemoryNode(SessionHost(options.solver, solver, time.perf_counter))

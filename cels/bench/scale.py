@@ -42,7 +42,7 @@ from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
 from cels.node.client import SessionAborted
 from cels.protocol.options import SOLVE_MODES, SessionOptions
-from cels.protocol.party import COUNT_BOUND
+from cels.protocol.stages.sums import COUNT_BOUND
 
 DEFAULT_PAIRS = "10K,100K,1M,4M"
 DEFAULT_PARTIES = "3,10"

@@ -22,7 +22,7 @@ _WHITESPACE = re.compile(r"\s+")
 MAX_COUNT = 2**31 - 1
 """The largest count one line may give, and the largest total c_i of one pair in one log
 (docs/formats.md, "Limits"): the secure sums pack every party's count vector with this bound
-(cels.protocol.party.COUNT_BOUND), so r parties' totals stay exact in int64 and in the packing."""
+(cels.protocol.stages.sums.COUNT_BOUND), so r parties' totals stay exact in int64 and in the packing."""
 MAX_LOG_TOTAL = 2**53
 """The largest sum of all counts of one log: |D| and the frequencies c_i / |D| are then exact in
 float64 as in int64, and the sums of up to 2^10 parties' logs stay below 2^63."""

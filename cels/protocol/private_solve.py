@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -54,6 +55,22 @@ DIGEST_BYTES = 32
 """A TranscriptDigest: SHA-256."""
 
 
+def mask_key_messages(masks: PairwiseMasks, session_id: str, name: str, parties: Sequence[str]) -> list[Outgoing]:
+    """Step 1: this party's mask key to every other party."""
+    msg = cels_pb2.MaskKey(session_id=session_id, public_key=masks.public_key)
+    return [(p, _envelope(session_id, name, mask_key=msg)) for p in parties if p != name]
+
+
+def add_mask_key(masks: PairwiseMasks, name: str, parties: Sequence[str], sender: str, msg: cels_pb2.MaskKey) -> None:
+    """Another party's mask key (its seed with this party)."""
+    if sender not in parties:
+        raise malformed(f"{name}: mask_key from {sender!r}, which is not a party")
+    try:
+        masks.add_peer(list(parties).index(sender), msg.public_key)
+    except MaskError as exc:
+        raise malformed(f"{name}: mask_key from {sender!r}: {exc}") from None
+
+
 def _framed(*parts: bytes) -> bytes:
     """Length-prefixed concatenation (an injective encoding of the transcript's fields)."""
     return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
@@ -62,7 +79,9 @@ def _framed(*parts: bytes) -> bytes:
 class PrivateSolveParty:
     """P_k's side for one session: its masks, its rows' loads, the public x and A; with
     ``noise_scale`` (d/eps') its noise shares, drawn from ``rng`` (default: a fresh ChaCha20
-    stream, :mod:`cels.crypto.streams`)."""
+    stream, :mod:`cels.crypto.streams`).  ``masks``: the session's pairwise masks if the party
+    holds them already (its masked sums use them too); ``verdicts``: who judges its rows'
+    loads on a round's proposals (a party's executor, cels.protocol.work)."""
 
     def __init__(
         self,
@@ -72,9 +91,12 @@ class PrivateSolveParty:
         session_id: str,
         noise_scale: Fraction | None = None,
         rng: CipherRandom | None = None,
+        masks: PairwiseMasks | None = None,
+        verdicts: Callable[[sp.csc_matrix, np.ndarray, np.ndarray, float], np.ndarray] = verdicts,
     ) -> None:
         self.name, self.parties, self.aggregator, self.session_id = name, parties, aggregator, session_id
-        self.masks = PairwiseMasks(parties.index(name), len(parties), session_id.encode())  # HKDF info: label || session id
+        self.masks = masks or PairwiseMasks(parties.index(name), len(parties), session_id.encode())  # HKDF info: label || session id
+        self.verdicts = verdicts
         self.rule: ProposalRule | None = None
         self.round = 0
         self.proposals = np.zeros(0, dtype=np.int64)
@@ -95,16 +117,10 @@ class PrivateSolveParty:
 
     def mask_keys(self) -> list[Outgoing]:
         """Step 1: this party's mask key to every other party."""
-        msg = cels_pb2.MaskKey(session_id=self.session_id, public_key=self.masks.public_key)
-        return [(p, _envelope(self.session_id, self.name, mask_key=msg)) for p in self.parties if p != self.name]
+        return mask_key_messages(self.masks, self.session_id, self.name, self.parties)
 
     def on_mask_key(self, sender: str, msg: cels_pb2.MaskKey) -> list[Outgoing]:
-        if sender not in self.parties:
-            raise malformed(f"{self.name}: mask_key from {sender!r}, which is not a party")
-        try:
-            self.masks.add_peer(self.parties.index(sender), msg.public_key)
-        except MaskError as exc:
-            raise malformed(f"{self.name}: mask_key from {sender!r}: {exc}") from None
+        add_mask_key(self.masks, self.name, self.parties, sender, msg)
         return self._next_round()
 
     def start(self, rule: ProposalRule, rows: sp.spmatrix, b: float) -> list[Outgoing]:
@@ -125,7 +141,7 @@ class PrivateSolveParty:
             self.done = True
             msg = cels_pb2.MaskedVerdicts(session_id=self.session_id, round=self.round, last=True)
         else:
-            self.own_verdicts = verdicts(self.rows, self.loads, self.proposals, self.b)
+            self.own_verdicts = self.verdicts(self.rows, self.loads, self.proposals, self.b)
             shares = self.masks.masked_or_shares(self.round, self.own_verdicts)
             msg = cels_pb2.MaskedVerdicts(session_id=self.session_id, round=self.round, values=shares.tolist())
         return [(self.aggregator, _envelope(self.session_id, self.name, masked_verdicts=msg))]

@@ -19,7 +19,7 @@ from typing import ClassVar
 from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Accepts, Envelope, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
+from cels.protocol.roles import Accepts, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 
 STEP_PHASE = {
@@ -51,7 +51,7 @@ def phase_of(envelope: Envelope) -> Phase:
     step = step_name(envelope)
     if step.startswith("sum_") or step == "masked_sum_share":
         sum_id = getattr(envelope, step).sum_id
-        return Phase.SAMPLING if sum_id.startswith("sampling") else Phase.COUNTS
+        return Phase.SAMPLING if sum_id.startswith(Phase.SAMPLING.value) else Phase.COUNTS
     return STEP_PHASE[step]
 
 
@@ -63,6 +63,12 @@ class RoleFailure(Exception):
     def __init__(self, reason: str, detail: str, kind: int = LOCAL_FAILURE, origin: str = "") -> None:
         super().__init__(detail)
         self.reason, self.kind, self.origin = reason, kind, origin
+
+
+class Overreach(Exception):
+    """A peer's message that no session can go on from (a size past what the session's public
+    sizes allow), raised by a phase machine: the role refuses it and aborts the session
+    (:meth:`SessionRole.refuse_and_abort`)."""
 
 
 class SessionRole:
@@ -152,6 +158,8 @@ class SessionRole:
         except RoleFailure as exc:
             notice = abort_notice(self.session_id, exc.origin or self.name, exc.kind, exc.reason, self.phase)
             out = self.abort(notice, str(exc))
+        except Overreach as exc:
+            raise self.refuse_and_abort(str(exc)) from None
         for _dst, env in out:
             self.bytes_sent[phase_of(env)] += env.ByteSize()
         if self._report_due:
@@ -180,9 +188,7 @@ class SessionRole:
 
     def _send(self, recipients: str | list[str], **step) -> list[Outgoing]:
         """The same step message to each recipient (in the given order)."""
-        if isinstance(recipients, str):
-            recipients = [recipients]
-        return [(node, self._envelope(**step)) for node in recipients]
+        return addressed(self.session_id, self.name, recipients, **step)
 
     def _expect_sender(self, sender: str, expected: str, step: str) -> None:
         if sender != expected:

@@ -8,7 +8,7 @@ else is refused with FAILED_PRECONDITION, and the role's state is left unchanged
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -129,6 +129,13 @@ class Role(Protocol):
     def finished(self) -> bool:
         """This node's part is over (the initiator: output and every node's report in)."""
         ...
+
+
+def addressed(session_id: str, sender: str, recipients: str | Sequence[str], **step) -> list[Outgoing]:
+    """The same step message from ``sender`` to each recipient (in the given order)."""
+    if isinstance(recipients, str):
+        recipients = [recipients]
+    return [(node, Envelope(session_id=session_id, sender=sender, **step)) for node in recipients]
 
 
 def step_name(envelope: Envelope) -> str:

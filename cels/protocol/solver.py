@@ -63,7 +63,7 @@ class SolverRole(SessionRole):
         self._af: dict[str, np.ndarray] = {}
         self._ab: np.ndarray | None = None
         self._at: np.ndarray | None = None
-        self.report: dict = {}
+        self.solve_report: dict = {}
         self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
 
     def view_keys(self) -> list:
@@ -81,7 +81,7 @@ class SolverRole(SessionRole):
         """The private solve: sum a round's masked verdicts, send the accepted bits."""
         out = self._aggregator.on_masked_verdicts(sender, msg)
         if self._aggregator.done:
-            self.report = {"solve": "private", "rounds": self._aggregator.round, "proposals": self._aggregator.proposals_total}
+            self.solve_report = {"solve": "private", "rounds": self._aggregator.round, "proposals": self._aggregator.proposals_total}
             self._finish()
         return out
 
@@ -201,14 +201,14 @@ class SolverRole(SessionRole):
         except ValueError as exc:
             raise RoleFailure("the solver failed", f"solver: {exc}") from None
         x = solution.x
-        self.report = {**solution.summary(), "residual": recovered.residual, "rows": int(cond.G.shape[0]), "ell": self.ell}
+        self.solve_report = {**solution.summary(), "residual": recovered.residual, "rows": int(cond.G.shape[0]), "ell": self.ell}
         if params.noise_epsilon is not None:
-            x, self.report["noise"] = add_noise_and_repair(cond, x, params.noise_epsilon, params.sensitivity)
+            x, self.solve_report["noise"] = add_noise_and_repair(cond, x, params.noise_epsilon, params.sensitivity)
         solution_msg = cels_pb2.NlpSolution(
             session_id=self.session_id,
             unpermuted=0,
             x=[int(v) for v in x],
-            solver_report_json=json.dumps(self.report, default=float),
+            solver_report_json=json.dumps(self.solve_report, default=float),
         )
         self._finish()
         return self._send(self.parties[-1], nlp_solution=solution_msg)

@@ -1,0 +1,142 @@
+"""A party's heavy local work, behind one small interface (docs/protocol.md, "How a session lives").
+
+The phase machines of :mod:`cels.protocol.stages` never hold a party's users: they ask a
+:class:`LocalWork` for everything that runs over its rows -- hashing its pair ids, another
+layer of the commutative hash on a peer's ids, the per-pair vectors of the secure sums, the
+constraint rows, the private solve's verdicts, the sampling draws and the output records --
+and keep only what the protocol needs (vectors over pairs, bitmaps, id lists).  So a party
+whose rows do not fit one array in one process plugs in another implementation (a cluster)
+without touching the protocol.  :class:`InProcessWork` is the default: the whole log in this
+process, exactly as CELS section 4.2 describes one party's computation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from cels.crypto.commutative_cipher import PohligHellmanHash
+from cels.crypto.ec_hash import X25519Hash
+from cels.logs.model import SearchLog
+from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
+from cels.mechanism.greedy import verdicts
+from cels.mechanism.sampling import multinomial_sample, pseudonyms
+from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.stages.results import LoadResult
+
+CommutativeHash = X25519Hash | PohligHellmanHash
+_ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
+
+
+def encode_item(*fields) -> bytes:
+    """Injective byte encoding of a pair id (query, url) or an output record."""
+    return _ITEM_JSON(list(fields)).encode()
+
+
+class LocalWork(Protocol):
+    """What a phase machine asks of the party's rows (users x pairs, c_ij capped)."""
+
+    def load(self) -> LoadResult:
+        """Load and cap the log: the indices of the pairs this party holds (ascending), its source."""
+        ...
+
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
+        """This party's layer on its own pair ids ``own`` (universe phase, first hop)."""
+        ...
+
+    def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
+        """This party's layer on a peer's ids (universe phase, later hops)."""
+        ...
+
+    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """Own pair ``own[t]`` is universe column ``columns[t]`` of ``n``: the local counts c^k over the universe."""
+        ...
+
+    def held_whole(self, totals: np.ndarray) -> np.ndarray:
+        """The indicator "one of my users holds all of pair i" (the unique pairs' secure sum)."""
+        ...
+
+    def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
+        """This party's ln t rows over the ``active`` pairs (totals c over them), dominated rows pruned."""
+        ...
+
+    def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
+        """The private solve's verdicts of its rows on one round's proposals (cels.mechanism.greedy)."""
+        ...
+
+    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator, theta: float) -> StagedSampler:
+        """The staged exact sampling over this party's users (cels.protocol.sampling)."""
+        ...
+
+    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+        """The paper's local sampling: floor(x_i c_i^k / c_i) multinomial trials over its users."""
+        ...
+
+    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool, rng: np.random.Generator) -> list[bytes]:
+        """(user pseudonym, query, url, count) for every x_ij > 0 drawn, encoded for the union."""
+        ...
+
+
+class InProcessWork:
+    """The whole log in this process (the default).  ``log`` is the log or its loader."""
+
+    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> None:
+        self._source, self._cap = log, cap
+        self.log: SearchLog | None = None
+        self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
+        self.local: sp.csr_matrix | None = None  # users x universe
+        self.pair_of: dict[int, int] = {}  # universe column -> own pair index
+
+    def load(self) -> LoadResult:
+        log = self._source() if callable(self._source) else self._source
+        self.log = log
+        self.counts = apply_cap(log.counts, self._cap).tocsr()
+        return LoadResult(np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0), log.source)
+
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
+        pairs = self.log.pairs
+        return cipher.hash([encode_item(*pairs[i]) for i in own])
+
+    def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
+        return cipher.apply(ids)
+
+    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))
+        self.local = (self.counts[:, own] @ select).tocsr()
+        self.pair_of = dict(zip(columns.tolist(), own.tolist()))
+        return np.asarray(self.local.sum(axis=0)).ravel().astype(np.int64)
+
+    def held_whole(self, totals: np.ndarray) -> np.ndarray:
+        col_max = np.asarray(self.local.max(axis=0).todense()).ravel() if self.local.shape[0] else np.zeros(len(totals))
+        return ((col_max >= totals) & (totals > 0)).astype(np.int64)
+
+    def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
+        return prune_dominated(log_t_rows(self.local[:, active], totals))
+
+    def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
+        return verdicts(rows, loads, proposals, b)
+
+    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator, theta: float) -> StagedSampler:
+        return StagedSampler(self.local[:, active], totals, x, rng, theta)
+
+    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+        local = self.local[:, active]
+        trials = paper_trials(np.asarray(local.sum(axis=0)).ravel(), totals, x)
+        return sp.csr_matrix(multinomial_sample(local, trials, rng))
+
+    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool, rng: np.random.Generator) -> list[bytes]:
+        sampled = sp.csr_matrix(sampled)
+        sampled.eliminate_zeros()
+        users = np.flatnonzero(np.diff(sampled.indptr))
+        names = [self.log.users[j] for j in users] if keep_user_ids else pseudonyms(len(users), rng)
+        out = []
+        for j, user in zip(users, names):
+            lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
+            for col, count in zip(sampled.indices[lo:hi], sampled.data[lo:hi]):
+                query, url = self.log.pairs[self.pair_of[int(active[col])]]
+                out.append(encode_item(user, query, url, int(count)))
+        return out

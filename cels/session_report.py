@@ -1,0 +1,76 @@
+"""The initiator's session report (the drivers build it: cels.inprocess, the party node).
+
+The same privacy / solver / utility keys as ``cels sanitize``, plus per-phase costs, from the
+initiator's :class:`cels.protocol.stages.results.SessionResult` (docs/protocol.md, "How a
+session lives").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cels import metrics
+from cels.claims import privacy_accounting
+from cels.protocol.options import SessionOptions
+from cels.protocol.phases import solve_phase
+from cels.protocol.stages.results import SessionResult
+
+
+def session_privacy(options: SessionOptions, b: float) -> dict:
+    """The session's privacy accounting (cels.claims): the solve mode is the threat-model row."""
+    return privacy_accounting(
+        epsilon=options.epsilon, delta=options.delta, b=b, bound=options.bound, noise_epsilon=options.noise_epsilon,
+        sensitivity=options.sensitivity, cap=options.cap, setting=options.solve, seeded=False,
+    )
+
+
+def session_report(result: SessionResult) -> dict:
+    """The report of a finished session (the keys ``cels run`` and the tests read)."""
+    phases: dict[str, dict] = {}
+    for rep in result.step_reports:
+        entry = phases.setdefault(rep.phase, {"seconds": {}, "bytes": {}})
+        entry["seconds"][rep.node] = rep.seconds
+        entry["bytes"][rep.node] = rep.bytes_sent
+    for entry in phases.values():
+        entry["seconds_total"] = sum(entry["seconds"].values())
+        entry["bytes_total"] = sum(entry["bytes"].values())
+    opts, counts, solved, output = result.options, result.counts, result.solved, result.output
+    x_all = np.zeros(counts.n, dtype=np.int64)
+    x_all[counts.active] = solved.x
+    cleaned = counts.totals >= max(opts.min_count, 1)
+    solve_cost = phases.get(solve_phase(opts.solve), {})
+    return {
+        "method": "cels-protocol",
+        "privacy": {**session_privacy(opts, opts.b), "min_count": opts.min_count},
+        "solver": solved.solver_report,
+        "noise": solved.solver_report.get("noise"),
+        "utility": {
+            **metrics.utility_report(counts.totals[cleaned], x_all[cleaned], support=opts.support),
+            "against": "the summed pair totals c after the cap (the parties never see the uncapped sum)",
+        },
+        "sizes": {
+            "parties": len(opts.parties),
+            "pairs": int(counts.n),
+            "unique_pairs": counts.unique_pairs,
+            "nonunique_pairs": int(len(counts.active)),
+            **(
+                {"constraint_rows": dict(zip(opts.parties, solved.constraint_rows)), "ell": solved.ell}
+                if solved.constraint_rows is not None
+                else {}  # the private solve tells no party another party's number of rows
+            ),
+            "output_records": int(output.counts.nnz),
+            "output_size": int(output.size),
+        },
+        "sampling": {"mode": opts.sampling, "stages": result.sampled.stages, "theta": opts.sampling_theta},
+        "solve": {
+            "mode": opts.solve,
+            **({"rounds": solved.solver_report["rounds"], "round_batch": opts.round_batch} if opts.solve == "private" else {}),
+            "bytes": solve_cost.get("bytes_total", 0),
+            "seconds": solve_cost.get("seconds_total", 0.0),
+        },
+        "universe_cipher": opts.universe_cipher,
+        "key_bits": opts.key_bits,
+        "group_bits": opts.group_bits,
+        "phases": phases,
+        "bytes_total": int(sum(e["bytes_total"] for e in phases.values())),
+    }

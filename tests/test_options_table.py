@@ -103,7 +103,7 @@ def test_a_round_batch_flag_reaches_the_proposal_rule_of_every_party() -> None:
     roles = start_session(InMemoryNetwork(nodes), options)
     assert all(role.aborted is None for role in roles.values())
     for party in options.parties:
-        assert roles[party].options.round_batch == 7 and roles[party]._private.rule.batch == 7
+        assert roles[party].options.round_batch == 7 and roles[party].solve.private.rule.batch == 7
 
 
 def test_the_solver_caps_the_time_limit_without_touching_the_options() -> None:

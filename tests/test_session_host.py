@@ -17,6 +17,7 @@ from cels.protocol.party import PartyRole
 from cels.protocol.roles import ProtocolError, step_name
 from cels.protocol.solver import SolverRole
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_from_wire
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 
@@ -81,7 +82,7 @@ def test_a_session_that_is_never_begun_expires_at_its_deadline() -> None:
     assert host.expire(now=129.9).messages == []
     ended = host.expire(now=130.0)
     state, notice = host.state(options.session_id)
-    assert state == ABORTED and (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", DEADLINE, Phase.READY, "session was never begun")
+    assert state == ABORTED and (notice.origin, notice.kind, phase_from_wire(notice.phase), notice.reason) == ("party-2", DEADLINE, Phase.READY, "session was never begun")
     assert sorted(dst for dst, _ in ended.messages) == ["party-1", "party-3", "solver"]
     assert all(env.abort == notice for _, env in ended.messages)
     assert [e.kind for e in ended.events] == [ABORTED]
@@ -108,7 +109,7 @@ def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives(
     blaming itself ("never begun").  A stranger's early abort changes nothing."""
     options, hosts = _hosts()
     host, sid = hosts["solver"], options.session_id
-    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", kind=DIED, reason="node shutting down", phase="universe"))
+    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", kind=DIED, reason="node shutting down", phase=cels_pb2.PHASE_UNIVERSE))
     assert host.deliver("party-2", early, now=0.0).messages == [] and host.state(sid)[0] == "unknown"
     start = cels_pb2.Envelope(session_id=sid, sender="party-1", start_session=cels_pb2.StartSession(config=options.to_config()))
     effects = host.deliver("party-1", start, now=0.5)

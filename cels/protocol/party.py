@@ -614,7 +614,7 @@ class PartyRole(SessionRole):
         """The same privacy / solver / utility keys as ``cels sanitize``, plus per-phase costs."""
         phases: dict[str, dict] = {}
         for rep in self.reports:
-            entry = phases.setdefault(rep.phase, {"seconds": {}, "bytes": {}})
+            entry = phases.setdefault(codec.phase_label(rep.phase), {"seconds": {}, "bytes": {}})
             entry["seconds"][rep.node] = rep.seconds
             entry["bytes"][rep.node] = rep.bytes_sent
         for entry in phases.values():

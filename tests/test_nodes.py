@@ -398,8 +398,9 @@ def _quietly(call) -> None:
 
 def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> None:
     """party-2 aborts (its log failed to load) while the initiator is still signalling BEGIN, so
-    the initiator's own begin is refused: the Run stream still ends with party-2's abort, not
-    with an UNKNOWN error that ``cels run`` would blame on party-1 (a CI failure, issue 13)."""
+    the initiator's host makes no further call and never begins: the Run stream still ends with
+    party-2's abort, not with an UNKNOWN error that ``cels run`` would blame on party-1 (a CI
+    failure, issue 13)."""
     sys.path.insert(0, str(TOY.parent))
     from nodes_toy import ToyRole
 

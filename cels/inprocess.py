@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from cels.logs.model import SearchLog
 from cels.protocol.aborts import describe
-from cels.protocol.host import ABORTED, SessionHost
+from cels.protocol.host import ABORTED, SessionHost, Step
 from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
@@ -126,18 +126,29 @@ def session_hosts(logs: Sequence[LogSource], options: SessionOptions, **role_opt
 
 
 def start_session(network: InMemoryNetwork, options: SessionOptions) -> dict[str, Role]:
-    """Create the session on every node (StartSession from the initiator, which creates its own
-    last), begin it at the initiator and run to the end; once the initiator has its output and
-    every report, FINISH it everywhere.  Returns the session's role on every node."""
+    """Run a session to its end: the initiator's host says which session-control call is due
+    (StartSession, BEGIN, FINISH: cels.protocol.host.Call); this driver makes each one,
+    delivers what it sets off until no message is left, and reports back.  A refused call ends
+    the session with the refusal's Abort, as over gRPC; a step message refused on the way
+    raises (ProtocolError).  Returns the session's role on every node."""
     initiator, sid = options.initiator, options.session_id
-    start = cels_pb2.Envelope(session_id=sid, sender=initiator, start_session=cels_pb2.StartSession(config=options.to_config()))
-    network.run([(n, start) for n in network.roles if n != initiator], sender=initiator)
     hosts = {name: _session_host(node) for name, node in network.roles.items()}
-    hosts[initiator].create(options, time.monotonic())
-    network.run(hosts[initiator].begin(sid, time.monotonic()).messages, sender=initiator)
-    if hosts[initiator].role(sid).finished:
-        for host in hosts.values():
-            host.finish(sid, time.monotonic())
+    lead = hosts[initiator]
+    lead.initiate(options, time.monotonic())
+    while (call := lead.next_call(sid)) is not None:
+        try:
+            if call.step is Step.START:
+                network.run([(call.node, call.envelope)], sender=initiator)
+                reached = []
+            else:
+                signal = hosts[call.node].begin if call.step is Step.BEGIN else hosts[call.node].finish
+                reached = signal(sid, time.monotonic()).messages
+        except ProtocolError as exc:  # the node refuses the call
+            effects = lead.unanswered(sid, call.node, exc.abort, time.monotonic(), str(exc))
+        else:
+            network.run(reached, sender=call.node)
+            effects = lead.answered(sid, call.node, time.monotonic())
+        network.run(effects.messages, sender=initiator)
     return {name: host.role(sid) for name, host in hosts.items()}
 
 

@@ -13,6 +13,7 @@ from cels import metrics
 from cels.claims import privacy_accounting
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import solve_phase
+from cels.protocol.wire.codec import phase_label
 from cels.protocol.stages.results import SessionResult
 
 
@@ -28,7 +29,7 @@ def session_report(result: SessionResult) -> dict:
     """The report of a finished session (the keys ``cels run`` and the tests read)."""
     phases: dict[str, dict] = {}
     for rep in result.step_reports:
-        entry = phases.setdefault(rep.phase, {"seconds": {}, "bytes": {}})
+        entry = phases.setdefault(phase_label(rep.phase), {"seconds": {}, "bytes": {}})
         entry["seconds"][rep.node] = rep.seconds
         entry["bytes"][rep.node] = rep.bytes_sent
     for entry in phases.values():

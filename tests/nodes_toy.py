@@ -56,7 +56,7 @@ class ToyRole(SessionRole):
         return self.parties[k + 1] if k + 1 < len(self.parties) else self.solver
 
     def _begin(self) -> list:
-        self._enter("toy")
+        self._enter(Phase.COUNTS)  # a ring sum, as the counts phase
         if self.name != self.parties[0]:
             return []
         self.forwarded = True
@@ -95,8 +95,8 @@ class ToyRole(SessionRole):
         return [] if self.name == self.initiator else super()._report()
 
     ACCEPTS = {
-        "sum_result": accepts("toy", _on_sum_result),
-        "step_report": accepts(("toy", Phase.OVER), _on_step_report),
+        "sum_result": accepts(Phase.COUNTS, _on_sum_result),
+        "step_report": accepts((Phase.COUNTS, Phase.OVER), _on_step_report),
     }
 
 

@@ -19,6 +19,7 @@ from cels.node.client import SessionAborted
 from cels.protocol.aborts import DIED, LOCAL_FAILURE, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice, describe
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import ProtocolError
+from cels.protocol.wire.codec import phase_from_wire
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 
@@ -68,7 +69,7 @@ def test_a_failed_feasibility_check_tells_peers_no_number(logs) -> None:
     received = aborts_received(taps, but="party-2")
     assert received and all(a.SerializeToString() == received[0].SerializeToString() for a in received)
     notice = received[0]
-    assert (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", LOCAL_FAILURE, "nlp", "the solution breaks one of its conditions")
+    assert (notice.origin, notice.kind, phase_from_wire(notice.phase), notice.reason) == ("party-2", LOCAL_FAILURE, "nlp", "the solution breaks one of its conditions")
     assert load.group(1) not in str(notice) and not re.search(r"\d", notice.reason)
     assert describe(notice) == "party-2 failed in phase nlp (the solution breaks one of its conditions)"
     # in one process the caller is every node: its message keeps party-2's numbers
@@ -105,7 +106,7 @@ def assert_generic_transcript_abort(taps, roles, parties) -> None:
     for name in parties:
         notice = roles[name].aborted
         assert notice is not None, name
-        assert (notice.origin, notice.kind, notice.phase, notice.reason) == ("solver", PROTOCOL_ERROR, "solve", "verdict transcripts differ")
+        assert (notice.origin, notice.kind, phase_from_wire(notice.phase), notice.reason) == ("solver", PROTOCOL_ERROR, "solve", "verdict transcripts differ")
     for notice in aborts_received(taps, but=""):
         assert notice.reason == "verdict transcripts differ" and notice.origin == "solver", notice
         assert not any(p in str(notice) for p in parties), notice  # no party named
@@ -193,7 +194,7 @@ def test_session_aborted_renders_one_clear_line(notice, text) -> None:
     for a session that never ran, no doubled prefix."""
     aborted = SessionAborted(notice)
     assert str(aborted) == text and "\n" not in str(aborted)
-    assert (aborted.origin, aborted.phase) == (notice.origin, notice.phase)
+    assert (aborted.origin, aborted.phase) == (notice.origin, phase_from_wire(notice.phase))
     assert aborted.kind == {REFUSED: "REFUSED", UNREACHABLE: "UNREACHABLE", DIED: "DIED", PROTOCOL_ERROR: "PROTOCOL_ERROR"}[notice.kind]
 
 

@@ -13,6 +13,7 @@ from cels.node.peers import sent_abort
 from cels.protocol.aborts import REFUSED, describe
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+from cels.protocol.wire.codec import phase_from_wire
 from party_node.__main__ import main as party_main, start as party_start
 from tests.test_sanitize_cli import aol_file, figure1_rows
 
@@ -177,7 +178,7 @@ def test_the_node_refuses_at_start_session_with_failed_precondition(tmp_path):
         # a peer or cels run reads (issue 23 items 9, 10)
         assert err.value.details().startswith("party-1: session 'new' refused: privacy budget exceeded (privacy budget exceeded: session new")
         notice = sent_abort(err.value)
-        assert (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-1", REFUSED, "start", "privacy budget exceeded")
+        assert (notice.origin, notice.kind, phase_from_wire(notice.phase), notice.reason) == ("party-1", REFUSED, "start", "privacy budget exceeded")
         assert describe(notice) == "no session ran: refused by party-1 (privacy budget exceeded)"
         assert [e["session_id"] for e in read_entries(path)] == ["old"]
     finally:

@@ -24,10 +24,13 @@ from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_
 from cels.node.config import add_data_arguments, add_node_arguments, node_config
 from cels.node.service import Node
 from cels.node.framing import to_frames
+from cels.node.initiator import follow
 from cels.node.tls import open_channel
 from cels.protocol.aborts import LOCAL_FAILURE
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+from cels.protocol.wire.codec import state_from_wire
+from cels.protocol.phases import SessionState
 
 TOY = Path(__file__).resolve().parent / "nodes_toy.py"
 PARTIES = 3
@@ -93,9 +96,9 @@ class ToyCluster:
         channel = open_channel(self.addresses[target], target, cert.ca, cert.cert, cert.key)
         return cels_pb2_grpc.CelsNodeStub(channel)
 
-    def state(self, node: str, session_id: str) -> str:
+    def state(self, node: str, session_id: str) -> SessionState:
         probe = cels_pb2.SessionSignal(session_id=session_id, kind=cels_pb2.SessionSignal.PROBE)
-        return self.stub(node, "party-1" if node != "party-1" else "party-2").Signal(probe, timeout=5).state
+        return state_from_wire(self.stub(node, "party-1" if node != "party-1" else "party-2").Signal(probe, timeout=5).state)
 
 
 @pytest.fixture(scope="module")
@@ -395,8 +398,9 @@ def _quietly(call) -> None:
 
 def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> None:
     """party-2 aborts (its log failed to load) while the initiator is still signalling BEGIN, so
-    the initiator's own begin is refused: the Run stream still ends with party-2's abort, not
-    with an UNKNOWN error that ``cels run`` would blame on party-1 (a CI failure, issue 13)."""
+    the initiator's host makes no further call and never begins: the Run stream still ends with
+    party-2's abort, not with an UNKNOWN error that ``cels run`` would blame on party-1 (a CI
+    failure, issue 13)."""
     sys.path.insert(0, str(TOY.parent))
     from nodes_toy import ToyRole
 
@@ -427,8 +431,8 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
         epsilon=1.0, delta=0.4, deadline_ms=5000,
     )
     options = SessionOptions.from_config(config)
-    node.call(lambda now: node.host.create(options, now), options.session_id)
-    events = list(node._initiate(node.wires[options.session_id], "out.tsv"))
+    node.call(lambda now: node.host.initiate(options, now), options.session_id)
+    events = list(follow(node, node.link(options.session_id), node.output_writer, "out.tsv"))
     assert events[-1].WhichOneof("event") == "aborted"
     assert events[-1].aborted.origin == "party-2" and events[-1].aborted.kind == LOCAL_FAILURE
     assert events[-1].aborted.reason == "cannot load its log"

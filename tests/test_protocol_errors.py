@@ -15,6 +15,7 @@ from cels.protocol.aborts import DIED, PROTOCOL_ERROR
 from cels.protocol.options import DEFAULT_ELL_RATIO, SessionOptions
 from cels.protocol.transform import agreed_ell
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_from_wire
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024, "solve": "transformed"}  # NLP messages to break
 
@@ -137,7 +138,7 @@ def test_abort_mid_session_stops_every_role_and_nothing_is_output(logs) -> None:
     roles = start_session(InMemoryNetwork(hosts), cfg)
     for name, role in roles.items():
         assert role.aborted is not None, name
-        assert (role.aborted.origin, role.aborted.kind, role.aborted.phase, role.aborted.reason) == ("party-3", DIED, "nlp", "simulated crash")
+        assert (role.aborted.origin, role.aborted.kind, phase_from_wire(role.aborted.phase), role.aborted.reason) == ("party-3", DIED, "nlp", "simulated crash")
     lead = roles["party-1"]
     assert lead.output is None and lead.report is None and not lead.finished
     late = envelope(cfg.session_id, "solver", nlp_key=cels_pb2.NlpKey(session_id=cfg.session_id))

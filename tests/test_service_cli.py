@@ -13,6 +13,7 @@ from cels.cli.progress import SessionProgress
 from cels.node.cluster import LOOPBACK, free_port
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_to_wire
 
 RUN = """
 [run]
@@ -121,15 +122,19 @@ def test_simulate_with_a_missing_input_leaves_nothing(tmp_path, capsys):
 
 
 def report(node: str, phase: str, seconds: float = 1.0) -> cels_pb2.StepReport:
-    return cels_pb2.StepReport(node=node, phase=phase, seconds=seconds, bytes_sent=1000)
+    return cels_pb2.StepReport(node=node, phase=phase_to_wire(phase), seconds=seconds, bytes_sent=1000)
+
+
+def start(node: str, phase: str) -> cels_pb2.PhaseStart:
+    return cels_pb2.PhaseStart(node=node, phase=phase_to_wire(phase))
 
 
 def test_progress_lines_follow_protocol_order_and_list_the_initiator():
     config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4, solve="transformed")
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
-    progress.start(report("party-1", "load", 0))
-    progress.start(report("solver", "nlp", 0))
+    progress.start(start("party-1", "load"))
+    progress.start(start("solver", "nlp"))
     for phase in sorted(("load", "universe", "counts", "nlp", "sampling", "union")):  # today's emitter: alphabetical
         progress.step(report("party-2", phase))
     progress.step(report("solver", "nlp", 7.5))
@@ -167,8 +172,8 @@ def test_a_peer_entering_a_phase_ends_its_earlier_ones_live():
     config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4)
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
-    progress.start(report("party-2", "load", 0))
-    progress.start(report("party-2", "counts", 0))  # the probe missed universe
+    progress.start(start("party-2", "load"))
+    progress.start(start("party-2", "counts"))  # the probe missed universe
     lines = stream.getvalue().splitlines()
     assert [line.split()[4:6] for line in lines] == [["load", "started"], ["load", "ended"], ["universe", "ended"], ["counts", "started"]]
     assert "s wall" in lines[1] and "wall" not in lines[2]  # universe was never seen starting

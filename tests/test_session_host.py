@@ -6,17 +6,18 @@ import dataclasses
 
 import pytest
 
-from cels.protocol.phases import Phase
-from cels.inprocess import session_hosts
+from cels.protocol.phases import Phase, SessionState
+from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
-from cels.protocol.aborts import DEADLINE, DIED
-from cels.protocol.host import ABORTED, PREPARED, RUNNING
+from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, abort_notice
+from cels.protocol.host import ABORTED, DONE, PREPARED, RUNNING, Step
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import ProtocolError, step_name
 from cels.protocol.solver import SolverRole
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import WIRE_PHASES, WIRE_STATES, phase_from_wire, phase_to_wire, state_from_wire, state_to_wire
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 
@@ -81,7 +82,7 @@ def test_a_session_that_is_never_begun_expires_at_its_deadline() -> None:
     assert host.expire(now=129.9).messages == []
     ended = host.expire(now=130.0)
     state, notice = host.state(options.session_id)
-    assert state == ABORTED and (notice.origin, notice.kind, notice.phase, notice.reason) == ("party-2", DEADLINE, Phase.READY, "session was never begun")
+    assert state == ABORTED and (notice.origin, notice.kind, phase_from_wire(notice.phase), notice.reason) == ("party-2", DEADLINE, Phase.READY, "session was never begun")
     assert sorted(dst for dst, _ in ended.messages) == ["party-1", "party-3", "solver"]
     assert all(env.abort == notice for _, env in ended.messages)
     assert [e.kind for e in ended.events] == [ABORTED]
@@ -108,7 +109,7 @@ def test_an_abort_that_overtakes_start_session_ends_the_session_when_it_arrives(
     blaming itself ("never begun").  A stranger's early abort changes nothing."""
     options, hosts = _hosts()
     host, sid = hosts["solver"], options.session_id
-    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", kind=DIED, reason="node shutting down", phase="universe"))
+    early = cels_pb2.Envelope(session_id=sid, sender="party-2", abort=cels_pb2.Abort(session_id=sid, origin="party-2", kind=DIED, reason="node shutting down", phase=cels_pb2.PHASE_UNIVERSE))
     assert host.deliver("party-2", early, now=0.0).messages == [] and host.state(sid)[0] == "unknown"
     start = cels_pb2.Envelope(session_id=sid, sender="party-1", start_session=cels_pb2.StartSession(config=options.to_config()))
     effects = host.deliver("party-1", start, now=0.5)
@@ -164,3 +165,71 @@ def test_mechanism_options_invert_params() -> None:
                                     noise_epsilon=0.5, sensitivity=3.0)  # fmt: skip
     again = SessionOptions.create(3, session_id=options.session_id, solve="transformed", **mechanism_options(options.params))
     assert again == options
+
+
+def test_the_initiator_host_calls_start_then_begin_one_at_a_time_then_begins_itself() -> None:
+    """Issue 24: the initiator's steps are the host's; the driver only makes each due call."""
+    options, hosts = _hosts()
+    host, sid, others = hosts["party-1"], options.session_id, ["party-2", "party-3", "solver"]
+    effects = host.initiate(options, now=0.0)
+    assert host.state(sid)[0] == PREPARED and [e.kind for e in effects.events] == ["created"]
+    made = []
+    while (call := host.next_call(sid)) is not None:
+        assert effects.calls == [call]  # what became due is in the effects too
+        made.append((call.step, call.node))
+        if call.step is Step.START:
+            assert call.phase is Phase.START and SessionOptions.from_config(call.envelope.start_session.config) == options
+        effects = host.answered(sid, call.node, now=1.0)
+    assert made == [(Step.START, n) for n in others] + [(Step.BEGIN, n) for n in others]
+    assert host.state(sid)[0] == RUNNING and effects.messages  # its own begin: its first step messages
+    with pytest.raises(ValueError, match="no call to 'party-2' is due"):
+        host.answered(sid, "party-2", now=2.0)
+
+
+def test_a_refused_start_session_aborts_naming_the_refusing_node_before_any_role_ran() -> None:
+    options, hosts = _hosts()
+    host, sid = hosts["party-1"], options.session_id
+    host.initiate(options, now=0.0)
+    host.answered(sid, "party-2", now=0.1)
+    effects = host.unanswered(sid, "party-3", None, now=0.2, detail="party-3 said no")
+    state, notice = host.state(sid)
+    assert state == ABORTED and (notice.origin, notice.kind, phase_from_wire(notice.phase)) == ("party-3", PROTOCOL_ERROR, Phase.START)
+    assert notice.reason == "start_session: refused it" and host.next_call(sid) is None
+    assert sorted(dst for dst, _ in effects.messages) == ["party-2", "party-3", "solver"]
+    assert [e.detail for e in effects.events] == ["party-3 said no"]
+
+
+def test_finish_round_a_node_gone_keeps_the_release_a_refusal_aborts() -> None:
+    """Once the initiator's role is finished the host calls FINISH everywhere, then finishes
+    itself; a node that does not answer is noted, one that refuses aborts the session."""
+    for refused in (False, True):
+        options, hosts = _hosts()
+        sid = options.session_id
+        network = InMemoryNetwork({name: MemoryNode(host) for name, host in hosts.items()})
+        lead = hosts["party-1"]
+        lead.initiate(options, now=0.0)
+        while (call := lead.next_call(sid)) is not None and call.step is not Step.FINISH:
+            if call.step is Step.START:
+                network.run([(call.node, call.envelope)], sender="party-1")
+            else:
+                network.run(hosts[call.node].begin(sid, 0.0).messages, sender=call.node)
+            network.run(lead.answered(sid, call.node, now=0.0).messages, sender="party-1")
+        assert lead.role(sid).finished and (call.step, call.node) == (Step.FINISH, "party-2")
+        lead.answered(sid, "party-2", now=1.0)
+        notice = abort_notice(sid, "party-3", DIED, "FINISH: stopped answering", Phase.OVER)
+        effects = lead.unanswered(sid, "party-3", notice, now=1.0, detail="UNAVAILABLE", refused=refused)
+        if refused:
+            assert lead.state(sid) == (ABORTED, notice) and [e.kind for e in effects.events] == [ABORTED]
+            continue
+        assert lead.next_call(sid).node == "solver" and lead.gone_at_finish(sid) == {"party-3": "UNAVAILABLE"}
+        assert [e.kind for e in lead.answered(sid, "solver", now=1.0).events] == [DONE]
+        assert lead.state(sid)[0] == DONE and lead.gone_at_finish(sid) == {"party-3": "UNAVAILABLE"}
+
+
+def test_the_wire_enums_mirror_the_phases_and_states() -> None:
+    """Every Phase and SessionState has its proto value and back; nothing else on the wire."""
+    assert {phase_from_wire(phase_to_wire(p)) for p in Phase} == set(Phase)
+    assert set(WIRE_PHASES.values()) == set(cels_pb2.Phase.values()) - {cels_pb2.PHASE_UNSPECIFIED}
+    assert phase_from_wire(cels_pb2.PHASE_UNSPECIFIED) is None and phase_from_wire(99) is None and phase_to_wire(None) == 0
+    assert {state_from_wire(state_to_wire(s)) for s in SessionState} == set(SessionState)
+    assert set(WIRE_STATES.values()) == set(cels_pb2.SessionState.State.values()) and state_from_wire(99) is SessionState.UNKNOWN

@@ -20,14 +20,26 @@ import sys
 import time
 from typing import IO, Any
 
+from typing import NamedTuple
+
 from tqdm import tqdm
 
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import party_phases, solve_phase
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_label
+
+
+class Ended(NamedTuple):
+    """A node left a phase: its busy seconds and bytes sent in it (a StepReport, or the report's)."""
+
+    node: str
+    phase: str
+    seconds: float
+    bytes_sent: int
 
 class SessionProgress:
-    """Renders a session's phase events; ``step`` and ``start`` take the StepReports."""
+    """Renders a session's phase events: ``start`` takes the PhaseStarts, ``step`` the StepReports."""
 
     def __init__(self, options: SessionOptions, stream: IO[str] | None = None, bars: bool | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -35,7 +47,7 @@ class SessionProgress:
         self.expected[options.solver] = (solve_phase(options.solve),)
         self.initiator = options.initiator
         self.t0 = time.monotonic()
-        self.ended: dict[str, dict[str, cels_pb2.StepReport]] = {node: {} for node in self.expected}
+        self.ended: dict[str, dict[str, Ended]] = {node: {} for node in self.expected}
         self.printed: dict[str, int] = {node: 0 for node in self.expected}  # phases printed, in protocol order
         self.started: set[tuple[str, str]] = set()
         self.shown: set[tuple[str, str]] = set()
@@ -75,25 +87,27 @@ class SessionProgress:
         if bar.n >= (bar.total or 0):
             bar.close()
 
-    def start(self, report: cels_pb2.StepReport) -> None:
+    def start(self, event: cels_pb2.PhaseStart) -> None:
         """A node entered a phase (RunEvent ``phase_start``): its earlier phases are over."""
-        if (report.node, report.phase) in self.started:
+        node, phase = event.node, phase_label(event.phase)
+        if (node, phase) in self.started:
             return
         now = time.monotonic() - self.t0
-        self.seen[(report.node, report.phase, "start")] = now
-        phases = self.expected.get(report.node, ())
-        for earlier in phases[: phases.index(report.phase)] if report.phase in phases else ():
-            if (report.node, earlier) not in self.counted:
-                began = self.seen.get((report.node, earlier, "start"))
-                self._count(report.node, earlier)
-                self._write(self._line(report.node, earlier, "ended" + (f"  {now - began:8.2f} s wall" if began is not None else "")))
-        self.started.add((report.node, report.phase))
-        self._bar(report.phase)
-        self._write(self._line(report.node, report.phase, "started"))
+        self.seen[(node, phase, "start")] = now
+        phases = self.expected.get(node, ())
+        for earlier in phases[: phases.index(phase)] if phase in phases else ():
+            if (node, earlier) not in self.counted:
+                began = self.seen.get((node, earlier, "start"))
+                self._count(node, earlier)
+                self._write(self._line(node, earlier, "ended" + (f"  {now - began:8.2f} s wall" if began is not None else "")))
+        self.started.add((node, phase))
+        self._bar(phase)
+        self._write(self._line(node, phase, "started"))
 
-    def step(self, report: cels_pb2.StepReport) -> None:
+    def step(self, step_report: cels_pb2.StepReport) -> None:
         """A node finished a phase (RunEvent ``progress``): print it once every earlier phase
         of that node is printed, so each node's lines come in protocol order."""
+        report = Ended(step_report.node, phase_label(step_report.phase), step_report.seconds, step_report.bytes_sent)
         phases = self.expected[report.node]
         self.seen.setdefault((report.node, report.phase, "end"), time.monotonic() - self.t0)
         self.ended.setdefault(report.node, {})[report.phase] = report
@@ -114,7 +128,7 @@ class SessionProgress:
                 self._print_end(ended[phase])
             self.printed[node] += 1
 
-    def _print_end(self, report: cels_pb2.StepReport) -> None:
+    def _print_end(self, report: Ended) -> None:
         self.shown.add((report.node, report.phase))
         self._count(report.node, report.phase)
         what = f"done   {report.seconds:8.2f} s busy {report.bytes_sent / 1e6:9.3f} MB sent"
@@ -126,9 +140,7 @@ class SessionProgress:
         for phase, entry in report.get("phases", {}).items():
             for node, seconds in entry.get("seconds", {}).items():
                 if phase not in self.ended.setdefault(node, {}):
-                    self.ended[node][phase] = cels_pb2.StepReport(
-                        node=node, phase=phase, seconds=seconds, bytes_sent=int(entry.get("bytes", {}).get(node, 0))
-                    )
+                    self.ended[node][phase] = Ended(node, phase, seconds, int(entry.get("bytes", {}).get(node, 0)))
         for node in list(self.ended):
             self.printed.setdefault(node, 0)
             self._flush(node, everything=True)

@@ -17,7 +17,9 @@ from cels.node.peers import call_abort, rpc_text
 from cels.reports import write_reports
 from cels.node.tls import open_channel, warn_insecure
 from cels.protocol.aborts import BEFORE_START, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
+from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+from cels.protocol.wire.codec import phase_from_wire
 
 
 CONNECT_TIMEOUT = 60.0
@@ -42,8 +44,9 @@ class SessionAborted(RuntimeError):
         return cels_pb2.Abort.Kind.Name(self.abort.kind)
 
     @property
-    def phase(self) -> str:
-        return self.abort.phase
+    def phase(self) -> Phase | None:
+        """None: not known (the Run stream broke)."""
+        return phase_from_wire(self.abort.phase)
 
     @property
     def reason(self) -> str:
@@ -163,7 +166,7 @@ def run_on_nodes(
     timeout: float,
     on_progress: Callable[[cels_pb2.StepReport], None] | None = None,
     extra: dict[str, Any] | None = None,
-    on_phase_start: Callable[[cels_pb2.StepReport], None] | None = None,
+    on_phase_start: Callable[[cels_pb2.PhaseStart], None] | None = None,
 ) -> dict[str, Any]:
     """Run one session; write the sanitized log, its public release note and the confidential
     operator report at ``report_path`` (cels.reports), each atomically; return the report.
@@ -206,12 +209,12 @@ def run_on_nodes(
                     elif kind == "aborted":
                         raise SessionAborted(event.aborted)
                 if report is None:
-                    raise SessionAborted(abort_notice(config.session_id, controller.initiator, PROTOCOL_ERROR, "the stream ended without a report", ""))
+                    raise SessionAborted(abort_notice(config.session_id, controller.initiator, PROTOCOL_ERROR, "the stream ended without a report", None))
         except grpc.RpcError as exc:  # the initiator refused the run, or its stream broke (the details are for its controller)
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):  # it was connected: it went away
-                notice = abort_notice(config.session_id, controller.initiator, DIED, "its Run stream broke", "")
+                notice = abort_notice(config.session_id, controller.initiator, DIED, "its Run stream broke", None)
             else:
-                notice = call_abort(config.session_id, controller.initiator, "Run", exc, "" if began else BEFORE_START, joined=False)
+                notice = call_abort(config.session_id, controller.initiator, "Run", exc, None if began else BEFORE_START, joined=False)
             raise SessionAborted(notice, rpc_text(exc)) from None
     report.update(extra or {})
     try:

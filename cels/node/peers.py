@@ -15,6 +15,7 @@ from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
 from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice, peer_abort
+from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 
@@ -49,7 +50,7 @@ def sent_abort(exc: grpc.RpcError) -> cels_pb2.Abort | None:
     return None
 
 
-def call_abort(session_id: str, peer: str, what: str, exc: grpc.RpcError, phase: str, joined: bool = True) -> cels_pb2.Abort:
+def call_abort(session_id: str, peer: str, what: str, exc: grpc.RpcError, phase: Phase | None, joined: bool = True) -> cels_pb2.Abort:
     """The Abort a failed call to ``peer`` (``what``: e.g. "delivering sum_hop", "BEGIN")
     ends the session with: the one the refusal carries, else one blaming ``peer`` by the
     call's status code (a peer that ``joined`` the session and no longer answers died).  The

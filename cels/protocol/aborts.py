@@ -9,40 +9,44 @@ a notice; :func:`describe` renders any Abort as one line for people (no code par
 
 from __future__ import annotations
 
+from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_from_wire, phase_to_wire
 
 Kind = cels_pb2.Abort.Kind
 REFUSED, UNREACHABLE, DIED = cels_pb2.Abort.REFUSED, cels_pb2.Abort.UNREACHABLE, cels_pb2.Abort.DIED
 DEADLINE, PROTOCOL_ERROR = cels_pb2.Abort.DEADLINE, cels_pb2.Abort.PROTOCOL_ERROR
 LOCAL_FAILURE, CANCELLED = cels_pb2.Abort.LOCAL_FAILURE, cels_pb2.Abort.CANCELLED
-BEFORE_START = "start"
+BEFORE_START = Phase.START
 """The phase of an abort before any role ran (a refused or undeliverable StartSession): the
 rendering says "no session ran"."""
 
 
-def abort_notice(session_id: str, origin: str, kind: int, reason: str, phase: str) -> cels_pb2.Abort:
-    """The Abort a node sends its peers; ValueError for a reason with a digit (a number from
-    the data belongs in the local detail, not in a notice)."""
+def abort_notice(session_id: str, origin: str, kind: int, reason: str, phase: Phase | None) -> cels_pb2.Abort:
+    """The Abort a node sends its peers (``phase`` None: not known); ValueError for a reason
+    with a digit (a number from the data belongs in the local detail, not in a notice)."""
     if any(ch.isdigit() for ch in reason):
         raise ValueError(f"an abort reason for peers carries no digit: {reason!r}")
     if kind not in Kind.values() or kind == cels_pb2.Abort.KIND_UNSPECIFIED:
         raise ValueError(f"unknown abort kind {kind}")
-    return cels_pb2.Abort(session_id=session_id, origin=origin, kind=kind, reason=reason, phase=phase)
+    return cels_pb2.Abort(session_id=session_id, origin=origin, kind=kind, reason=reason, phase=phase_to_wire(phase))
 
 
 PEER_TEXT = 200
-"""Characters of a peer's reason or phase an adopted Abort keeps."""
+"""Characters of a peer's reason an adopted Abort keeps."""
 
 
 def peer_abort(abort: cels_pb2.Abort, sender: str, session_id: str) -> cels_pb2.Abort:
     """A peer's Abort as this node keeps and passes it on: this session, ``sender`` as the
-    origin if it names none, its texts cut to PEER_TEXT printable characters (one log line)."""
+    origin if it names none, its texts cut to PEER_TEXT printable characters (one log line), a
+    phase this version does not know as not known."""
 
     def clean(text: str) -> str:
         return "".join(ch if ch.isprintable() else " " for ch in text[:PEER_TEXT])
 
     return cels_pb2.Abort(
-        session_id=session_id, origin=clean(abort.origin) or sender, kind=abort.kind, reason=clean(abort.reason), phase=clean(abort.phase)
+        session_id=session_id, origin=clean(abort.origin) or sender, kind=abort.kind, reason=clean(abort.reason),
+        phase=phase_to_wire(phase_from_wire(abort.phase)),
     )
 
 
@@ -61,10 +65,10 @@ RENDERING = {
 def describe(abort: cels_pb2.Abort) -> str:
     """One line: what happened, to whom, in which phase, e.g. "party-3 died in phase counts
     (stopped answering)" or "no session ran: refused by party-2 (privacy budget exceeded)"."""
-    phase = abort.phase
+    phase = phase_from_wire(abort.phase)
     text = RENDERING.get(abort.kind, "aborted by {origin}{where}{why}").format(
         origin=abort.origin or "a node",
-        where=f" in phase {phase}" if phase and phase != BEFORE_START else "",
+        where=f" in phase {phase}" if phase not in (None, BEFORE_START) else "",
         why=f" ({abort.reason})" if abort.reason else "",
     )
-    return f"no session ran: {text}" if phase == BEFORE_START else text
+    return f"no session ran: {text}" if phase is BEFORE_START else text

@@ -5,9 +5,16 @@ The host owns the whole lifecycle of every session on its node: create (a StartS
 the initiator's own request), begin, deliver, abort, finish, report, and the expiry of
 sessions that never began or stopped moving.  It takes messages and the time (``now``, in
 seconds of any monotonic clock) and returns :class:`Effects`: the messages to send, the events
-to log or stream, and when it wants to be called again (``wake_at``).  No sockets, threads or
-clocks inside: the in-memory runner (cels.inprocess), the benchmarks and the gRPC node
-(cels.node.service) all drive this one host.
+to log or stream, the initiator's session-control calls to make (``calls``), and when it wants
+to be called again (``wake_at``).  No sockets, threads or clocks inside: the in-memory runner
+(cels.inprocess), the benchmarks and the gRPC node (cels.node) all drive this one host.
+
+The initiator's steps are the host's too (:meth:`SessionHost.initiate`): StartSession to every
+other node, then BEGIN to every other node, then its own begin; once its role is finished
+(output and every StepReport in), FINISH to every other node, then its own finish.  Each is a
+:class:`Call` the driver makes after the messages returned before it are delivered, one at a
+time, and reports back (:meth:`SessionHost.answered`, :meth:`SessionHost.unanswered`); the
+host decides what comes next.
 
 Session states and what each takes (the h11-style table :data:`TAKES`)::
 
@@ -24,9 +31,10 @@ node's events (``Event.detail``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 from cels.protocol.aborts import BEFORE_START, DEADLINE, PROTOCOL_ERROR, REFUSED, abort_notice, describe
 from cels.protocol.options import SessionOptions
@@ -55,12 +63,44 @@ KEPT_STATES = 256
 """Ended sessions whose final state the host remembers (for probes and late messages)."""
 
 
+class Step(str, Enum):
+    """A session-control call of the initiator (docs/protocol.md, "How a session lives")."""
+
+    START = "start_session"
+    BEGIN = "BEGIN"
+    FINISH = "FINISH"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Call:
+    """One session-control call the initiator's driver makes to ``node``: StartSession (the
+    ``envelope``), BEGIN or FINISH.  A failure of it is reported in ``phase``."""
+
+    session_id: str
+    node: str
+    step: Step
+    phase: Phase
+    envelope: Envelope | None = None
+
+
+@dataclass
+class Initiation:
+    """The initiator's calls still to make, the first one due; nodes gone at FINISH."""
+
+    calls: deque[Call]
+    finishing: bool = False
+    gone: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class Event:
     """Something worth a log line or a progress event: ``kind`` is "created", "phase" (the
     node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent`` sent in ``old``),
-    "finished" (the initiator holds the output and every report), "aborted" (``abort``: what
-    the peers were told; ``detail``: this node's own details, for its log only) or "done"."""
+    "aborted" (``abort``: what the peers were told; ``detail``: this node's own details, for its
+    log only) or "done"."""
 
     session_id: str
     node: str
@@ -80,10 +120,13 @@ class Effects:
     messages: list[Outgoing] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     wake_at: float | None = None
+    calls: list[Call] = field(default_factory=list)
+    """The initiator's call now due (at most one; :class:`Call`)."""
 
     def extend(self, other: Effects) -> Effects:
         self.messages += other.messages
         self.events += other.events
+        self.calls += other.calls
         if other.wake_at is not None:
             self.wake_at = other.wake_at if self.wake_at is None else min(self.wake_at, other.wake_at)
         return self
@@ -102,6 +145,8 @@ class HostedSession:
     detail: str = ""
     steps: int = 0
     mark: float = 0.0
+    initiation: Initiation | None = None
+    """The initiator's session-control calls (None on the other nodes)."""
 
     @property
     def expires_at(self) -> float:
@@ -154,6 +199,54 @@ class SessionHost:
             notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
             created.extend(self._call(session, lambda: role.receive(sender, notice), now))
         return created
+
+    def initiate(self, options: SessionOptions, now: float) -> Effects:
+        """This node initiates the session: it creates its own (a refusal raises, as in
+        :meth:`create`, before any node is told), then calls for StartSession to every other node."""
+        created = self.create(options, now)
+        session = self.sessions.get(options.session_id)
+        if session is None:  # born aborted (an Abort overtook it)
+            return created
+        others = [n for n in options.nodes if n != self.name]
+        start = Envelope(session_id=options.session_id, sender=self.name, start_session=cels_pb2.StartSession(config=options.to_config()))
+        calls = [Call(options.session_id, n, Step.START, BEFORE_START, start) for n in others]
+        calls += [Call(options.session_id, n, Step.BEGIN, Phase.READY) for n in others]
+        session.initiation = Initiation(deque(calls))
+        return created.extend(self._next_call(session, now))
+
+    def next_call(self, session_id: str) -> Call | None:
+        """The initiator's call due now in a live session (None: none, or not the initiator)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.initiation is None or not session.initiation.calls:
+            return None
+        return session.initiation.calls[0]
+
+    def answered(self, session_id: str, node: str, now: float) -> Effects:
+        """The due call to ``node`` was taken: the next call, or the initiator's own begin or finish."""
+        called = self._called(session_id, node)
+        return self._next_call(called[0], now) if called is not None else Effects()
+
+    def unanswered(self, session_id: str, node: str, notice: cels_pb2.Abort | None, now: float, detail: str = "", refused: bool = True) -> Effects:
+        """The due call to ``node`` failed: ``notice`` is the Abort its failure implies (None:
+        ``node`` refused it without one, a protocol error there), ``detail`` this node's own
+        account.  A StartSession or BEGIN that fails aborts the session; a FINISH only if
+        ``node`` ``refused`` it (its part is not over, or it aborted): a node gone at FINISH
+        had sent its last StepReport, and the release stands (:meth:`gone_at_finish`)."""
+        called = self._called(session_id, node)
+        if called is None:
+            return Effects()
+        session, call = called
+        if call.step is Step.FINISH and not refused:
+            session.initiation.gone[node] = detail
+            return self._next_call(session, now)
+        if notice is None:
+            notice = abort_notice(session_id, node, PROTOCOL_ERROR, f"{call.step}: refused it", call.phase)
+        return self.adopt(session_id, notice, now, detail)
+
+    def gone_at_finish(self, session_id: str) -> dict[str, str]:
+        """Nodes that did not answer the initiator's FINISH (node -> why): their part was over."""
+        session = self.sessions.get(session_id) or self.ended.get(session_id)
+        return dict(session.initiation.gone) if session is not None and session.initiation is not None else {}
 
     def deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
         """A protocol message for one of this node's sessions (a StartSession creates it)."""
@@ -255,6 +348,29 @@ class SessionHost:
         return session.steps if session is not None else 0
 
     # -- inside ------------------------------------------------------------------------------
+    def _called(self, session_id: str, node: str) -> tuple[HostedSession, Call] | None:
+        """The live session whose due call went to ``node``, and that call (no longer due);
+        None if the session ended meanwhile.  A report for another call is the driver's error."""
+        session = self.sessions.get(session_id)
+        if session is None or session.initiation is None:
+            return None
+        calls = session.initiation.calls
+        if not calls or calls[0].node != node:
+            raise ValueError(f"{self.name}: no call to {node!r} is due in session {session_id!r}")
+        return session, calls.popleft()
+
+    def _next_call(self, session: HostedSession, now: float) -> Effects:
+        """The initiator's next step: its next call; once every START and BEGIN is answered its
+        own begin; once every FINISH is answered its own finish."""
+        initiation = session.initiation
+        if initiation is None or session.state not in (PREPARED, RUNNING):
+            return Effects()
+        if initiation.calls:
+            return Effects(calls=[initiation.calls[0]])
+        if not initiation.finishing:
+            return self._call(session, session.role.begin, now)
+        return Effects(events=self._end(session, DONE))
+
     def _session(self, session_id: str, what: str) -> HostedSession:
         session = self.sessions.get(session_id)
         if session is None:
@@ -294,9 +410,14 @@ class SessionHost:
             if not own and session.options.initiator == self.name:
                 own = self._relay(session, aborted)
             return Effects(messages=own, events=events)
-        if session.role.finished and session.options.initiator == self.name:
-            events.append(Event(session.options.session_id, self.name, "finished"))
-        return Effects(messages=messages, events=events, wake_at=session.expires_at)
+        effects = Effects(messages=messages, events=events, wake_at=session.expires_at)
+        initiation = session.initiation
+        if session.role.finished and initiation is not None and not initiation.finishing:  # FINISH everywhere
+            initiation.finishing = True
+            others = [n for n in session.options.nodes if n != self.name]
+            initiation.calls.extend(Call(session.options.session_id, n, Step.FINISH, session.role.phase) for n in others)
+            effects.extend(self._next_call(session, now))
+        return effects
 
     def _relay(self, session: HostedSession, aborted: cels_pb2.Abort) -> list[Outgoing]:
         """The initiator passes a peer's Abort on to every other node: the peer may have died

@@ -6,8 +6,9 @@ sums), phase 3 (the private solve, or the paper's Algorithm 2 as ``NLP``), the s
 the secure union -- between ``READY`` (made, not begun) and ``OVER`` (its part is done) or
 ``FAILED`` (the session was aborted).  :class:`SessionState` is what a node's host knows of a
 session (cels.protocol.host): its own names, so a role's phase is never compared with a host
-state.  Both are ``str`` enums: their values are what the wire's string fields and the reports
-carry, and every module names a phase through these members, never through a string literal.
+state.  Both are ``str`` enums: their values are what reports and logs show; the wire carries
+the proto enums ``Phase`` and ``SessionState.State`` that mirror them (cels.protocol.wire.codec
+converts), and every module names a phase through these members, never through a string literal.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Phase(str, Enum):
     FAILED = "failed"
     CONTROL = "control"
     """Not a phase a role is in: the bucket that session control (Abort, StepReport) is counted in."""
+    START = "start"
+    """Not a phase a role is in: an Abort's phase when no role ran yet (a refused or
+    undeliverable StartSession)."""
 
     def __str__(self) -> str:
         return self.value

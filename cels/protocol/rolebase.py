@@ -21,6 +21,7 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Accepts, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_to_wire
 
 STEP_PHASE = {
     "abort": Phase.CONTROL,
@@ -212,7 +213,7 @@ class SessionRole:
             cels_pb2.StepReport(
                 session_id=self.session_id,
                 node=self.name,
-                phase=p,
+                phase=phase_to_wire(p),
                 seconds=self.seconds.get(p, 0.0),
                 bytes_sent=self.bytes_sent.get(p, 0),
                 last=k == len(phases) - 1,

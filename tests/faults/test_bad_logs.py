@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from cels.node.client import SessionAborted
+from cels.protocol.phases import SessionState
+from cels.protocol.wire.codec import state_from_wire
 from fault_harness import BIN, FAULTS, NODES, PARTIES, FaultCluster
 
 CLUSTER = {"users": 90, "pairs": 60, "fmt": "histogram", "deadline": 8.0}
@@ -67,9 +69,9 @@ def test_bad_log_on_one_party_aborts_naming_it(cluster: FaultCluster, tmp_path: 
     assert len(own) == 1 and str(path) in own[0] and all(name in own[0] for name in names), own
     for node in NODES:  # every node ended the session, blaming party-2, told nothing of its file
         limit = time.monotonic() + 10  # the Abort notices travel on their own calls: a peer may take them a moment later
-        while (state := cluster.state(node, options.session_id)).state not in ("aborted", "unknown") and time.monotonic() < limit:
+        while (said := state_from_wire((state := cluster.state(node, options.session_id)).state)) not in (SessionState.ABORTED, SessionState.UNKNOWN) and time.monotonic() < limit:
             time.sleep(0.05)
-        assert state.state in ("aborted", "unknown") and (state.state == "unknown" or state.abort.origin == VICTIM), (node, state)
+        assert said in (SessionState.ABORTED, SessionState.UNKNOWN) and (said is SessionState.UNKNOWN or state.abort.origin == VICTIM), (node, state)
         assert node == VICTIM or str(path) not in cluster.log_text(node)
     left = cluster.leftovers(tmp_path / "out")
     FAULTS.add("leftovers", len(left))

@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 from cels.node.framing import CHUNK_BYTES
 from cels.protocol.rolebase import phase_of
 from cels.protocol.wire import cels_pb2
+from cels.protocol.phases import SessionState
+from cels.protocol.wire.codec import state_from_wire
 from fault_harness import FAULTS, FUZZ_MESSAGES, NODES, PARTIES, SOLVER, FaultCluster
 
 CLUSTER = {"users": 120, "pairs": 100, "deadline": 8.0, "record_view": True}
@@ -241,7 +243,7 @@ def test_signal_fuzz(cluster: FaultCluster, corpus: Corpus) -> None:
     replies = FAULTS.replies - before
     assert not replies["Signal:unexpected"] and not replies["Signal:DEADLINE_EXCEEDED"], (dict(replies), UNEXPECTED.get("Signal"))
     for session_id in corpus.sessions:  # the real sessions stay done
-        assert {cluster.state(node, session_id).state for node in NODES} == {"done"}
+        assert {state_from_wire(cluster.state(node, session_id).state) for node in NODES} == {SessionState.DONE}
 
 
 def test_raw_bytes_fuzz(cluster: FaultCluster, corpus: Corpus) -> None:
@@ -334,7 +336,7 @@ def test_an_impossible_row_count_is_invalid_argument_and_aborts_the_session(clus
     assert codes == ["OK", "OK", "INVALID_ARGUMENT"], (codes, UNEXPECTED.get("Deliver(rows)"))
     state = cluster.state(SOLVER, sid)
     # the solver tells its peers a protocol error with no number (the sizes went to the sender's refusal)
-    assert state.state == "aborted" and state.abort.origin == SOLVER and state.abort.kind == cels_pb2.Abort.PROTOCOL_ERROR, state
+    assert state_from_wire(state.state) is SessionState.ABORTED and state.abort.origin == SOLVER and state.abort.kind == cels_pb2.Abort.PROTOCOL_ERROR, state
     assert not any(ch.isdigit() for ch in state.abort.reason), state
     assert not cluster.crashed()
 
@@ -347,7 +349,7 @@ def test_a_frame_over_the_grpc_limit_is_resource_exhausted(cluster: FaultCluster
     frame = cels_pb2.Frame(session_id=corpus.sessions[0], message_id=1, index=0, last=True, data=data + bytes(5 << 20))
     code = classify("Deliver(over 4 MB)", lambda: cluster.stub(target, sender).Deliver(iter([frame]), timeout=CALL_DEADLINE), {"RESOURCE_EXHAUSTED"})
     assert code == "RESOURCE_EXHAUSTED"
-    assert cluster.state(target, corpus.sessions[0]).state == "done"
+    assert state_from_wire(cluster.state(target, corpus.sessions[0]).state) is SessionState.DONE
 
 
 def test_an_overlong_session_id_is_refused_as_invalid(cluster: FaultCluster, corpus: Corpus) -> None:

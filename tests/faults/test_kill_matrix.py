@@ -43,6 +43,8 @@ import pytest
 from cels.node.client import SessionAborted
 from cels.protocol.aborts import describe
 from cels.protocol.wire import cels_pb2
+from cels.protocol.phases import Phase, SessionState
+from cels.protocol.wire.codec import phase_from_wire, state_from_wire
 from fault_harness import FAULTS, PARTIES, SOLVER, FaultCluster, reap
 
 DEADLINE = 8.0
@@ -50,7 +52,7 @@ CLUSTER = {"users": 600, "pairs": 500, "deadline": DEADLINE, "proxies": True}
 ABORT_BOUND = DEADLINE + 2.0
 """Seconds from the signal until every survivor has aborted: a session never begun expires one
 deadline after it was prepared, a running one sees a dead peer within 2 probe intervals + one
-probe timeout (cels.node.wire); +1 s for this suite's polling."""
+probe timeout (cels.node.link); +1 s for this suite's polling."""
 RESTART_BOUND = 60.0
 """Seconds from the restart within which the nodes must have served a fresh session."""
 PHASES = ("prepared", "universe", "counts", "solve", "sampling", "union", "finish")
@@ -88,7 +90,7 @@ def hit_phase(cluster: FaultCluster, victim: str, phase: str, session_id: str, s
     if phase == "prepared":
         watched = PARTIES[1] if victim == PARTIES[0] else victim
         start()
-        return poll(lambda: cluster.state(watched, session_id, timeout=1).state == "prepared", 20, done)
+        return poll(lambda: state_from_wire(cluster.state(watched, session_id, timeout=1).state) is SessionState.PREPARED, 20, done)
     node = victim if victim != SOLVER and phase != "finish" else PARTIES[0]
     follower = cluster.follow(node)
     start()
@@ -99,7 +101,7 @@ def hit_phase(cluster: FaultCluster, victim: str, phase: str, session_id: str, s
     if victim != PARTIES[0]:
         cluster.proxy[victim].delay = FINISH_DELAY
     return follower.wait(rf"session {session_id}: .* now over$", timeout=60, stop=done) and (
-        victim == PARTIES[0] or poll(lambda: cluster.state(victim, session_id, timeout=1).phase == "over", 20, done)
+        victim == PARTIES[0] or poll(lambda: phase_from_wire(cluster.state(victim, session_id, timeout=1).phase) is Phase.OVER, 20, done)
     )
 
 
@@ -119,7 +121,7 @@ def poll(condition, timeout: float, done) -> bool:
 def survivor_states(cluster: FaultCluster, survivors: list[str], session_id: str, signalled: float) -> tuple[dict, float | None]:
     """Each survivor's final state of the session, and the seconds after the signal when the
     last one ended it (None if one is still live at ABORT_BOUND)."""
-    final: dict[str, tuple[str, cels_pb2.Abort]] = {}
+    final: dict[str, tuple[SessionState, cels_pb2.Abort]] = {}
     last = 0.0
     while time.monotonic() - signalled < ABORT_BOUND + 1:
         for node in survivors:
@@ -129,8 +131,8 @@ def survivor_states(cluster: FaultCluster, survivors: list[str], session_id: str
                 state = cluster.state(node, session_id, timeout=2)
             except grpc.RpcError:
                 continue
-            if state.state in ("aborted", "done", "unknown"):
-                final[node] = (state.state, state.abort)
+            if state_from_wire(state.state) is not SessionState.RUNNING:
+                final[node] = (state_from_wire(state.state), state.abort)
                 last = time.monotonic() - signalled
         if len(final) == len(survivors):
             return final, last

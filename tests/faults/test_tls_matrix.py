@@ -136,7 +136,7 @@ def test_refused_with_the_stated_code(cluster: FaultCluster, ca: DevCA, case: st
 
 def test_a_node_certificate_is_accepted_and_the_node_serves(cluster: FaultCluster, ca: DevCA, tmp_path) -> None:
     root = ca.cert.public_bytes(serialization.Encoding.PEM)
-    assert probe(tls_channel(cluster, root, certificate(ca))).state == "unknown"
+    assert probe(tls_channel(cluster, root, certificate(ca))).state == cels_pb2.SessionState.UNKNOWN
     assert cluster.run(cluster.options(), tmp_path / "out")["solver"]["integer_total"] >= 0
 
 

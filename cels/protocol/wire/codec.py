@@ -1,4 +1,5 @@
-"""Paillier values <-> their proto messages (the primitives in cels.crypto know no protobuf).
+"""Paillier values and the session vocabulary (phases, session states) <-> their proto messages
+(the primitives in cels.crypto know no protobuf; cels.protocol.phases knows no wire).
 
 Ciphertexts and moduli travel as big-endian bytes of fixed width; parsing validates what the
 primitives need (key size policy, packing fits the key, ciphertexts in Z*_{N^2}) and, where
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from cels.crypto.paillier import CiphertextError, EncryptedMatrix, Packing, PublicKey
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
 
 
@@ -60,3 +62,36 @@ def check_packing(received: Packing, expected: Packing) -> None:
         got, want = getattr(received, field.name), getattr(expected, field.name)
         if got != want:
             raise CiphertextError(f"packing.{field.name} is {got}, the session implies {want}")
+
+
+WIRE_PHASES: dict[Phase, int] = {phase: cels_pb2.Phase.Value(f"PHASE_{phase.name}") for phase in Phase}
+"""Every Phase -> the wire's ``Phase`` (the proto enum mirrors cels.protocol.phases)."""
+WIRE_STATES: dict[SessionState, int] = {state: cels_pb2.SessionState.State.Value(state.name) for state in SessionState}
+"""Every SessionState -> the wire's ``SessionState.State``."""
+_PHASE_OF = {value: phase for phase, value in WIRE_PHASES.items()}
+_STATE_OF = {value: state for state, value in WIRE_STATES.items()}
+
+
+def phase_to_wire(phase: Phase | None) -> int:
+    """A phase (or its value) as the wire carries it (None: PHASE_UNSPECIFIED, not known)."""
+    return cels_pb2.PHASE_UNSPECIFIED if phase is None else WIRE_PHASES[Phase(phase)]
+
+
+def phase_from_wire(value: int) -> Phase | None:
+    """The wire's phase; None for PHASE_UNSPECIFIED or a value this version does not know."""
+    return _PHASE_OF.get(value)
+
+
+def phase_label(value: int) -> str:
+    """The wire's phase as reports and logs name it ("" when not known)."""
+    phase = phase_from_wire(value)
+    return "" if phase is None else phase.value
+
+
+def state_to_wire(state: SessionState) -> int:
+    return WIRE_STATES[state]
+
+
+def state_from_wire(value: int) -> SessionState:
+    """The wire's session state; a value this version does not know reads as UNKNOWN."""
+    return _STATE_OF.get(value, SessionState.UNKNOWN)

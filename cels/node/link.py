@@ -1,5 +1,6 @@
 """One session's I/O on a node: its outbox thread (causal delivery), its watchdog thread, its
-byte counters and the initiator's event queue (cels.node.service drives the SessionHost)."""
+byte counters and the initiator's event queue (cels.node.sessions drives the SessionHost; the
+link reaches it through :class:`LinkOwner`, so this module imports no driver)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,22 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 
+from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
-from cels.node.peers import Refused, call_abort, rpc_text
+from cels.node.peers import PeerClients, Refused, call_abort, rpc_text
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
-from cels.protocol.phases import Phase, SessionState
-from cels.protocol.host import ABORTED, Event
+from cels.protocol.host import Call, Event, SessionHost
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2
-
-if TYPE_CHECKING:
-    from cels.node.service import Node
+from cels.protocol.wire.codec import phase_from_wire, phase_to_wire, state_from_wire, state_to_wire
 
 
 LINK_FLOOR = 125_000
@@ -38,7 +39,7 @@ def delivery_timeout(deadline: float, size: int) -> float:
 
 def hold_seconds(deadline: float) -> float:
     """How long a message refused as out of order is held back and retried: one second more
-    than the watchdog needs to see a killed peer (2i + p, :meth:`Wire._watchdog`), so that a
+    than the watchdog needs to see a killed peer (2i + p, :meth:`SessionLink._watchdog`), so that a
     message waiting for a dead node's is refused only after the session is aborted, naming
     that node, not the recipient."""
     return 2 * min(1.0, deadline / 4) + min(5.0, deadline / 4) + 1.0
@@ -49,18 +50,37 @@ class PeerPhase:
     """A peer entered ``phase`` (seen by the initiator's watchdog), ``seconds`` into the session."""
 
     node: str
-    phase: str
+    phase: Phase
     seconds: float
 
 
-class Wire:
+LinkEvent = Event | Call | PeerPhase | cels_pb2.StepReport
+"""What the initiator's Run stream reads from its link: the host's events and due calls, the
+peers' phases and StepReports (cels.node.initiator)."""
+
+
+class LinkOwner(Protocol):
+    """What a link needs of the node that drives its session (cels.node.sessions.SessionDriver)."""
+
+    config: NodeConfig
+    host: SessionHost
+    peers: PeerClients
+
+    def take(self, sender: str, envelope: Envelope) -> None: ...
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None: ...
+    def adopt(self, session_id: str, notice: cels_pb2.Abort, detail: str = "") -> None: ...
+    def phase(self, session_id: str) -> Phase: ...
+    def expire(self) -> None: ...
+
+
+class SessionLink:
     """One session's I/O on this node: outbox thread, watchdog thread, byte counters, events."""
 
-    def __init__(self, node: Node, options: SessionOptions) -> None:
+    def __init__(self, node: LinkOwner, options: SessionOptions) -> None:
         self.node, self.options, self.id = node, options, options.session_id
         self.others = [n for n in options.nodes if n != node.config.name]
         self.outbox: queue.Queue[tuple[str, Envelope] | None] = queue.Queue()
-        self.events: queue.Queue[Event] = queue.Queue()  # read by the initiator's Run
+        self.events: queue.Queue[LinkEvent] = queue.Queue()  # read by the initiator's Run
         self.bytes_sent: Counter[str] = Counter()
         self.messages_sent: Counter[str] = Counter()
         self.stopped = threading.Event()
@@ -74,14 +94,14 @@ class Wire:
     def snapshot(self) -> cels_pb2.SessionState:
         state, notice = self.node.host.state(self.id)
         return cels_pb2.SessionState(
-            session_id=self.id, state=state, reason=describe(notice) if notice is not None else "", abort=notice,
+            session_id=self.id, state=state_to_wire(state), reason=describe(notice) if notice is not None else "", abort=notice,
             bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
             busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
-            phase=self.node.host.role(self.id).phase,
+            phase=phase_to_wire(self.node.host.role(self.id).phase),
         )  # fmt: skip
 
     def _send_loop(self) -> None:
-        """Send queued messages one at a time, in order (causal delivery, see module doc)."""
+        """Send queued messages one at a time, in order (causal delivery: cels.node.sessions)."""
         ids = itertools.count()
         while (item := self.outbox.get()) is not None:
             recipient, envelope = item
@@ -107,11 +127,12 @@ class Wire:
                 self.node.abort(self.id, recipient, UNREACHABLE, "this node has no address for it", str(exc))
             finally:
                 self.outbox.task_done()
+        self.outbox.task_done()  # the stop: a Run stream joining the outbox goes on
 
     def _matters(self, peer: str, role: Role) -> bool:
         """Whether ``peer`` gone ends the session here: any peer while this node's part runs;
         once it is over, only the initiator, whose FINISH or abort ends it (a peer gone after
-        its part does not void the release, Node._initiate)."""
+        its part does not void the release, cels.node.initiator)."""
         return not role.finished or peer == self.options.initiator
 
     def _watched(self) -> list[str]:
@@ -132,7 +153,7 @@ class Wire:
         interval = min(1.0, self.deadline / 4)
         unreachable_since: dict[str, float] = {}
         last_total = -1
-        phases: dict[str, str] = {}
+        phases: dict[str, Phase | None] = {}
         while not self.stopped.wait(interval):
             self.node.expire()
             if self.node.host.state(self.id)[0] != SessionState.RUNNING:
@@ -150,15 +171,17 @@ class Wire:
                         self._peer_gone(peer, kind, "stopped answering", detail)
                     continue
                 unreachable_since.pop(peer, None)
-                if state.state == SessionState.UNKNOWN:
+                said = state_from_wire(state.state)
+                if said is SessionState.UNKNOWN:
                     self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
-                elif state.state == ABORTED:
-                    peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", "")
+                elif said is SessionState.ABORTED:
+                    peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", None)
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
-                if self.options.initiator == self.node.config.name and state.phase != phases.get(peer, Phase.READY):
-                    phases[peer] = state.phase  # a peer entered a phase: the initiator streams it (Run)
-                    self.events.put(PeerPhase(peer, state.phase, time.monotonic() - self.started))
+                entered = phase_from_wire(state.phase)
+                if self.options.initiator == self.node.config.name and entered is not None and entered != phases.get(peer, Phase.READY):
+                    phases[peer] = entered  # a peer entered a phase: the initiator streams it (Run)
+                    self.events.put(PeerPhase(peer, entered, time.monotonic() - self.started))
             if total != last_total or anyone_busy:
                 last_total = total
                 self.node.host.touch(self.id, time.monotonic())

@@ -1,0 +1,177 @@
+"""A node's sessions: its SessionHost (cels.protocol.host) called under one lock, and what the
+host returns acted on: events logged and counted, messages to each session's outbox (its
+:class:`cels.node.link.SessionLink`), Abort notices sent on their own, the initiator's due
+calls and events to its Run stream (cels.node.initiator).
+
+gRPC keeps one sender's messages in order but not those of different senders: a message the
+host refuses as out of order is retried whenever the host has taken another one, for at most
+a reorder window (cels.node.link.hold_seconds), and only then refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from cels.node.config import NodeConfig
+from cels.node.keys import NodeKeys
+from cels.node.link import SessionLink, hold_seconds
+from cels.node.peers import PeerClients
+from cels.node.telemetry import NodeTelemetry
+from cels.protocol.aborts import describe
+from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost
+from cels.protocol.phases import Phase
+from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
+from cels.protocol.wire import cels_pb2
+
+log = logging.getLogger("cels.node")
+
+NOTICE_SECONDS = 5.0
+"""Deadline of an Abort notice to a peer; a stopping node waits this long for its notices."""
+
+
+class SessionDriver:
+    """The sessions of node ``config.name``: the host, one link per live session, the notices."""
+
+    def __init__(
+        self, config: NodeConfig, host: SessionHost, peers: PeerClients, keys: NodeKeys, telemetry: NodeTelemetry,
+        session_ended: Callable[[str], object] | None = None,
+    ) -> None:
+        """``session_ended(session_id)`` is called once when a session ends here, done or aborted."""
+        self.config, self.host, self.peers, self.keys, self.telemetry = config, host, peers, keys, telemetry
+        self.session_ended = session_ended
+        self.links: dict[str, SessionLink] = {}
+        self.ended_links: OrderedDict[str, SessionLink] = OrderedDict()
+        self.lock = threading.Lock()  # the host: one call at a time
+        self.changed = threading.Condition(self.lock)
+        self.notices: list[threading.Thread] = []  # Abort notices in flight
+
+    def link(self, session_id: str) -> SessionLink | None:
+        """The link of a live or recently ended session."""
+        return self.links.get(session_id) or self.ended_links.get(session_id)
+
+    def call(self, action: Callable[[float], Effects], session_id: str = "") -> Effects:
+        """One host call under the lock; then act on its effects."""
+        with self.lock:
+            link = self.links.get(session_id)
+            if link is not None:
+                link.busy = True
+            try:
+                effects = action(time.monotonic())
+            finally:
+                if link is not None:
+                    link.busy = False
+                self.host.touch(session_id, time.monotonic())  # a long step is not a stall
+                self.changed.notify_all()
+            self._act(effects)
+        return effects
+
+    def _act(self, effects: Effects) -> None:
+        for event in effects.events:
+            self._event(event)
+        for recipient, envelope in effects.messages:
+            link = self.links.get(envelope.session_id)
+            if envelope.WhichOneof("step") == "abort" or link is None:
+                notice = threading.Thread(target=self.peers.try_deliver, args=(recipient, envelope, NOTICE_SECONDS), daemon=True)
+                notice.start()
+                self.notices = [n for n in self.notices if n.is_alive()] + [notice]
+            else:
+                link.outbox.put((recipient, envelope))
+        for due in effects.calls:  # the initiator's Run stream makes them
+            link = self.links.get(due.session_id)
+            if link is not None:
+                link.events.put(due)
+
+    def _event(self, event: Event) -> None:
+        name, sid = self.config.name, event.session_id
+        if event.kind == "created":
+            self.links[sid] = SessionLink(self, self.host.role(sid).options)
+            self.keys.session_started()
+            self.telemetry.session_created(sid, self.links[sid].options.initiator)
+        elif event.kind == "phase":
+            log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
+            self.telemetry.session_phase(sid, event.old, event.phase)
+        elif event.kind in (ABORTED, DONE):
+            notice = event.abort
+            self.telemetry.session_ended(sid, event.kind, notice.origin if notice else "", describe(notice) if notice else "")
+            if notice is not None:  # one line: what the peers were told, then this node's own details
+                log.warning("%s: session %s aborted: %s%s", name, sid, describe(notice), f"; {event.detail}" if event.detail else "")
+            else:
+                log.info("%s: session %s %s", name, sid, event.kind)
+            if self.session_ended is not None:
+                self.session_ended(sid)
+            link = self.links.pop(sid, None)
+            if link is not None:
+                link.stopped.set()
+                link.outbox.put(None)
+                self.keys.session_ended()
+                link.final = link.snapshot()
+                self.ended_links[sid] = link
+                while len(self.ended_links) > KEPT_STATES:
+                    self.ended_links.popitem(last=False)
+        link = self.link(sid)
+        if link is not None and link.options.initiator == name:
+            link.events.put(event)
+
+    def take(self, sender: str, envelope: Envelope) -> None:
+        """Give an envelope to the host, holding back one refused as out of order (module doc)."""
+        limit = time.monotonic() + hold_seconds(self.host.sessions[envelope.session_id].options.deadline) if envelope.session_id in self.host.sessions else 0
+        while True:
+            try:
+                self.call(lambda now: self._deliver(sender, envelope, now), envelope.session_id)
+                return
+            except ProtocolError as exc:
+                if exc.code != ProtocolError.FAILED_PRECONDITION or step_name(envelope) in ("start_session", "abort") or time.monotonic() >= limit:
+                    raise
+                with self.changed:
+                    self.changed.wait(limit - time.monotonic())
+
+    def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
+        effects = self.host.deliver(sender, envelope, now)
+        link = self.links.get(envelope.session_id)
+        if step_name(envelope) == "step_report" and link is not None:
+            link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls
+        return effects
+
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None:
+        """Abort the session naming ``origin`` (``kind``, generic ``reason``; ``detail`` for this
+        node's log); not if ``unless(role)`` holds under the host lock."""
+
+        def act(now: float) -> Effects:
+            if unless is not None and session_id in self.host.sessions and unless(self.host.role(session_id)):
+                return Effects()
+            return self.host.abort(session_id, origin, kind, reason, now, detail)
+
+        self.call(act, session_id)
+
+    def adopt(self, session_id: str, notice: cels_pb2.Abort, detail: str = "") -> None:
+        """Abort the session with an Abort another node made (a refusal's, a probe's)."""
+        self.call(lambda now: self.host.adopt(session_id, notice, now, detail), session_id)
+
+    def phase(self, session_id: str) -> Phase:
+        """This node's phase in a session (the phase an abort it sees is reported in)."""
+        return self.host.role(session_id).phase
+
+    def expire(self) -> None:
+        self.call(self.host.expire)
+
+    def finish(self, session_id: str) -> None:
+        """FINISH: the session ends here (the host refuses it unless this node's part is over);
+        its final state is read once the outbox has sent its last messages, so that it counts them."""
+        self.call(lambda now: self.host.finish(session_id, now), session_id)
+        link = self.link(session_id)
+        if link is not None:
+            link.outbox.join()
+            link.final = link.snapshot()
+
+    def begin(self, session_id: str) -> None:
+        """BEGIN's work (the log's load and the first hashes: seconds at scale), run off the
+        Signal call so that the initiator's BEGINs start every party at once, not one after
+        another.  A role failure aborts the session (host); a refusal here means it ended meanwhile."""
+        try:
+            self.call(lambda now: self.host.begin(session_id, now), session_id)
+        except ProtocolError as exc:
+            log.info("%s: session %s not begun: %s", self.config.name, session_id, exc)

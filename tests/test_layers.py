@@ -149,3 +149,20 @@ def test_the_circle_search_finds_circles_and_submodule_imports(tmp_path) -> None
     assert circles(graph) == {frozenset({"cels.a", "cels.b", "cels.c"})}
     (package / "c.py").write_text("import cels.d\n")
     assert circles(import_graph(package)) == set()
+
+
+SIZE_LIMITS = {"protocol/party.py": 300, "node/service.py": 350}
+"""Issue 24's targets: the party composes its phase machines; the node only adapts to gRPC."""
+CLASS_LIMIT = 250
+
+
+def test_no_class_and_no_capped_module_grows_past_its_limit() -> None:
+    long_classes = {
+        f"{path.relative_to(CELS)}:{node.name}": node.end_lineno - node.lineno + 1
+        for path in modules("")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_LIMIT
+    }
+    assert not long_classes, long_classes
+    for module, limit in SIZE_LIMITS.items():
+        assert len((CELS / module).read_text().splitlines()) < limit, module

@@ -155,50 +155,12 @@ class HostedSession:
         return (self.since if self.state == PREPARED else self.last_progress) + self.options.deadline
 
 
-class SessionHost:
-    """All sessions of node ``name``; roles come from ``make_role``."""
-
-    def __init__(self, name: str, make_role: RoleFactory, meter: Meter) -> None:
-        self.name = name
-        self.make_role = make_role
-        self.meter = meter
-        self.sessions: dict[str, HostedSession] = {}
-        self.ended: OrderedDict[str, HostedSession] = OrderedDict()
-        self.forewarned: OrderedDict[str, tuple[str, cels_pb2.Abort]] = OrderedDict()
-        """Aborts that arrived before their session's StartSession: id -> (sender, Abort)."""
-        self._events: list[Event] = []
-        self._deferred = Effects()
-        """What a session aborted by a refused message still has to do (see :meth:`_call`)."""
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def create(self, options: SessionOptions, now: float) -> Effects:
-        """A session this node takes part in (StartSession, or the initiator's own); a refusal
-        carries the Abort (kind REFUSED or PROTOCOL_ERROR) the initiator ends the session with."""
-        sid = options.session_id
-
-        def refuse(kind: int, public: str, detail: str = "") -> ProtocolError:
-            notice = abort_notice(sid, self.name, kind, public, BEFORE_START)
-            return ProtocolError(ProtocolError.FAILED_PRECONDITION, f"{self.name}: session {sid!r} refused: {public}", notice, detail)
-
-        if sid in self.sessions or sid in self.ended:
-            raise refuse(PROTOCOL_ERROR, "the session id is taken")
-        if self.name not in options.nodes:
-            raise refuse(PROTOCOL_ERROR, "the session does not include this node")
-        try:
-            role = self.make_role(options)
-        except Refusal as exc:
-            raise refuse(REFUSED, exc.public, str(exc)) from None
-        except (ValueError, OSError) as exc:
-            raise refuse(REFUSED, "cannot take the session", str(exc)) from None
-        session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
-        role.phase_hook = lambda old, new: self._phase(session, old, new)
-        self.sessions[options.session_id] = session
-        created = Effects(events=[Event(options.session_id, self.name, "created", phase=Phase.READY)], wake_at=session.expires_at)
-        sender, early = self.forewarned.pop(options.session_id, ("", None))
-        if sender in options.nodes:  # a node of the session aborted it before it reached this one
-            notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
-            created.extend(self._call(session, lambda: role.receive(sender, notice), now))
-        return created
+class InitiatorSteps:
+    """The initiator's steps of a session (docs/protocol.md, "How a session lives"): StartSession
+    to every other node, BEGIN to each, its own begin; once its role is finished, FINISH to each
+    and its own finish.  One call is due at a time; the driver makes it and reports back with
+    :meth:`answered` or :meth:`unanswered`.  Part of :class:`SessionHost` (its sessions, ``create``,
+    ``adopt`` and role calls)."""
 
     def initiate(self, options: SessionOptions, now: float) -> Effects:
         """This node initiates the session: it creates its own (a refusal raises, as in
@@ -247,6 +209,75 @@ class SessionHost:
         """Nodes that did not answer the initiator's FINISH (node -> why): their part was over."""
         session = self.sessions.get(session_id) or self.ended.get(session_id)
         return dict(session.initiation.gone) if session is not None and session.initiation is not None else {}
+
+    def _called(self, session_id: str, node: str) -> tuple[HostedSession, Call] | None:
+        """The live session whose due call went to ``node``, and that call (no longer due);
+        None if the session ended meanwhile.  A report for another call is the driver's error."""
+        session = self.sessions.get(session_id)
+        if session is None or session.initiation is None:
+            return None
+        calls = session.initiation.calls
+        if not calls or calls[0].node != node:
+            raise ValueError(f"{self.name}: no call to {node!r} is due in session {session_id!r}")
+        return session, calls.popleft()
+
+    def _next_call(self, session: HostedSession, now: float) -> Effects:
+        """The initiator's next step: its next call; once every START and BEGIN is answered its
+        own begin; once every FINISH is answered its own finish."""
+        initiation = session.initiation
+        if initiation is None or session.state not in (PREPARED, RUNNING):
+            return Effects()
+        if initiation.calls:
+            return Effects(calls=[initiation.calls[0]])
+        if not initiation.finishing:
+            return self._call(session, session.role.begin, now)
+        return Effects(events=self._end(session, DONE))
+
+
+class SessionHost(InitiatorSteps):
+    """All sessions of node ``name``; roles come from ``make_role``."""
+
+    def __init__(self, name: str, make_role: RoleFactory, meter: Meter) -> None:
+        self.name = name
+        self.make_role = make_role
+        self.meter = meter
+        self.sessions: dict[str, HostedSession] = {}
+        self.ended: OrderedDict[str, HostedSession] = OrderedDict()
+        self.forewarned: OrderedDict[str, tuple[str, cels_pb2.Abort]] = OrderedDict()
+        """Aborts that arrived before their session's StartSession: id -> (sender, Abort)."""
+        self._events: list[Event] = []
+        self._deferred = Effects()
+        """What a session aborted by a refused message still has to do (see :meth:`_call`)."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def create(self, options: SessionOptions, now: float) -> Effects:
+        """A session this node takes part in (StartSession, or the initiator's own); a refusal
+        carries the Abort (kind REFUSED or PROTOCOL_ERROR) the initiator ends the session with."""
+        sid = options.session_id
+
+        def refuse(kind: int, public: str, detail: str = "") -> ProtocolError:
+            notice = abort_notice(sid, self.name, kind, public, BEFORE_START)
+            return ProtocolError(ProtocolError.FAILED_PRECONDITION, f"{self.name}: session {sid!r} refused: {public}", notice, detail)
+
+        if sid in self.sessions or sid in self.ended:
+            raise refuse(PROTOCOL_ERROR, "the session id is taken")
+        if self.name not in options.nodes:
+            raise refuse(PROTOCOL_ERROR, "the session does not include this node")
+        try:
+            role = self.make_role(options)
+        except Refusal as exc:
+            raise refuse(REFUSED, exc.public, str(exc)) from None
+        except (ValueError, OSError) as exc:
+            raise refuse(REFUSED, "cannot take the session", str(exc)) from None
+        session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
+        role.phase_hook = lambda old, new: self._phase(session, old, new)
+        self.sessions[options.session_id] = session
+        created = Effects(events=[Event(options.session_id, self.name, "created", phase=Phase.READY)], wake_at=session.expires_at)
+        sender, early = self.forewarned.pop(options.session_id, ("", None))
+        if sender in options.nodes:  # a node of the session aborted it before it reached this one
+            notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
+            created.extend(self._call(session, lambda: role.receive(sender, notice), now))
+        return created
 
     def deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
         """A protocol message for one of this node's sessions (a StartSession creates it)."""
@@ -348,29 +379,6 @@ class SessionHost:
         return session.steps if session is not None else 0
 
     # -- inside ------------------------------------------------------------------------------
-    def _called(self, session_id: str, node: str) -> tuple[HostedSession, Call] | None:
-        """The live session whose due call went to ``node``, and that call (no longer due);
-        None if the session ended meanwhile.  A report for another call is the driver's error."""
-        session = self.sessions.get(session_id)
-        if session is None or session.initiation is None:
-            return None
-        calls = session.initiation.calls
-        if not calls or calls[0].node != node:
-            raise ValueError(f"{self.name}: no call to {node!r} is due in session {session_id!r}")
-        return session, calls.popleft()
-
-    def _next_call(self, session: HostedSession, now: float) -> Effects:
-        """The initiator's next step: its next call; once every START and BEGIN is answered its
-        own begin; once every FINISH is answered its own finish."""
-        initiation = session.initiation
-        if initiation is None or session.state not in (PREPARED, RUNNING):
-            return Effects()
-        if initiation.calls:
-            return Effects(calls=[initiation.calls[0]])
-        if not initiation.finishing:
-            return self._call(session, session.role.begin, now)
-        return Effects(events=self._end(session, DONE))
-
     def _session(self, session_id: str, what: str) -> HostedSession:
         session = self.sessions.get(session_id)
         if session is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.generate import GENERATED, generated_in_tempdir
 
@@ -29,3 +31,19 @@ def test_envelope_round_trip() -> None:
     back = cels_pb2.Envelope.FromString(msg.SerializeToString())
     assert back.WhichOneof("step") == "sum_result"
     assert list(back.sum_result.values) == [-3, 0, 7]
+
+
+def test_a_report_crosses_the_wire_as_a_typed_table_with_its_types_and_order() -> None:
+    """NlpSolution's solver report and the Run stream's session report are protobuf Tables, not
+    JSON in strings (issue 24): ints stay ints, floats floats, None None, the key order kept."""
+    import numpy as np
+
+    from cels.protocol.wire.codec import table_message, table_of
+
+    report = {"integer_total": 46, "ratio": 0.5, "whole": 2.0, "mode": "private", "ok": True, "gap": None,
+              "noise": {"scale": 5.0, "total_before": np.int64(36)}, "list": [1, "a", [2.5]], "array": np.array([3, 4])}  # fmt: skip
+    back = table_of(cels_pb2.Table.FromString(table_message(report).SerializeToString()))
+    assert back == {**report, "noise": {"scale": 5.0, "total_before": 36}, "array": [3, 4]}
+    assert list(back) == list(report) and type(back["integer_total"]) is int and type(back["whole"]) is float
+    with pytest.raises(TypeError, match="cannot be a set"):
+        table_message({"bad": {1}})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from cels.node.tls import open_channel, warn_insecure
 from cels.protocol.aborts import BEFORE_START, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
 from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
-from cels.protocol.wire.codec import phase_from_wire
+from cels.protocol.wire.codec import phase_from_wire, table_of
 
 
 CONNECT_TIMEOUT = 60.0
@@ -204,8 +203,8 @@ def run_on_nodes(
                         on_phase_start(event.phase_start)
                     elif kind == "output_chunk":
                         sink.write(event.output_chunk)
-                    elif kind == "report_json":
-                        report = json.loads(event.report_json)
+                    elif kind == "report":
+                        report = table_of(event.report)
                     elif kind == "aborted":
                         raise SessionAborted(event.aborted)
                 if report is None:

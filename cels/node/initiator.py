@@ -10,7 +10,6 @@ the Abort.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from cels.protocol.aborts import UNREACHABLE, abort_notice
 from cels.protocol.host import ABORTED, DONE, Call, Event, Step
 from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
-from cels.protocol.wire.codec import phase_to_wire
+from cels.protocol.wire.codec import phase_to_wire, table_message
 
 OutputWriter = Callable[[Any, Path], None]
 """Writes the initiator role's ``output`` to a file (the party node writes the log's format)."""
@@ -72,7 +71,7 @@ def follow(driver: SessionDriver, link: SessionLink, write_output: OutputWriter,
         with open(path, "rb") as fh:
             while chunk := fh.read(CHUNK_BYTES):
                 yield cels_pb2.RunEvent(output_chunk=chunk)
-    yield cels_pb2.RunEvent(report_json=json.dumps(report, default=_json_default))
+    yield cels_pb2.RunEvent(report=table_message(report))
 
 
 def make_call(driver: SessionDriver, link: SessionLink, call: Call) -> cels_pb2.SessionState | None:
@@ -122,9 +121,3 @@ def wire_report(states: dict[str, cels_pb2.SessionState]) -> dict[str, Any]:
         for name, state in states.items()
     }
     return {"nodes": nodes, "bytes_total": sum(n["bytes_total"] for n in nodes.values())}
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")

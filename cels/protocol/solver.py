@@ -10,7 +10,6 @@ constraints) and returns pi_r(..pi_1(x)..) to the last party.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from concurrent.futures import Executor
 
@@ -208,7 +207,7 @@ class SolverRole(SessionRole):
             session_id=self.session_id,
             unpermuted=0,
             x=[int(v) for v in x],
-            solver_report_json=json.dumps(self.solve_report, default=float),
+            solver_report=codec.table_message(self.solve_report),
         )
         self._finish()
         return self._send(self.parties[-1], nlp_solution=solution_msg)

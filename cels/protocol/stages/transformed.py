@@ -7,7 +7,6 @@ un-permuted in reverse order; every party checks its exact rows on x.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 
@@ -166,14 +165,11 @@ class TransformedSolve(Solve):
             unpermuted[self.pi] = x  # permuted column j was column perm[j]
             x = unpermuted
             step = cels_pb2.NlpSolution(
-                session_id=seat.session_id, unpermuted=msg.unpermuted + 1, x=x.tolist(), solver_report_json=msg.solver_report_json
+                session_id=seat.session_id, unpermuted=msg.unpermuted + 1, x=x.tolist(), solver_report=msg.solver_report
             )
             if seat.k > 0:
                 return seat.send(seat.predecessor, nlp_solution=step)
             out = seat.send(seat.parties[1:], nlp_solution=step)
-        try:
-            report = {"solve": "transformed", **json.loads(msg.solver_report_json or "{}")}
-        except ValueError as exc:
-            raise malformed(f"{seat.name}: solver report is not JSON: {exc}") from None
+        report = {"solve": "transformed", **codec.table_of(msg.solver_report)}
         self._solved(x, report, constraint_rows=tuple(self.shape_rows), ell=int(self.ell))
         return out

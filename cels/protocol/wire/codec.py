@@ -95,3 +95,43 @@ def state_to_wire(state: SessionState) -> int:
 def state_from_wire(value: int) -> SessionState:
     """The wire's session state; a value this version does not know reads as UNKNOWN."""
     return _STATE_OF.get(value, SessionState.UNKNOWN)
+
+
+def table_message(report: dict) -> cels_pb2.Table:
+    """A report (str keys; int, float, str, bool, None, list, dict and numpy scalars or arrays
+    as values) as a typed :class:`Table`, its key order kept."""
+    return cels_pb2.Table(entries=[cels_pb2.Entry(key=str(k), value=_value_message(v)) for k, v in report.items()])
+
+
+def table_of(table: cels_pb2.Table) -> dict:
+    """The report a :class:`Table` holds (the inverse of :func:`table_message`)."""
+    return {entry.key: _value_of(entry.value) for entry in table.entries}
+
+
+def _value_message(value) -> cels_pb2.Value:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        value = value.tolist()
+    if value is None:
+        return cels_pb2.Value(null=True)
+    if isinstance(value, bool):
+        return cels_pb2.Value(flag=value)
+    if isinstance(value, int):
+        return cels_pb2.Value(integer=value)
+    if isinstance(value, float):
+        return cels_pb2.Value(number=value)
+    if isinstance(value, str):
+        return cels_pb2.Value(text=value)
+    if isinstance(value, dict):
+        return cels_pb2.Value(table=table_message(value))
+    if isinstance(value, (list, tuple)):
+        return cels_pb2.Value(list=cels_pb2.ValueList(items=[_value_message(v) for v in value]))
+    raise TypeError(f"a report value cannot be a {type(value).__name__}")
+
+
+def _value_of(value: cels_pb2.Value):
+    kind = value.WhichOneof("kind")
+    if kind == "table":
+        return table_of(value.table)
+    if kind == "list":
+        return [_value_of(v) for v in value.list.items]
+    return None if kind in (None, "null") else getattr(value, kind)

@@ -98,6 +98,10 @@ class PrivateSolveParty:
         self.masks = masks or PairwiseMasks(parties.index(name), len(parties), session_id.encode())  # HKDF info: label || session id
         self.verdicts = verdicts
         self.rule: ProposalRule | None = None
+        self.b = 0.0  # the privacy bound, once the rows are in (start)
+        self.state: GreedyState | None = None  # the public x and A
+        self.rows = sp.csc_matrix((0, 0))  # this party's ln t rows (start)
+        self.loads = np.zeros(0)  # its users' loads sum_i x_i ln t_ij
         self.round = 0
         self.proposals = np.zeros(0, dtype=np.int64)
         self.done = False
@@ -126,7 +130,7 @@ class PrivateSolveParty:
     def start(self, rule: ProposalRule, rows: sp.spmatrix, b: float) -> list[Outgoing]:
         """This party's rows are ready: begin the rounds once every mask key is in."""
         self.rule, self.b = rule, b
-        self.state: GreedyState = rule.start()
+        self.state = rule.start()
         self.rows = sp.csc_matrix(rows, dtype=np.float64)
         self.loads = np.zeros(self.rows.shape[0])
         return self._next_round()

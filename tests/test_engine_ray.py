@@ -4,6 +4,7 @@ session on Ray, and the ``[engine]`` options' checks."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -172,3 +173,49 @@ def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch)
         open_engine(EngineOptions(kind="ray", address="127.0.0.1:9"))
     with pytest.raises(ValueError, match=r"engine.address 'nowhere' is neither"):
         open_engine(EngineOptions(kind="ray", address="nowhere"))
+
+
+PARTY_TOML = '[node]\nname = "party-1"\nlisten = "127.0.0.1:7101"\ninsecure = true\n[data]\npath = "log.tsv"\n'
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('kind = "spark"', '[engine] kind: expected one of "local", "ray", got "spark"'),
+        ("shards = 0", "[engine] shards: expected an integer >= 1, got 0"),
+        ('max_in_flight = "8"', '[engine] max_in_flight: expected an integer >= 1, got "8"'),
+        ("shard = 2", "[engine] unknown key 'shard'"),
+        ("shards = 2", '[engine]: engine.address, engine.shards and engine.max_in_flight apply to kind = "ray" only'),
+    ],
+)
+def test_the_engine_table_is_checked_naming_the_file(tmp_path, capsys, table, message) -> None:
+    from party_node.__main__ import main as party_main
+
+    (tmp_path / "log.tsv").write_text("")
+    config = tmp_path / "party.toml"
+    config.write_text(f"{PARTY_TOML}[engine]\n{table}\n")
+    assert party_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cels-party: error: {config}") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_party_node_refuses_an_unreachable_ray_cluster_with_exit_2(tmp_path, capsys, monkeypatch) -> None:
+    from party_node.__main__ import main as party_main
+
+    monkeypatch.setattr("cels.engine.ray_work.CONNECT_SECONDS", 1.0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a fresh node process
+    (tmp_path / "log.tsv").write_text("")
+    config = tmp_path / "party.toml"
+    config.write_text(f'{PARTY_TOML}[engine]\nkind = "local"\n')
+    assert party_main(["--config", str(config), "--engine", "ray", "--engine-address", "127.0.0.1:9", "--shards", "2"]) == 2
+    assert "cels-party: error: the Ray cluster at 127.0.0.1:9 is unreachable" in capsys.readouterr().err
+
+
+def test_simulate_passes_the_engine_flags_to_every_party_node() -> None:
+    from cels.node.config import engine_argv, engine_options
+
+    args = argparse.Namespace(engine="ray", engine_address=None, shards=2, max_in_flight=None)
+    assert engine_argv(args) == ["--engine", "ray", "--shards", "2"]
+    assert engine_options(args, {}) == EngineOptions(kind="ray", shards=2)
+    with pytest.raises(ValueError, match=r"^the engine flags: engine.shards must be a positive integer, not -1$"):
+        engine_options(argparse.Namespace(engine="ray", engine_address=None, shards=-1, max_in_flight=None), {})

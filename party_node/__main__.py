@@ -16,12 +16,13 @@ def build_parser():
     """The flags of ``cels-party`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
     import argparse
 
-    from cels.node.config import add_data_arguments, add_ledger_arguments, add_node_arguments
+    from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments
 
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
     add_node_arguments(parser)
     add_data_arguments(parser)
     add_ledger_arguments(parser)
+    add_engine_arguments(parser)
     return parser
 
 
@@ -31,8 +32,9 @@ def start(argv: Sequence[str] | None):
 
     import os
 
+    from cels.engine import open_engine
     from cels.logs import load_log, write_log
-    from cels.node.config import data_source, ledger_policy, node_config
+    from cels.node.config import data_source, engine_options, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
     from cels.node.pool import ElasticThreadPool
@@ -47,6 +49,7 @@ def start(argv: Sequence[str] | None):
     if not (path.is_file() or (options.format == "parquet" and path.is_dir())):  # a Parquet dataset is a directory
         raise ValueError(f"data file {path} does not exist")
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
+    engine = open_engine(engine_options(args, config.engine))  # once per node: an unreachable Ray cluster refuses the node
     allow_small = warn_insecure_keys(config)
     # P_1 decrypts every secure sum while the other parties wait for the result: all cores
     # (the exponentiations release the GIL, so threads suffice)
@@ -55,19 +58,23 @@ def start(argv: Sequence[str] | None):
     def factory(session: SessionOptions, keys: NodeKeys):
         # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
         # the log is read when the session begins (a bad log aborts that session, not the node)
-        return ledger.admit(
-            session,
-            lambda: PartyRole(
+        def load():
+            return load_log(path, options)
+
+        def role() -> PartyRole:
+            return PartyRole(
                 config.name,
                 session,
-                lambda: load_log(path, options),
+                load,
                 allow_insecure_key_bits=allow_small,
                 obfuscators=keys.obfuscators,
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=decryption_pool,
                 session_report=session_report,
-            ),
-        )
+                work=engine.work(load, session.cap),
+            )
+
+        return ledger.admit(session, role)
 
     return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release)
 

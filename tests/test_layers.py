@@ -19,7 +19,8 @@ RULES = {
         "cels.protocol", "cels.node", "cels.views", "cels.attacks", "cels.workers", "google.protobuf", "grpc",
         "threading", "time", "concurrent", "multiprocessing",
     ),  # fmt: skip
-    "protocol": ("grpc", "threading", "time", "matplotlib", "logging", "cels.node", "cels.views", "cels.attacks", "cels.cli"),
+    "protocol": ("grpc", "threading", "time", "matplotlib", "logging", "cels.node", "cels.views", "cels.attacks", "cels.cli", "ray", "cels.engine"),
+    "engine": ("grpc", "google.protobuf", "cels.node", "cels.cli"),  # the party's executors: no wire, no node
     "mechanism": ("cels.protocol", "cels.node", "grpc"),
 }
 """Package under cels/ -> module prefixes none of its modules may import."""

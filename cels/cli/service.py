@@ -34,7 +34,7 @@ from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import load_toml
+from cels.node.config import add_engine_arguments, engine_argv, engine_options, load_toml
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import SessionOptions
@@ -71,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--report", type=Path, metavar="REPORT.json", help="the confidential operator report (mode 0600; default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside the release)")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
+    add_engine_arguments(sim)
     single_holder_arguments(sim)
     sim.set_defaults(func=run_simulate)
 
@@ -388,6 +389,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory")
     options = simulate_options(args, args.parties)
+    engine_options(args, {})  # checked here: every party node gets the same engine flags
     warn_transformed(options, "cels simulate")
     if options.key_bits < DEFAULT_KEY_BITS:
         print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
@@ -410,7 +412,8 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock)
+        engine = {party: engine_argv(args) for party in options.parties}
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=engine)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

@@ -43,8 +43,15 @@ class X25519Hash:
 
     name = "x25519"
 
-    def __init__(self) -> None:
-        self._key = X25519PrivateKey.generate()
+    def __init__(self, scalar: bytes | None = None) -> None:
+        """A fresh key, or the key whose raw 32-byte scalar is ``scalar`` (see :meth:`scalar_bytes`)."""
+        self._key = X25519PrivateKey.generate() if scalar is None else X25519PrivateKey.from_private_bytes(scalar)
+
+    def scalar_bytes(self) -> bytes:
+        """The raw secret scalar: how this key reaches the party's own workers, which rebuild it
+        with ``X25519Hash(scalar)`` (docs/deployment.md, "A party on a Ray cluster"); never a
+        pickled key object."""
+        return self._key.private_bytes_raw()
 
     def hash(self, ids: Sequence[bytes]) -> list[bytes]:
         """Map each id to a curve point and apply this party's scalar."""

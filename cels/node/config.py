@@ -37,6 +37,12 @@ budget_epsilon = 8.0             # refuse a session that would take the window's
 budget_delta = 1.0
 window_days = 30                 # sessions older than this no longer count (default: all)
 
+[engine]                         # party nodes: where the local work runs (cels.engine; docs/deployment.md)
+kind = "ray"                     # "local" (default): in this process; "ray": on the party's own Ray cluster
+address = "local"                # "local" starts a Ray instance; host:port joins a running cluster
+shards = 4                       # user-shard actors P
+max_in_flight = 8                # pair-work tasks at once
+
 [metrics]                        # Prometheus metrics on a port of their own (off without this table)
 listen = "127.0.0.1:9464"        # host:port, or a port alone (bound to 127.0.0.1)
 ```
@@ -93,6 +99,8 @@ class NodeConfig:
     """The role-specific tables ([data] for a party, [solver] for the solver)."""
     ledger: dict[str, Any] = field(default_factory=dict)
     """A party's ``[ledger]`` table (cels.node.ledger)."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """A party's ``[engine]`` table (cels.engine)."""
     metrics_listen: str | None = None
     """host:port of the Prometheus metrics (cels.node.telemetry); None: no metrics port."""
 
@@ -257,6 +265,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         keys=key_policy(args, doc.get("keys", {})),
         extra={"base": base, **doc.get(role_table, {})},
         ledger=doc.get("ledger", {}),
+        engine=doc.get("engine", {}),
         metrics_listen=args.metrics_listen or doc.get("metrics", {}).get("listen"),
     )
 
@@ -330,3 +339,34 @@ def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) ->
             raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
         return None
     return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"))
+
+
+ENGINE_FLAGS = {"engine": "kind", "engine_address": "address", "shards": "shards", "max_in_flight": "max_in_flight"}
+"""Flag dest -> its ``[engine]`` key."""
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a party's local work runs (cels.engine); the flags override ``[engine]``."""
+    g = parser.add_argument_group("engine (docs/deployment.md, \"A party on a Ray cluster\")")
+    g.add_argument("--engine", choices=("local", "ray"), help="local: in the node's process (default); ray: on the party's own Ray cluster (the ray extra)")
+    g.add_argument("--engine-address", metavar="ADDR", help='"local" starts a Ray instance in the node (default); host:port joins a running cluster')
+    g.add_argument("--shards", type=int, metavar="P", help="user-shard actors (default 1)")
+    g.add_argument("--max-in-flight", type=int, metavar="N", help="pair-work tasks at once (default 4)")
+
+
+def engine_options(args: argparse.Namespace, table: dict[str, Any]):
+    """The checked :class:`cels.engine.options.EngineOptions`: flags over the ``[engine]`` table
+    (a ValueError naming the config file or the flags)."""
+    from cels.engine.options import EngineOptions
+
+    given = {**table, **{key: getattr(args, dest) for dest, key in ENGINE_FLAGS.items() if getattr(args, dest) is not None}}
+    try:
+        return EngineOptions(**given)
+    except ValueError as exc:
+        where = f"{args.config} [engine]" if getattr(args, "config", None) and table else "the engine flags"
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    """The engine flags given, as a party node's command line (``cels simulate`` passes them on)."""
+    return [a for dest in ENGINE_FLAGS if getattr(args, dest) is not None for a in (f"--{dest.replace('_', '-')}", str(getattr(args, dest)))]

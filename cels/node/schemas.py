@@ -83,6 +83,16 @@ LEDGER_TABLE = {
     "additionalProperties": False,
     "properties": {"path": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
 }
+ENGINE_TABLE = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "kind": {"enum": ["local", "ray"]},
+        "address": {"type": "string", "minLength": 1, "description": '"local" or a Ray cluster address host:port'},
+        "shards": {"type": "integer", "minimum": 1},
+        "max_in_flight": {"type": "integer", "minimum": 1},
+    },
+}
 SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
 METRICS_TABLE = {
     "type": "object",
@@ -93,7 +103,7 @@ METRICS_TABLE = {
 PARTY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE, "ledger": LEDGER_TABLE},
+    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE, "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE},
 }
 """A party node's TOML (``cels-party --config``; cels.node.config)."""
 SOLVER_SCHEMA: dict[str, Any] = {

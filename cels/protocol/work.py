@@ -22,7 +22,7 @@ import scipy.sparse as sp
 from cels.crypto.commutative_cipher import PohligHellmanHash
 from cels.crypto.ec_hash import X25519Hash
 from cels.logs.model import SearchLog
-from cels.mechanism.conditions import apply_cap, log_t_rows, prune_dominated
+from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.greedy import verdicts
 from cels.mechanism.sampling import multinomial_sample, pseudonyms
 from cels.protocol.sampling import StagedSampler, paper_trials
@@ -90,6 +90,7 @@ class InProcessWork:
         self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
         self.local: sp.csr_matrix | None = None  # users x universe
         self.pair_of: dict[int, int] = {}  # universe column -> own pair index
+        self.row_users = np.zeros(0, dtype=np.int64)  # the user (log row) of each constraint row
 
     def load(self) -> LoadResult:
         log = self._source() if callable(self._source) else self._source
@@ -115,7 +116,9 @@ class InProcessWork:
         return ((col_max >= totals) & (totals > 0)).astype(np.int64)
 
     def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
-        return prune_dominated(log_t_rows(self.local[:, active], totals))
+        rows = log_t_rows(self.local[:, active], totals)
+        self.row_users = dominant_rows(rows)  # dominated rows pruned (cels.mechanism.conditions.prune_dominated)
+        return rows[self.row_users].tocsr()
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
         return verdicts(rows, loads, proposals, b)

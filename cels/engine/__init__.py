@@ -1,0 +1,46 @@
+"""Where a party's local work runs (docs/deployment.md, "A party on a Ray cluster").
+
+A party node picks its engine once, from its ``[engine]`` table or flags: ``local`` (the
+default) runs the work in the node's process (:class:`cels.protocol.work.InProcessWork`);
+``ray`` starts or joins the party's own Ray cluster once per node process and gives every
+session a :class:`cels.engine.ray_work.RayWork`.  ``ray`` is an optional extra, imported only
+here and only when asked for.  The protocol (cels.protocol) never sees the engine: it talks
+to a :class:`cels.protocol.work.LocalWork`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from cels.engine.options import EngineOptions
+from cels.logs.model import SearchLog
+from cels.protocol.work import InProcessWork, LocalWork
+
+__all__ = ["Engine", "EngineOptions", "LocalEngine", "open_engine"]
+
+
+class Engine(Protocol):
+    """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``)."""
+
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork: ...
+
+
+class LocalEngine:
+    """Every session's work in this process (the default)."""
+
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork:
+        return InProcessWork(log, cap)
+
+
+def open_engine(options: EngineOptions) -> Engine:
+    """The node's engine, started once per node process: for ``ray`` this starts or joins the
+    cluster now, so an unreachable address refuses the node before any session (a ValueError
+    naming the address)."""
+    if options.kind == "local":
+        return LocalEngine()
+    try:
+        from cels.engine.ray_work import RayEngine
+    except ImportError as exc:
+        raise ValueError(f"engine.kind = \"ray\" needs the ray extra (pip install 'cels[ray]'): {exc}") from None
+    return RayEngine.start(options)

@@ -1,0 +1,221 @@
+"""A party's local work on its own Ray cluster (cels.engine; docs/deployment.md, "A party on a
+Ray cluster"): the same results as in one process for any number of user shards, a whole
+session on Ray, and the ``[engine]`` options' checks."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cels[ray]'; CI installs it)")
+
+from cels.crypto.commutative_cipher import CommutativeCipherError  # noqa: E402
+from cels.crypto.ec_hash import X25519Hash  # noqa: E402
+from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
+from cels.engine.ray_work import RayWork  # noqa: E402
+from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
+from cels.logs import synthetic_log  # noqa: E402
+from cels.logs.model import SearchLog  # noqa: E402
+from cels.mechanism.greedy import verdicts  # noqa: E402
+from cels.protocol.host import SessionHost  # noqa: E402
+from cels.protocol.options import SessionOptions  # noqa: E402
+from cels.protocol.party import PartyRole  # noqa: E402
+from cels.protocol.work import InProcessWork  # noqa: E402
+from cels.session_report import session_report  # noqa: E402
+from test_private_solve import TEST_KEYS, audit  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One local Ray instance for the module (a node starts or joins its cluster once)."""
+    started = open_engine(EngineOptions(kind="ray", shards=2, max_in_flight=2))
+    yield started
+    ray.shutdown()
+
+
+def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork, RayWork]:
+    """The same log loaded and indexed in one process and on Ray."""
+    works = InProcessWork(log, 4), RayWork(log, 4, shards, max_in_flight)
+    for work in works:
+        own = work.load().own
+        work.index(len(own), own, np.arange(len(own)))
+    return works
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) -> None:
+    """Chunks of 100 ids, 2 in flight: the same ids, in order, for both hops of the universe."""
+    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 100)
+    local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
+    cipher = X25519Hash(bytes(range(32)))
+    own = local.load().own
+    first = local.hash_ids(cipher, own)
+    assert len(first) == len(own) > 300
+    assert remote.hash_ids(cipher, own) == first
+    peer = X25519Hash(bytes(range(1, 33)))
+    assert remote.apply_layer(peer, first) == local.apply_layer(peer, first) == peer.apply(first)
+
+
+def test_a_bad_peer_id_is_a_cipher_error_naming_its_chunk(engine, monkeypatch) -> None:
+    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 4)
+    _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
+    ids = [bytes([9]) * 32] * 9 + [b"short"]
+    with pytest.raises(CommutativeCipherError, match=r"ids from 8 on: x25519 element 1: 5 bytes"):
+        remote.apply_layer(X25519Hash(), ids)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
+    """Tight b, many proposals per round and proposals that share users: the shards' walk
+    gives the in-process bitmap (a plain OR of the shards' own walks would not, see below)."""
+    local, remote = loaded_pair(shards, synthetic_log(seed=5, users=120, pairs=80))
+    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
+    active = np.flatnonzero(totals)
+    rows = local.constraint_rows(active, totals)
+    assert (remote.constraint_rows(active, totals) != rows).nnz == 0
+    rng = np.random.default_rng(1)
+    loads = rows @ rng.integers(0, 3, rows.shape[1]).astype(np.float64)
+    b = float(np.quantile(loads, 0.8)) + 0.5
+    proposals = rng.permutation(rows.shape[1])[:60]
+    expected = verdicts(rows.tocsc(), loads, proposals, b)
+    assert 0 < expected.sum() < len(proposals)
+    assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
+    assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b), verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b))
+    if shards > 1:  # the shortcut the walk avoids: each shard's own verdicts, OR-ed
+        members = [np.flatnonzero([remote.shard_of(local.log.users[j]) == s for j in remote.row_users]) for s in range(shards)]
+        ored = np.zeros_like(expected)
+        for m in members:
+            ored |= verdicts(rows[m].tocsc(), loads[m], proposals, b)
+        assert np.all(ored >= expected)  # a shard alone only rejects more
+
+
+def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
+    """16 gadgets: A holds p0 and p1, B holds p0 (more of it).  B cannot take p0, so the party
+    rejects it; A then fits p1 (without p0's cost).  A shard holding A without B would walk p0
+    in and reject p1: an OR of the shards' own walks rejects every p1 wherever some gadget is
+    split (all but 2^-15 of the keys), the shards' joint walk none."""
+    gadgets = 16
+    users = [f"{who}{g}" for g in range(gadgets) for who in "AB"]
+    pairs = [(f"q{g}", f"p{t}") for g in range(gadgets) for t in range(2)]
+    counts = sp.lil_matrix((len(users), len(pairs)), dtype=np.int64)
+    for g in range(gadgets):
+        counts[2 * g, 2 * g] = counts[2 * g, 2 * g + 1] = 1  # A
+        counts[2 * g + 1, 2 * g] = 2  # B
+    log = SearchLog(users, pairs, counts.tocsr())
+    totals = np.full(len(pairs), 4)  # ln t: A ln(4/3) on both, B ln 2
+    local, remote = loaded_pair(2, log)
+    rows = local.constraint_rows(np.arange(len(pairs)), totals)
+    assert (remote.constraint_rows(np.arange(len(pairs)), totals) != rows).nnz == 0 and rows.shape[0] == len(users)
+    b = 1.0
+    loads = np.where(np.arange(len(users)) % 2, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
+    proposals = np.arange(len(pairs))
+    expected = verdicts(rows.tocsc(), loads, proposals, b)
+    assert expected.tolist() == [1, 0] * gadgets
+    assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
+
+
+def test_the_shards_follow_the_session_hmac_key() -> None:
+    log = synthetic_log(seed=5, users=200, pairs=40)
+    a, b = (RayWork(log, 4, 4, 2) for _ in range(2))
+    shard_a = [a.shard_of(u) for u in log.users]
+    assert set(shard_a) == {0, 1, 2, 3} and shard_a != [b.shard_of(u) for u in log.users]
+
+
+def test_a_whole_session_with_ray_work_releases_a_feasible_log(engine) -> None:
+    log = synthetic_log(seed=9, users=60)
+    config = SessionOptions.create(2, keep_user_ids=True, epsilon=8.0, delta=0.9, round_batch=8, **TEST_KEYS)
+    nodes = session_hosts(log.split_by_user(2), config, allow_insecure_key_bits=True)
+    works: list[RayWork] = []
+
+    def party(name: str, part):
+        def role(opts: SessionOptions) -> PartyRole:
+            works.append(engine.work(part, opts.cap))
+            return PartyRole(name, opts, part, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
+
+        return MemoryNode(SessionHost(name, role, time.perf_counter))
+
+    nodes.update({name: party(name, part) for name, part in zip(config.parties, log.split_by_user(2))})
+    roles = start_session(InMemoryNetwork(nodes), config)
+    assert all(role.aborted is None for role in roles.values()), [r.aborted for r in roles.values()]
+    assert [type(w) for w in works] == [RayWork, RayWork] and all(len(w._actors) == 2 for w in works)
+    x = audit(log, roles[config.initiator].output, config.b)
+    assert x.sum() == roles[config.initiator].report["solver"]["integer_total"] > 0
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"kind": "spark"}, "engine.kind must be one of local, ray, not 'spark'"),
+        ({"kind": "ray", "shards": 0}, "engine.shards must be a positive integer, not 0"),
+        ({"kind": "ray", "max_in_flight": True}, "engine.max_in_flight must be a positive integer, not True"),
+        ({"kind": "ray", "address": " "}, "engine.address must be"),
+        ({"shards": 4}, "apply to kind = \"ray\" only"),
+    ],
+)
+def test_engine_options_are_checked(fields, message) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineOptions(**fields)
+
+
+def test_the_local_engine_is_the_in_process_work() -> None:
+    assert isinstance(open_engine(EngineOptions()), LocalEngine)
+    assert type(LocalEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4)) is InProcessWork
+
+
+def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch) -> None:
+    monkeypatch.setattr("cels.engine.ray_work.CONNECT_SECONDS", 1.0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as a fresh node process would be
+    with pytest.raises(ValueError, match=r"the Ray cluster at 127\.0\.0\.1:9 is unreachable"):
+        open_engine(EngineOptions(kind="ray", address="127.0.0.1:9"))
+    with pytest.raises(ValueError, match=r"engine.address 'nowhere' is neither"):
+        open_engine(EngineOptions(kind="ray", address="nowhere"))
+
+
+PARTY_TOML = '[node]\nname = "party-1"\nlisten = "127.0.0.1:7101"\ninsecure = true\n[data]\npath = "log.tsv"\n'
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('kind = "spark"', '[engine] kind: expected one of "local", "ray", got "spark"'),
+        ("shards = 0", "[engine] shards: expected an integer >= 1, got 0"),
+        ('max_in_flight = "8"', '[engine] max_in_flight: expected an integer >= 1, got "8"'),
+        ("shard = 2", "[engine] unknown key 'shard'"),
+        ("shards = 2", '[engine]: engine.address, engine.shards and engine.max_in_flight apply to kind = "ray" only'),
+    ],
+)
+def test_the_engine_table_is_checked_naming_the_file(tmp_path, capsys, table, message) -> None:
+    from party_node.__main__ import main as party_main
+
+    (tmp_path / "log.tsv").write_text("")
+    config = tmp_path / "party.toml"
+    config.write_text(f"{PARTY_TOML}[engine]\n{table}\n")
+    assert party_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cels-party: error: {config}") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_party_node_refuses_an_unreachable_ray_cluster_with_exit_2(tmp_path, capsys, monkeypatch) -> None:
+    from party_node.__main__ import main as party_main
+
+    monkeypatch.setattr("cels.engine.ray_work.CONNECT_SECONDS", 1.0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a fresh node process
+    (tmp_path / "log.tsv").write_text("")
+    config = tmp_path / "party.toml"
+    config.write_text(f'{PARTY_TOML}[engine]\nkind = "local"\n')
+    assert party_main(["--config", str(config), "--engine", "ray", "--engine-address", "127.0.0.1:9", "--shards", "2"]) == 2
+    assert "cels-party: error: the Ray cluster at 127.0.0.1:9 is unreachable" in capsys.readouterr().err
+
+
+def test_simulate_passes_the_engine_flags_to_every_party_node() -> None:
+    from cels.node.config import engine_argv, engine_options
+
+    args = argparse.Namespace(engine="ray", engine_address=None, shards=2, max_in_flight=None)
+    assert engine_argv(args) == ["--engine", "ray", "--shards", "2"]
+    assert engine_options(args, {}) == EngineOptions(kind="ray", shards=2)
+    with pytest.raises(ValueError, match=r"^the engine flags: engine.shards must be a positive integer, not -1$"):
+        engine_options(argparse.Namespace(engine="ray", engine_address=None, shards=-1, max_in_flight=None), {})

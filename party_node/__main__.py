@@ -76,7 +76,7 @@ def start(argv: Sequence[str] | None):
 
         return ledger.admit(session, role)
 
-    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release)
+    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release, on_stop=engine.close)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

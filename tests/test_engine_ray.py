@@ -5,6 +5,7 @@ session on Ray, and the ``[engine]`` options' checks."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import time
 
 import numpy as np
@@ -219,3 +220,34 @@ def test_simulate_passes_the_engine_flags_to_every_party_node() -> None:
     assert engine_options(args, {}) == EngineOptions(kind="ray", shards=2)
     with pytest.raises(ValueError, match=r"^the engine flags: engine.shards must be a positive integer, not -1$"):
         engine_options(argparse.Namespace(engine="ray", engine_address=None, shards=-1, max_in_flight=None), {})
+
+
+def ray_processes() -> set[int]:
+    """Pids of Ray's own processes on this machine (raylet, GCS, workers and agents)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and (argv[0].startswith(b"ray::") or any(b"raylet" in a or b"gcs_server" in a or b"ray/dashboard" in a for a in argv[:2])):
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_simulated_ray_session_leaves_no_ray_process_behind(tmp_path) -> None:
+    """A party node with --engine ray starts its own Ray instance; when the node stops, the
+    instance goes with it (no raylet, GCS or agent left orphaned), and the release is written."""
+    from cels.cli import main
+
+    before = ray_processes()
+    argv = ["simulate", "--parties", "2", "--synthetic-users", "40", "--synthetic-pairs", "40", "--key-bits", "512",
+            "--engine", "ray", "--shards", "2", "--out", str(tmp_path / "out"), "--report", str(tmp_path / "report.json")]  # fmt: skip
+    assert main(argv) in (0, 3)
+    assert (tmp_path / "out" / "sanitized.tsv").is_file()
+    limit = time.monotonic() + 20
+    while (left := ray_processes() - before) and time.monotonic() < limit:
+        time.sleep(0.5)
+    assert not left, sorted(left)

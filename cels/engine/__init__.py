@@ -25,12 +25,18 @@ class Engine(Protocol):
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork: ...
 
+    def close(self) -> None:
+        """The node stops: no worker of the engine outlives it."""
+
 
 class LocalEngine:
     """Every session's work in this process (the default)."""
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork:
         return InProcessWork(log, cap)
+
+    def close(self) -> None:
+        """Nothing runs outside the node's process."""
 
 
 def open_engine(options: EngineOptions) -> Engine:

@@ -81,6 +81,11 @@ class RayEngine:
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> RayWork:
         return RayWork(log, cap, self.options.shards, self.options.max_in_flight)
 
+    def close(self) -> None:
+        """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
+        the cluster it joined: no Ray process outlives a stopped node."""
+        ray.shutdown()
+
 
 @ray.remote
 def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> list[bytes]:

@@ -66,15 +66,16 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
 
     def __init__(
         self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False,
-        ledger: Ledger | None = None, session_ended: Callable[[str], object] | None = None,
+        ledger: Ledger | None = None, session_ended: Callable[[str], object] | None = None, on_stop: Callable[[], object] | None = None,
     ) -> None:
         """``output_writer``: a party's (the solver writes no output); ``ledger``: a party's
         privacy budget ledger, reported to its operators (cels.node.telemetry);
         ``session_ended(session_id)`` is called once when a session ends here, done or aborted
-        (the party node's ledger releases its reservation, cels.node.ledger)."""
+        (the party node's ledger releases its reservation, cels.node.ledger); ``on_stop()`` last
+        when the node stops (a party's engine shuts its Ray workers down, cels.engine)."""
         from cels.views import record_views
 
-        self.output_writer = output_writer
+        self.output_writer, self.on_stop = output_writer, on_stop
         telemetry = NodeTelemetry(config.name, "party" if output_writer is not None else "solver", ledger)
         peers = PeerClients(config, on_sent=telemetry.frames_sent)
         keys = NodeKeys(config.name, list(config.peers), config.keys, peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
@@ -131,6 +132,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         self.keys.close()
         self.peers.close()
         self.telemetry.close()
+        if self.on_stop is not None:
+            self.on_stop()
 
     def wait(self) -> None:
         assert self.server is not None

@@ -106,3 +106,20 @@ def test_docs_show_the_tables_as_they_are() -> None:
     from pathlib import Path
 
     assert table_markdown() in (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+
+
+def next_markdown() -> str:
+    """The party's NEXT table as docs/protocol.md shows it: after each phase, the next."""
+    from cels.protocol.party import NEXT
+
+    rows = ["| when the machine of | has its result, the party keeps it as | and enters |", "| --- | --- | --- |"]
+    for phase, (keep, then, build) in NEXT.items():
+        entered = then.value if then is not None else ("solve or nlp (the solve mode)" if build is not None else "over")
+        rows.append(f"| {phase.value} | `{keep}` | {entered} |")
+    return "\n".join(rows)
+
+
+def test_docs_show_the_party_phase_order_as_it_is() -> None:
+    from pathlib import Path
+
+    assert next_markdown() in (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()

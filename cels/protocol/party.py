@@ -29,7 +29,7 @@ from cels.protocol.rolebase import SessionRole
 from cels.protocol.stages.counts import Counts
 from cels.protocol.stages.private import PrivateSolve
 from cels.protocol.stages.results import (
-    CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UniverseResult,
+    CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult, UniverseResult,
 )  # fmt: skip
 from cels.protocol.stages.sampling import Sampling
 from cels.protocol.stages.seat import Seat, Stage
@@ -98,6 +98,7 @@ class PartyRole(SessionRole):
         self.solve: Solve | None = None
         self.solved: SolveResult | None = None
         self.sampled: SamplingResult | None = None
+        self.united: UnionResult | None = None
         self.reports: list[cels_pb2.StepReport] = []
         self.session_result: SessionResult | None = None
         self._session_report = session_report
@@ -124,27 +125,17 @@ class PartyRole(SessionRole):
         return out
 
     def _next(self, result) -> Stage | None:
-        """The phase machine built from ``result`` (none after the union: the initiator keeps the output)."""
-        seat, work, sums = self.seat, self.work, self.sums
-        if isinstance(result, LoadResult):
-            self.loaded = result
-            return Universe(seat, work, self._hash, result)
-        if isinstance(result, UniverseResult):
-            self.indexed = result
-            return Counts(seat, work, sums, result)
-        if isinstance(result, CountsResult):
-            self.counted = result
-            self.solve = self._solve_class(seat, work, sums, result, self._rng)
-            return self.solve
-        if isinstance(result, SolveResult):
-            self.solved = result
-            return Sampling(seat, work, sums, self.counted, result, self._rng)
-        if isinstance(result, SamplingResult):
-            self.sampled = result
-            return Union(seat, work, self.counted, result, self._rng)
-        if self.name == self.initiator:
-            self.output = output_log(result, self.loaded)
-        return None
+        """The phase machine after the running one (:data:`NEXT`), built from its ``result``,
+        which the role keeps; none after the union (the initiator keeps the output)."""
+        keep, then, build = NEXT[self.phase]
+        setattr(self, keep, result)
+        if build is None:
+            if self.name == self.initiator:
+                self.output = output_log(result, self.loaded)
+            return None
+        stage = build(self, result)
+        assert stage.phase is then or (then is None and stage.phase in SOLVE_PHASES), (self.phase, stage.phase)
+        return stage
 
     def _on_sum_total(self, sum_id: str, total: np.ndarray) -> list[Outgoing]:
         return self.stage.on_sum_total(sum_id, total)
@@ -205,3 +196,23 @@ class PartyRole(SessionRole):
         "step_report": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.NLP, Phase.SOLVE, Phase.SAMPLING, Phase.UNION, Phase.OVER), _on_step_report),
     }
     """Which step message P_k takes in which phase (the initiator also takes StepReports)."""
+
+
+def _solve(role: PartyRole, counted: CountsResult) -> Solve:
+    role.solve = role._solve_class(role.seat, role.work, role.sums, counted, role._rng)
+    return role.solve
+
+
+SOLVE_PHASES = (Phase.SOLVE, Phase.NLP)
+NEXT: dict[Phase, tuple[str, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
+    Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r)),
+    Phase.UNIVERSE: ("indexed", Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),
+    Phase.COUNTS: ("counted", None, _solve),  # the solve mode's phase 3: SOLVE or NLP (SOLVES)
+    Phase.SOLVE: ("solved", Phase.SAMPLING, lambda role, r: Sampling(role.seat, role.work, role.sums, role.counted, r, role._rng)),
+    Phase.NLP: ("solved", Phase.SAMPLING, lambda role, r: Sampling(role.seat, role.work, role.sums, role.counted, r, role._rng)),
+    Phase.SAMPLING: ("sampled", Phase.UNION, lambda role, r: Union(role.seat, role.work, role.counted, r, role._rng)),
+    Phase.UNION: ("united", None, None),  # this party's part is over: OVER
+}
+"""The party's phases in order: when the running phase machine has its result, the role keeps
+it (the attribute named), and builds the next phase's machine from it.  With ``ACCEPTS`` (which
+step message each phase takes) this is the whole machine."""

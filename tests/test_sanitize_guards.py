@@ -79,15 +79,17 @@ def test_report_equal_to_out_is_refused(tmp_path, capsys):
     assert not (tmp_path / "o.tsv").exists()
 
 
-def test_only_the_release_note_is_written_beside_the_output_without_report_flag(tmp_path, capsys, operator_report_dir):
+def test_only_the_release_note_is_written_beside_the_output_without_report_flag(tmp_path, capsys, monkeypatch):
     """Issue 22 finding 3: beside the release goes the public note; the operator report (mode
     0600, confidential first) goes to the operator report directory."""
+    reports = tmp_path.parent / f"{tmp_path.name}-reports"  # this test's own operator report directory
+    monkeypatch.setenv("CELS_REPORT_DIR", str(reports))
     src = aol_file(tmp_path / "s.tsv", figure1_rows())
     assert sanitize(src, tmp_path / "o.tsv") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.tsv", "o.tsv.release-note.json", "s.tsv"]
     privacy = json.loads((tmp_path / "o.tsv.release-note.json").read_text())["privacy"]
     assert privacy["end_to_end"] is False and "NOT end-to-end" in privacy["guarantee"]
-    (operator,) = [p for p in operator_report_dir.iterdir() if p.name.startswith("o.tsv.")]
+    (operator,) = reports.iterdir()
     assert operator.stat().st_mode & 0o777 == 0o600
     assert next(iter(json.loads(operator.read_text()))) == "confidential"
     assert str(operator) in capsys.readouterr().err

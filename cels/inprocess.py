@@ -22,7 +22,6 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
 from cels.protocol.solver import SolverRole
-from cels.protocol.wire import cels_pb2
 from cels.session_report import session_report
 
 

@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-from pathlib import Path
-
 import pytest
 
 from cels.cli import main

@@ -93,12 +93,12 @@ def make_call(driver: SessionDriver, link: SessionLink, call: Call) -> cels_pb2.
             answer = driver.peers.signal(node, sid, SIGNALS[call.step], link.deadline)
     except grpc.RpcError as exc:
         notice = call_abort(sid, node, call.step.value, exc, call.phase, joined=call.step is not Step.START)
-        detail = f"{call.step} to {node} at {driver.config.peers.get(node)} failed: {rpc_text(exc)}"
-        driver.call(lambda now: driver.host.unanswered(sid, node, notice, now, detail, refused=exc.code() in REFUSALS), sid)
+        detail, refused = f"{call.step} to {node} at {driver.config.peers.get(node)} failed: {rpc_text(exc)}", exc.code() in REFUSALS
+        driver.call(lambda now: driver.host.unanswered(sid, node, notice, now, detail, refused=refused), sid)
         return None
     except Refused as exc:  # no address for a node of the session
-        notice = abort_notice(sid, node, UNREACHABLE, "this node has no address for it", call.phase)
-        driver.call(lambda now: driver.host.unanswered(sid, node, notice, now, str(exc)), sid)
+        notice, detail = abort_notice(sid, node, UNREACHABLE, "this node has no address for it", call.phase), str(exc)
+        driver.call(lambda now: driver.host.unanswered(sid, node, notice, now, detail), sid)
         return None
     driver.call(lambda now: driver.host.answered(sid, node, now), sid)
     return answer

@@ -9,6 +9,8 @@ ring runs the session's secure sums (:meth:`Solve.sum_ring`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 
 from cels.protocol.rolebase import RoleFailure
@@ -18,7 +20,7 @@ from cels.protocol.stages.sums import PaillierSetup, SumRing, SumTotal
 from cels.protocol.work import LocalWork
 
 
-class Solve(Stage):
+class Solve(Stage, ABC):
     """Phase 3 on one party: ``result`` is the checked x (:class:`SolveResult`)."""
 
     def __init__(self, seat: Seat, work: LocalWork, sums: SumRing, counts: CountsResult, rng: np.random.Generator) -> None:
@@ -26,9 +28,9 @@ class Solve(Stage):
         self.work, self.sums, self.counts, self.rng = work, sums, counts, rng
 
     @staticmethod
+    @abstractmethod
     def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup) -> SumRing:
         """The ring that runs the session's secure sums in this solve's sessions."""
-        raise NotImplementedError
 
     def _solved(self, x: np.ndarray, solver_report: dict, **public) -> None:
         """Check this party's exact conditions on x; then the phase is over."""

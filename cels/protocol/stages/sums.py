@@ -12,6 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from abc import ABC, abstractmethod
+
 import numpy as np
 
 from cels.crypto import paillier
@@ -55,7 +57,7 @@ class PaillierSetup:
     decryption_pool: Executor | None = None
 
 
-class SumRing:
+class SumRing(ABC):
     """The secure sums of one session on one party: ``running`` by sum id."""
 
     def __init__(self, seat: Seat, on_total: SumTotal) -> None:
@@ -92,11 +94,13 @@ class SumRing:
         """The Paillier private keys this party holds (cels.views)."""
         return []
 
+    @abstractmethod
     def _join(self, common: dict) -> SecureSum | MaskedSum:
-        raise NotImplementedError
+        """Join the secure sum of ``common``'s arguments: Paillier (Algorithm 1) or masked."""
 
+    @abstractmethod
     def _started(self, sum_id: str, joined: SecureSum | MaskedSum) -> list[Outgoing]:
-        raise NotImplementedError
+        """The messages that start a joined sum (a masked sum waits for every mask key)."""
 
     def _after(self, sum_id: str, running: SecureSum | MaskedSum, out: list[Outgoing]) -> list[Outgoing]:
         """A finished sum's total moves the session on."""

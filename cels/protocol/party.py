@@ -198,6 +198,10 @@ class PartyRole(SessionRole):
     """Which step message P_k takes in which phase (the initiator also takes StepReports)."""
 
 
+def _sampling(role: PartyRole, solved: SolveResult) -> Sampling:
+    return Sampling(role.seat, role.work, role.sums, role.counted, solved, role._rng)
+
+
 def _solve(role: PartyRole, counted: CountsResult) -> Solve:
     role.solve = role._solve_class(role.seat, role.work, role.sums, counted, role._rng)
     return role.solve
@@ -208,8 +212,8 @@ NEXT: dict[Phase, tuple[str, Phase | None, Callable[[PartyRole, object], Stage] 
     Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r)),
     Phase.UNIVERSE: ("indexed", Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),
     Phase.COUNTS: ("counted", None, _solve),  # the solve mode's phase 3: SOLVE or NLP (SOLVES)
-    Phase.SOLVE: ("solved", Phase.SAMPLING, lambda role, r: Sampling(role.seat, role.work, role.sums, role.counted, r, role._rng)),
-    Phase.NLP: ("solved", Phase.SAMPLING, lambda role, r: Sampling(role.seat, role.work, role.sums, role.counted, r, role._rng)),
+    Phase.SOLVE: ("solved", Phase.SAMPLING, _sampling),  # either solve's result starts the same sampling
+    Phase.NLP: ("solved", Phase.SAMPLING, _sampling),
     Phase.SAMPLING: ("sampled", Phase.UNION, lambda role, r: Union(role.seat, role.work, role.counted, r, role._rng)),
     Phase.UNION: ("united", None, None),  # this party's part is over: OVER
 }

@@ -15,6 +15,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.protocol.aborts import describe
 from cels.protocol.host import ABORTED, SessionHost, Step
@@ -109,16 +110,19 @@ class MemoryNode:
             return []
 
 
-def session_hosts(logs: Sequence[LogSource], options: SessionOptions, **role_options) -> dict[str, MemoryNode]:
+def session_hosts(logs: Sequence[LogSource], options: SessionOptions, seed: int | None = None, **role_options) -> dict[str, MemoryNode]:
     """One node per node of the session: party k over ``logs[k]`` (or its loader), and the
     solver; ``role_options`` go to every role (e.g. ``allow_insecure_key_bits=True`` in tests).
-    The initiator builds its report with cels.session_report."""
+    ``seed`` replays every party's draws (DrawKeys.replay: tests and reproduction only, NOT
+    private).  The initiator builds its report with cels.session_report."""
     if len(logs) != len(options.parties):
         raise ValueError(f"{len(logs)} logs for {len(options.parties)} parties")
-    nodes = {
-        name: MemoryNode(SessionHost(name, lambda opts, name=name, log=log: PartyRole(name, opts, log, session_report=session_report, **role_options), time.perf_counter))
-        for name, log in zip(options.parties, logs)
-    }
+
+    def party(name: str, log: LogSource) -> Callable[[SessionOptions], PartyRole]:
+        draws = None if seed is None else DrawKeys.replay(seed, name)
+        return lambda opts: PartyRole(name, opts, log, draws=draws, session_report=session_report, **role_options)
+
+    nodes = {name: MemoryNode(SessionHost(name, party(name, log), time.perf_counter)) for name, log in zip(options.parties, logs)}
     solver = options.solver
     nodes[solver] = MemoryNode(SessionHost(solver, lambda opts: SolverRole(solver, opts, **role_options), time.perf_counter))
     return nodes

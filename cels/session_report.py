@@ -17,11 +17,12 @@ from cels.protocol.wire.codec import phase_label
 from cels.protocol.stages.results import SessionResult
 
 
-def session_privacy(options: SessionOptions, b: float) -> dict:
-    """The session's privacy accounting (cels.claims): the solve mode is the threat-model row."""
+def session_privacy(options: SessionOptions, b: float, seeded: bool) -> dict:
+    """The session's privacy accounting (cels.claims): the solve mode is the threat-model row;
+    ``seeded``: the draws were replayed from a seed."""
     return privacy_accounting(
         epsilon=options.epsilon, delta=options.delta, b=b, bound=options.bound, noise_epsilon=options.noise_epsilon,
-        sensitivity=options.sensitivity, cap=options.cap, setting=options.solve, seeded=False,
+        sensitivity=options.sensitivity, cap=options.cap, setting=options.solve, seeded=seeded,
     )
 
 
@@ -42,7 +43,7 @@ def session_report(result: SessionResult) -> dict:
     solve_cost = phases.get(solve_phase(opts.solve), {})
     return {
         "method": "cels-protocol",
-        "privacy": {**session_privacy(opts, opts.b), "min_count": opts.min_count},
+        "privacy": {**session_privacy(opts, opts.b, result.seeded), "min_count": opts.min_count},
         "solver": solved.solver_report,
         "noise": solved.solver_report.get("noise"),
         "utility": {

@@ -16,13 +16,14 @@ def build_parser():
     """The flags of ``cels-party`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
     import argparse
 
-    from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments
+    from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments, add_seed_argument
 
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
     add_node_arguments(parser)
     add_data_arguments(parser)
     add_ledger_arguments(parser)
     add_engine_arguments(parser)
+    add_seed_argument(parser)
     return parser
 
 
@@ -32,6 +33,7 @@ def start(argv: Sequence[str] | None):
 
     import os
 
+    from cels.crypto.streams import DrawKeys
     from cels.engine import open_engine
     from cels.logs import load_log, write_log
     from cels.node.config import data_source, engine_options, ledger_policy, node_config
@@ -51,6 +53,9 @@ def start(argv: Sequence[str] | None):
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     engine = open_engine(engine_options(args, config.engine))  # once per node: an unreachable Ray cluster refuses the node
     allow_small = warn_insecure_keys(config)
+    if args.seed is not None:
+        DrawKeys.replay(args.seed, config.name)  # a seed out of range is refused at start-up
+        print(f"{config.name}: WARNING: every draw is replayed from --seed {args.seed}: releases are NOT private", file=sys.stderr)
     # P_1 decrypts every secure sum while the other parties wait for the result: all cores
     # (the exponentiations release the GIL, so threads suffice)
     decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
@@ -62,6 +67,7 @@ def start(argv: Sequence[str] | None):
             return load_log(path, options)
 
         def role() -> PartyRole:
+            draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)
             return PartyRole(
                 config.name,
                 session,
@@ -71,7 +77,8 @@ def start(argv: Sequence[str] | None):
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=decryption_pool,
                 session_report=session_report,
-                work=engine.work(load, session.cap),
+                draws=draws,
+                work=engine.work(load, session.cap, draws),
             )
 
         return ledger.admit(session, role)

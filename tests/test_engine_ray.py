@@ -16,8 +16,9 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 
 from cels.crypto.commutative_cipher import CommutativeCipherError  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
+from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
-from cels.engine.ray_work import RayWork  # noqa: E402
+from cels.engine.ray_work import RayEngine, RayWork  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import synthetic_log  # noqa: E402
 from cels.logs.model import SearchLog  # noqa: E402
@@ -40,7 +41,8 @@ def engine():
 
 def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork, RayWork]:
     """The same log loaded and indexed in one process and on Ray."""
-    works = InProcessWork(log, 4), RayWork(log, 4, shards, max_in_flight)
+    draws = DrawKeys.replay(1, "party-1")  # the same keys: the same draw order of the rows
+    works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
         own = work.load().own
         work.index(len(own), own, np.arange(len(own)))
@@ -87,7 +89,7 @@ def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b), verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b))
     if shards > 1:  # the shortcut the walk avoids: each shard's own verdicts, OR-ed
-        members = [np.flatnonzero([remote.shard_of(local.log.users[j]) == s for j in remote.row_users]) for s in range(shards)]
+        members = [np.flatnonzero(remote.shard_of(remote.row_users) == s) for s in range(shards)]
         ored = np.zeros_like(expected)
         for m in members:
             ored |= verdicts(rows[m].tocsc(), loads[m], proposals, b)
@@ -112,18 +114,26 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     rows = local.constraint_rows(np.arange(len(pairs)), totals)
     assert (remote.constraint_rows(np.arange(len(pairs)), totals) != rows).nnz == 0 and rows.shape[0] == len(users)
     b = 1.0
-    loads = np.where(np.arange(len(users)) % 2, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
+    is_b = np.array([local.log.users[j].startswith("B") for j in local.row_users])
+    loads = np.where(is_b, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
     proposals = np.arange(len(pairs))
     expected = verdicts(rows.tocsc(), loads, proposals, b)
     assert expected.tolist() == [1, 0] * gadgets
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
 
 
-def test_the_shards_follow_the_session_hmac_key() -> None:
+def test_the_shards_follow_the_session_bucket_key() -> None:
+    """Each session's fresh keys put the users on other shards; replayed keys on the same."""
     log = synthetic_log(seed=5, users=200, pairs=40)
-    a, b = (RayWork(log, 4, 4, 2) for _ in range(2))
-    shard_a = [a.shard_of(u) for u in log.users]
-    assert set(shard_a) == {0, 1, 2, 3} and shard_a != [b.shard_of(u) for u in log.users]
+
+    def shard_by_user(draws: DrawKeys) -> dict[str, int]:
+        work = RayWork(log, 4, draws, 4, 2)
+        work.load()
+        return dict(zip(work.log.users, work.shard_of(np.arange(log.n_users)).tolist()))
+
+    fresh = shard_by_user(DrawKeys.fresh())
+    assert set(fresh.values()) == {0, 1, 2, 3} and fresh != shard_by_user(DrawKeys.fresh())
+    assert shard_by_user(DrawKeys.replay(3, "p")) == shard_by_user(DrawKeys.replay(3, "p"))
 
 
 def test_a_whole_session_with_ray_work_releases_a_feasible_log(engine) -> None:
@@ -134,8 +144,9 @@ def test_a_whole_session_with_ray_work_releases_a_feasible_log(engine) -> None:
 
     def party(name: str, part):
         def role(opts: SessionOptions) -> PartyRole:
-            works.append(engine.work(part, opts.cap))
-            return PartyRole(name, opts, part, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
+            draws = DrawKeys.fresh()
+            works.append(engine.work(part, opts.cap, draws))
+            return PartyRole(name, opts, part, draws=draws, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
 
         return MemoryNode(SessionHost(name, role, time.perf_counter))
 
@@ -164,7 +175,7 @@ def test_engine_options_are_checked(fields, message) -> None:
 
 def test_the_local_engine_is_the_in_process_work() -> None:
     assert isinstance(open_engine(EngineOptions()), LocalEngine)
-    assert type(LocalEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4)) is InProcessWork
+    assert type(LocalEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4, DrawKeys.fresh())) is InProcessWork
 
 
 def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch) -> None:
@@ -251,3 +262,42 @@ def test_a_simulated_ray_session_leaves_no_ray_process_behind(tmp_path) -> None:
     while (left := ray_processes() - before) and time.monotonic() < limit:
         time.sleep(0.5)
     assert not left, sorted(left)
+
+
+def seeded_release(log: SearchLog, config: SessionOptions, engine=None, seed: int = 11) -> SearchLog:
+    """The release of a session whose parties' draws are replayed from ``seed``, their work in
+    process or on ``engine``."""
+    nodes = session_hosts(log.split_by_user(len(config.parties)), config, seed=seed, allow_insecure_key_bits=True)
+
+    def party(name: str, part):
+        def role(opts: SessionOptions) -> PartyRole:
+            draws = DrawKeys.replay(seed, name)
+            work = engine.work(part, opts.cap, draws)
+            return PartyRole(name, opts, part, draws=draws, work=work, allow_insecure_key_bits=True, session_report=session_report)
+
+        return MemoryNode(SessionHost(name, role, time.perf_counter))
+
+    if engine is not None:
+        nodes.update({name: party(name, part) for name, part in zip(config.parties, log.split_by_user(len(config.parties)))})
+    roles = start_session(InMemoryNetwork(nodes), config)
+    assert all(role.aborted is None for role in roles.values()), [r.aborted for r in roles.values()]
+    return roles[config.initiator].output
+
+
+def released(log: SearchLog) -> tuple:
+    """A release as what its file holds: users, pairs and counts in order."""
+    return tuple(log.users), tuple(log.pairs), tuple(map(tuple, sp.csr_matrix(log.counts).toarray()))
+
+
+@pytest.mark.parametrize("sampling, shard_counts", [("exact", (2, 3)), ("paper", (2,))])
+def test_a_seeded_release_is_the_same_in_process_and_on_any_number_of_shards(engine, sampling, shard_counts) -> None:
+    """Every draw over users comes from its bucket's stream: P = 1, 2, 3 shards on Ray release
+    exactly the in-process records (exact staged sampling, and the paper's local sampling)."""
+    log = synthetic_log(seed=4, users=90)
+    config = SessionOptions.create(2, epsilon=8.0, delta=0.9, round_batch=8, sampling=sampling, **TEST_KEYS)
+    local = released(seeded_release(log, config))
+    assert len(local[0]) > 5
+    assert released(seeded_release(log, config)) == local  # replayed
+    assert released(seeded_release(log, config, seed=12)) != local  # another seed, other draws
+    for shards in shard_counts:
+        assert released(seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=shards)))) == local, shards

@@ -15,7 +15,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import stats
 
-from cels.protocol.sampling import StagedSampler, paper_trials, stage_means
+from cels.protocol.sampling import StagedSampler, paper_trials, stage_means, stream_poisson
 
 ALPHA = 1e-3
 
@@ -27,7 +27,7 @@ X = 6
 def run_staged(party_counts, x, rng, theta=0.7):
     """All parties' stages with plaintext sums; returns (per-party x_ij, stage totals)."""
     totals = sum(c.sum(axis=0) for c in party_counts)
-    samplers = [StagedSampler(sp.csr_matrix(c), totals, x, rng, theta) for c in party_counts]
+    samplers = [StagedSampler(sp.csr_matrix(c), totals, x, stream_poisson(rng), theta) for c in party_counts]
     stage_totals = []
     while not samplers[0].done:
         proposals = [s.propose() for s in samplers]
@@ -78,7 +78,7 @@ def test_first_stage_total_is_poisson_whatever_the_data(party_counts) -> None:
     mu = stage_means(np.array([10]))[0]
     draws = []
     for _ in range(3000):
-        samplers = [StagedSampler(sp.csr_matrix(c), totals, np.array([10]), rng) for c in party_counts]
+        samplers = [StagedSampler(sp.csr_matrix(c), totals, np.array([10]), stream_poisson(rng)) for c in party_counts]
         draws.append(sum(s.propose()[1][0] for s in samplers))
     draws = np.array(draws)
     edges = list(range(3, 13))  # bins: <=3, 4, ..., 12, >=13
@@ -92,7 +92,7 @@ def test_first_stage_total_is_poisson_whatever_the_data(party_counts) -> None:
 
 def test_stage_means_and_acceptance() -> None:
     np.testing.assert_allclose(stage_means(np.array([1, 2, 10])), [1.0, 1.4, 7.0])
-    sampler = StagedSampler(sp.csr_matrix(np.array([[2, 1]])), np.array([3, 2]), np.array([2, 0]), np.random.default_rng(1))
+    sampler = StagedSampler(sp.csr_matrix(np.array([[2, 1]])), np.array([3, 2]), np.array([2, 0]), stream_poisson(np.random.default_rng(1)))
     pairs, _local = sampler.propose()
     np.testing.assert_array_equal(pairs, [0])  # pairs with R_i = 0 are not sampled
     accepted = sampler.settle(np.array([5]))  # N_i > R_i: all parties discard the stage
@@ -116,7 +116,7 @@ def test_result_leaves_the_party_counts_intact() -> None:
     # a user sampled zero times must not be dropped from the party's own count matrix
     counts = sp.csr_matrix(np.array([[2, 2, 0], [1, 0, 3]]))
     before = counts.toarray().copy()
-    sampler = StagedSampler(counts, np.array([3, 2, 3]), np.array([0, 0, 0]), np.random.default_rng(0))
+    sampler = StagedSampler(counts, np.array([3, 2, 3]), np.array([0, 0, 0]), stream_poisson(np.random.default_rng(0)))
     assert sampler.result().nnz == 0
     np.testing.assert_array_equal(counts.toarray(), before)
     np.testing.assert_array_equal(sampler.counts.toarray(), before)

@@ -27,13 +27,12 @@ from scipy.stats import chisquare
 import cels.crypto.streams as streams
 import cels.inprocess
 import cels.mechanism.sampling as mech_sampling
-import cels.protocol.party as party_module
 from cels.baselines import BASELINES, baseline_rng
 from cels.baselines.safelog import release_transitions
 from cels.baselines.sampling import zero_count_survivors
 from cels.cli import main
 from cels.crypto.groups import group_for_bits
-from cels.crypto.streams import CipherRandom, cipher_generator
+from cels.crypto.streams import CipherRandom, DrawKeys, cipher_generator
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions
 from cels.mechanism.noise import add_noise_and_repair, discrete_laplace
@@ -237,27 +236,29 @@ SESSIONS = {
     # the paper's Algorithm 2 (A_k, F_k, pi_k), exact staged sampling, pseudonyms, the union
     "transformed": (
         dict(solve="transformed", noise_epsilon=1.0, sensitivity=2),
-        {"standard_normal", "uniform", "permutation", "poisson", "bytes", "shuffle"},
+        {"standard_normal", "uniform", "permutation", "poisson", "integers", "shuffle"},
     ),
     # the private solve's Polya noise shares (CipherRandom over the party's stream), paper sampling
     "private": (
         dict(solve="private", noise_epsilon=1.0, sensitivity=2, sampling="paper"),
-        {"bit_generator", "multinomial", "bytes", "shuffle"},
+        {"bit_generator", "binomial", "multinomial", "integers", "shuffle"},
     ),
 }
 
 
 @pytest.mark.parametrize("mode", sorted(SESSIONS))
 def test_every_party_draw_of_a_session_comes_from_its_chacha20_stream(monkeypatch, weak_draws, log, mode) -> None:
+    """Every stream a party draws from is one of its DrawKeys' ChaCha20 streams: its own
+    (party) stream and those its work indexes by user bucket."""
     options, used = SESSIONS[mode]
-    streams_made: list[Recorder] = []
-    make_rng = party_module.make_rng
+    streams_made: list[tuple[str, Recorder]] = []
+    indexed = DrawKeys.indexed
 
-    def recorded_stream(*args) -> Recorder:
-        streams_made.append(Recorder(make_rng(*args)))
-        return streams_made[-1]
+    def recorded_stream(self, label: str, index: int) -> Recorder:
+        streams_made.append((label, Recorder(indexed(self, label, index))))
+        return streams_made[-1][1]
 
-    monkeypatch.setattr(party_module, "make_rng", recorded_stream)
+    monkeypatch.setattr(DrawKeys, "indexed", recorded_stream)
     config = SessionOptions.create(
         3, epsilon=8.0, delta=0.9, objective="max-output", key_bits=256, group_bits=1024, **options
     )
@@ -266,13 +267,16 @@ def test_every_party_draw_of_a_session_comes_from_its_chacha20_stream(monkeypatc
         config,
     )
     assert roles["party-1"].finished and roles["party-1"].output.n_users > 0
-    assert len(streams_made) == 3
+    party_streams = [stream for label, stream in streams_made if label == "party"]
+    assert len(party_streams) == 3
+    assert all(is_chacha20(stream.generator) for _, stream in streams_made)
     for name in config.parties:
         role = roles[name]
-        assert role._rng in streams_made and is_chacha20(role._rng)
-        assert used <= role._rng.used, f"{name} drew {used - role._rng.used} elsewhere"
+        assert role._rng in party_streams
         if mode == "private":
             assert isinstance(role.solve.private.rng, CipherRandom) and role.solve.private.rng.generator is role._rng
+    drawn = set().union(*(stream.used for _, stream in streams_made))
+    assert used <= drawn, f"drew {used - drawn} elsewhere"
     assert weak_draws == set()
 
 

@@ -34,7 +34,7 @@ from cels.mechanism.conditions import build_conditions, privacy_bound
 from cels.mechanism.sampling import multinomial_sample
 from cels.mechanism.solvers import solve
 from cels.protocol.options import DEFAULT_THETA
-from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.sampling import StagedSampler, paper_trials, stream_poisson
 
 PAIR = ("flu symptoms", "http://health.example.org/flu")
 TIGHTNESS = 1e-9
@@ -115,7 +115,7 @@ def simulate_exact(instance: Instance, x: np.ndarray, runs: int, rng: np.random.
     hits = 0
     for _ in tqdm(range(runs), desc="exact mode", disable=not progress, leave=False):
         # a copy each: StagedSampler.result() eliminates zeros in arrays it shares with its input
-        samplers = [StagedSampler(log.counts.copy(), totals, x, rng, DEFAULT_THETA) for log in instance.logs]
+        samplers = [StagedSampler(log.counts.copy(), totals, x, stream_poisson(rng), DEFAULT_THETA) for log in instance.logs]
         while not samplers[0].done:
             stage_total = sum(s.propose()[1] for s in samplers)
             for s in samplers:

@@ -1,11 +1,11 @@
-"""``cels bench {mechanism,crypto,protocol,scale}``: benchmarks that print JSON."""
+"""``cels bench {mechanism,crypto,protocol,scale,engine}``: benchmarks that print JSON."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol", "cels.bench.scale")
+BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol", "cels.bench.scale", "cels.bench.engine")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -54,7 +54,7 @@ def params_from_args(args: argparse.Namespace) -> SanitizeParams:
     return SanitizeParams(
         **option_values(args, MECHANISM_FLAGS),
         preprocess=args.preprocess,
-        seed=getattr(args, "seed", None),  # cels simulate has no seed: its parties draw from `secrets`
+        seed=args.seed,
         integer=args.integer,
     )
 

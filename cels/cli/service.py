@@ -34,7 +34,7 @@ from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
-from cels.node.config import add_engine_arguments, engine_argv, engine_options, load_toml
+from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, load_toml, seed_argv
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import SessionOptions
@@ -72,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
     add_stock_arguments(sim)
     add_engine_arguments(sim)
+    add_seed_argument(sim)
     single_holder_arguments(sim)
     sim.set_defaults(func=run_simulate)
 
@@ -412,8 +413,8 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        engine = {party: engine_argv(args) for party in options.parties}
-        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=engine)
+        flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties}
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ is padded to an agreed number of chunks (``encode_record(..., chunks=k)``).
 from __future__ import annotations
 
 import hashlib
+import random
 import secrets
 from collections.abc import Sequence
 
@@ -114,13 +115,15 @@ def hash_to_element(group: SafePrimeGroup, data: bytes) -> gmpy2.mpz:
 
 
 class PohligHellman:
-    """One party's Pohlig-Hellman key pair (e, d) for one session."""
+    """One party's Pohlig-Hellman key pair (e, d) for one session; e drawn with :mod:`secrets`,
+    or from ``rng`` (a cipher stream, cels.crypto.streams.DrawKeys)."""
 
-    def __init__(self, group: SafePrimeGroup | None = None) -> None:
+    def __init__(self, group: SafePrimeGroup | None = None, rng: random.Random | None = None) -> None:
         self.group = group or group_for_bits(DEFAULT_GROUP_BITS)
         order = self.group.p - 1
+        randbelow = rng.randrange if rng is not None else secrets.randbelow
         while True:
-            e = secrets.randbelow(order - 3) + 3  # odd, in [3, p - 2], gcd(e, p - 1) = 1
+            e = randbelow(order - 3) + 3  # odd, in [3, p - 2], gcd(e, p - 1) = 1
             if e % 2 == 1 and gmpy2.gcd(e, order) == 1:
                 break
         self._e = gmpy2.mpz(e)
@@ -151,8 +154,8 @@ class PohligHellmanHash:
 
     name = "pohlig-hellman"
 
-    def __init__(self, group: SafePrimeGroup | None = None) -> None:
-        self.cipher = PohligHellman(group)
+    def __init__(self, group: SafePrimeGroup | None = None, rng: random.Random | None = None) -> None:
+        self.cipher = PohligHellman(group, rng)
         self.group = self.cipher.group
 
     def hash(self, ids: Sequence[bytes]) -> list[bytes]:

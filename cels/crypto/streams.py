@@ -26,6 +26,8 @@ import random
 import secrets
 
 import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from randomgen import ChaCha
 
 ROUNDS = 20
@@ -92,3 +94,64 @@ class CipherRandom(random.Random):
     def setstate(self, state: tuple[dict, float | None]) -> None:
         """Return to a position from :meth:`getstate`."""
         self.generator.bit_generator.state, self.gauss_next = state
+
+
+INDEX_BITS = 64
+"""An indexed stream starts at ChaCha counter ``index << 64``: 2^64 blocks before the next index."""
+
+
+class DrawKeys:
+    """One holder's keys for one session, every one derived from a 256-bit root by HKDF-SHA256
+    under a label (docs/crypto.md, Randomness):
+
+    - :meth:`stream`: a ChaCha20 stream for draws the holder makes in one sequence;
+    - :meth:`indexed`: the stream of one index (a user bucket and a stage, say) under a label's
+      key, starting at ChaCha counter ``index << 64``: the same draws whichever process makes
+      them and in whatever order, which is what lets a party's users be split over any number
+      of workers without changing the release;
+    - :meth:`secret`: 32 raw bytes (a curve scalar, an HMAC key).
+
+    ``DrawKeys.fresh()`` takes the root from :mod:`secrets`; ``DrawKeys.replay(seed, holder)``
+    derives it from an explicit seed and the holder's name, for tests and reproduction only
+    (anyone who knows the seed replays every draw: NOT private)."""
+
+    def __init__(self, root: bytes, *, seeded: bool) -> None:
+        if len(root) != KEY_BITS // 8:
+            raise ValueError(f"a draw root key has {KEY_BITS // 8} bytes, not {len(root)}")
+        self._root, self.seeded = root, seeded
+
+    @classmethod
+    def fresh(cls) -> DrawKeys:
+        """A root of 256 bits from :mod:`secrets` (every session, by default)."""
+        return cls(secrets.token_bytes(KEY_BITS // 8), seeded=False)
+
+    @classmethod
+    def replay(cls, seed: int, holder: str) -> DrawKeys:
+        """The root of ``seed`` for ``holder``: the same draws in every run with that seed."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**KEY_BITS:
+            raise ValueError(f"a replay seed must be an integer in [0, 2^{KEY_BITS}), got {seed!r}")
+        return cls(_hkdf(int(seed).to_bytes(KEY_BITS // 8, "big"), b"cels replay " + holder.encode()), seeded=True)
+
+    def root_bytes(self) -> bytes:
+        """The raw root key: how the keys reach the party's own workers, which rebuild them
+        with ``DrawKeys(root, seeded=...)`` (never a pickled key object)."""
+        return self._root
+
+    def secret(self, label: str) -> bytes:
+        """The 32-byte key of ``label`` (HKDF-SHA256 of the root, info = label)."""
+        return _hkdf(self._root, label.encode())
+
+    def stream(self, label: str) -> np.random.Generator:
+        """The ChaCha20 stream keyed by :meth:`secret` of ``label``."""
+        return self.indexed(label, 0)
+
+    def indexed(self, label: str, index: int) -> np.random.Generator:
+        """Stream ``index`` (in [0, 2^64)) under ``label``'s key: ChaCha20 from counter ``index << 64``."""
+        if not 0 <= index < 2**INDEX_BITS:
+            raise ValueError(f"a stream index must be in [0, 2^{INDEX_BITS}), got {index}")
+        key = int.from_bytes(self.secret(label), "little")
+        return np.random.Generator(ChaCha(key=key, counter=index << INDEX_BITS, rounds=ROUNDS))
+
+
+def _hkdf(material: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BITS // 8, salt=None, info=info).derive(material)

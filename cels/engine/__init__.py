@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from cels.crypto.streams import DrawKeys
 from cels.engine.options import EngineOptions
 from cels.logs.model import SearchLog
 from cels.protocol.work import InProcessWork, LocalWork
@@ -21,9 +22,10 @@ __all__ = ["Engine", "EngineOptions", "LocalEngine", "open_engine"]
 
 
 class Engine(Protocol):
-    """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``)."""
+    """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``), drawing
+    from the party's session keys ``draws``."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork: ...
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork: ...
 
     def close(self) -> None:
         """The node stops: no worker of the engine outlives it."""
@@ -32,8 +34,8 @@ class Engine(Protocol):
 class LocalEngine:
     """Every session's work in this process (the default)."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork:
-        return InProcessWork(log, cap)
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork:
+        return InProcessWork(log, cap, draws)
 
     def close(self) -> None:
         """Nothing runs outside the node's process."""

@@ -10,22 +10,26 @@ its constraint rows), never shared with another party.
   (``ray.wait``).  A task gets the scalar as raw bytes and rebuilds the key
   (:meth:`cels.crypto.ec_hash.X25519Hash.scalar_bytes`): no key object is pickled.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
-  actors; row j's shard is HMAC-SHA256(per-session key, user id) mod P.  The party's verdict
+  actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws: HMAC-SHA256 under
+  a per-session key).  The party's verdict
   on proposal q depends on which earlier proposals the *party* accepted, so a plain OR of the
   shards' own walks would differ (a shard would add a proposal another shard rejects):
   the shards walk the proposals together, rejection by rejection (:meth:`RayWork.verdicts`),
   and the result is the same bitmap as in one process for any P.
 
+- The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
+  multinomial trials -- run on P :class:`SamplingShard` actors holding their users' counts;
+  every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
+  the shards draw what the party draws in one process, for any P.
+
 Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
-log, the index, the unique pairs, the constraint rows, the sampling and the output records;
-and the Pohlig-Hellman universe cipher (only X25519 goes to tasks).
+log, the index, the unique pairs, the constraint rows and the output records (their
+pseudonyms, drawn by bucket like the sampling); and the Pohlig-Hellman universe cipher (only
+X25519 goes to tasks).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import socket
 from collections.abc import Callable
 
@@ -35,9 +39,12 @@ import scipy.sparse as sp
 
 from cels.crypto.commutative_cipher import CommutativeCipherError
 from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.streams import DrawKeys
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.logs.model import SearchLog
 from cels.mechanism.greedy import LOAD_SLACK
+from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
 
 CHUNK_IDS = 2048
@@ -78,8 +85,8 @@ class RayEngine:
                     raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
         return cls(options)
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> RayWork:
-        return RayWork(log, cap, self.options.shards, self.options.max_in_flight)
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> RayWork:
+        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight)
 
     def close(self) -> None:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
@@ -133,14 +140,73 @@ class UserShard:
         return len(self.proposals)
 
 
+@ray.remote
+class SamplingShard:
+    """One shard's users during the sampling (docs/protocol.md, "Sampling"): their counts over
+    the active pairs, in draw order, and their draws, bucket by bucket from the party's keys
+    (cels.protocol.user_draws), so the shards draw what the party would in one process."""
+
+    def __init__(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
+        self.counts = counts.copy()  # Ray hands numpy arrays over read-only
+        self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
+        self.sampler: StagedSampler | None = None
+
+    def begin(self, totals: np.ndarray, x: np.ndarray, theta: float) -> bool:
+        """The exact staged sampling starts; whether it is already done (x = 0)."""
+        self.sampler = StagedSampler(self.counts, totals, x, self.user_draws.poisson, theta)
+        return self.sampler.done
+
+    def propose(self) -> np.ndarray:
+        """This shard's draw totals over the stage's pairs."""
+        return self.sampler.propose()[1]
+
+    def settle(self, stage_totals: np.ndarray) -> bool:
+        """The party's summed stage totals: keep or discard; whether the sampling is done."""
+        self.sampler.settle(stage_totals)
+        return self.sampler.done
+
+    def bucket_totals(self) -> sp.csr_matrix:
+        """The paper mode: this shard's bucket totals per pair."""
+        return self.user_draws.bucket_totals(self.counts)
+
+    def paper_sample(self, trials: sp.csr_matrix) -> sp.coo_matrix:
+        """The paper mode: the trials of this shard's buckets over their users."""
+        return self.user_draws.multinomial(self.counts, trials).tocoo()
+
+    def sampled(self) -> sp.coo_matrix:
+        """The exact mode's x_ij of this shard's users."""
+        return self.sampler.result().tocoo()
+
+
+class ShardedSampler:
+    """:class:`StagedSampler`'s interface to the party's stage over its sampling shards: the
+    node adds the shards' stage totals (integers, so in any order) and hands every shard the
+    summed totals of the secure sum."""
+
+    def __init__(self, work: RayWork, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> None:
+        self.work, self.shape = work, (work.local.shape[0], len(active))
+        self.actors = work.sampling_shards(active)
+        self.done = all(ray.get([a.begin.remote(totals, x, theta) for a in self.actors]))
+        self.stage = 0
+
+    def propose(self) -> tuple[None, np.ndarray]:
+        return None, sum(ray.get([a.propose.remote() for a in self.actors]))
+
+    def settle(self, stage_totals: np.ndarray) -> None:
+        self.done = all(ray.get([a.settle.remote(stage_totals) for a in self.actors]))
+        self.stage += 1
+
+    def result(self) -> sp.csr_matrix:
+        return self.work.gather(ray.get([a.sampled.remote() for a in self.actors]), self.shape)
+
+
 class RayWork(InProcessWork):
     """:class:`InProcessWork` with the universe's pair work on Ray tasks and the private
     solve's verdicts on ``shards`` user-shard actors (what stays in process: module docstring)."""
 
-    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, shards: int, max_in_flight: int) -> None:
-        super().__init__(log, cap)
+    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, shards: int, max_in_flight: int) -> None:
+        super().__init__(log, cap, draws)
         self.shards, self.max_in_flight = shards, max_in_flight
-        self._shard_key = secrets.token_bytes(32)  # this session's HMAC key of the user shards
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
         self._actors: list = []
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
@@ -181,16 +247,44 @@ class RayWork(InProcessWork):
             collect_one()
         return [e for chunk in out for e in chunk]
 
-    def shard_of(self, user: str) -> int:
-        """HMAC-SHA256(session key, user id) mod P: where this user's rows live."""
-        digest = hmac.new(self._shard_key, user.encode(), hashlib.sha256).digest()
-        return int.from_bytes(digest[:8], "big") % self.shards
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
+        return self.user_draws.buckets[rows] % self.shards
+
+    def sampling_shards(self, active: np.ndarray) -> list:
+        """One sampling actor per shard with its users' counts over the ``active`` pairs."""
+        local = self.local[:, active].tocsr()
+        shard = self.shard_of(np.arange(local.shape[0]))
+        self._sample_members = [np.flatnonzero(shard == s) for s in range(self.shards)]
+        root, seeded = self.draws.root_bytes(), self.draws.seeded
+        return [SamplingShard.remote(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
+
+    def gather(self, parts: list[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
+        """The shards' x_ij back on the party's rows."""
+        rows = np.concatenate([m[p.row] for m, p in zip(self._sample_members, parts)])
+        cols = np.concatenate([p.col for p in parts])
+        vals = np.concatenate([p.data for p in parts]).astype(np.int64)
+        return sp.csr_matrix((vals, (rows, cols)), shape=shape, dtype=np.int64)
+
+    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> ShardedSampler:
+        """The exact staged sampling with each shard drawing for its users."""
+        return ShardedSampler(self, active, totals, x, theta)
+
+    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray) -> sp.csr_matrix:
+        """The paper's local sampling: the node splits each pair's trials over the buckets
+        (from the shards' bucket totals), every shard draws its buckets' trials."""
+        actors = self.sampling_shards(active)
+        bucket_totals = sum(ray.get([a.bucket_totals.remote() for a in actors]))
+        held = np.asarray(bucket_totals.sum(axis=0)).ravel()
+        split = split_over_buckets(paper_trials(held, totals, x), bucket_totals, self.draws.stream("paper split"))
+        parts = ray.get([a.paper_sample.remote(split) for a in actors])
+        return self.gather(parts, (self.local.shape[0], len(active)))
 
     def _place(self, rows: sp.spmatrix) -> None:
         """One actor per shard with its users' rows (again only if the rows change)."""
         if len(self.row_users) != rows.shape[0]:
             raise ValueError(f"verdicts over {rows.shape[0]} rows, but this party's constraint rows are {len(self.row_users)}")
-        shard = np.array([self.shard_of(self.log.users[j]) for j in self.row_users], dtype=np.int64)
+        shard = self.shard_of(self.row_users)
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = [np.flatnonzero(shard == s) for s in range(self.shards)]
         self._actors = [UserShard.remote(csr[members].tocsc()) for members in self._members]

@@ -59,10 +59,11 @@ def multinomial_sample(
 
 
 def pseudonyms(k: int, rng: np.random.Generator) -> list[str]:
-    """k distinct fresh ids of ``PSEUDONYM_BYTES`` random bytes each (hex), drawn from ``rng``."""
-    out: set[str] = set()
+    """k distinct fresh ids of ``PSEUDONYM_BYTES`` random bytes each (hex), drawn from ``rng``,
+    in the order drawn (a set's order would follow the process's string hashing)."""
+    out: dict[str, None] = {}
     while len(out) < k:
-        out.add(rng.bytes(PSEUDONYM_BYTES).hex())
+        out.setdefault(rng.bytes(PSEUDONYM_BYTES).hex())
     return list(out)
 
 

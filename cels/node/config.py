@@ -354,6 +354,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-in-flight", type=int, metavar="N", help="pair-work tasks at once (default 4)")
 
 
+def add_seed_argument(parser: argparse.ArgumentParser) -> None:
+    """``--seed S``: every party's draws replayed from S (cels.crypto.streams.DrawKeys.replay)."""
+    parser.add_argument(
+        "--seed", type=int, metavar="S",
+        help="replay every draw of every session from seed S (tests and reproduction only: the release is then NOT private)",
+    )  # fmt: skip
+
+
+def seed_argv(args: argparse.Namespace) -> list[str]:
+    """The ``--seed`` given, as a party node's command line."""
+    return [] if args.seed is None else ["--seed", str(args.seed)]
+
+
 def engine_options(args: argparse.Namespace, table: dict[str, Any]):
     """The checked :class:`cels.engine.options.EngineOptions`: flags over the ``[engine]`` table
     (a ValueError naming the config file or the flags)."""

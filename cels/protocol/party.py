@@ -20,8 +20,8 @@ import numpy as np
 
 from cels.crypto import paillier
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
+from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
-from cels.mechanism.sampling import make_rng
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Outgoing, accepts, fail
@@ -75,6 +75,7 @@ class PartyRole(SessionRole):
         obfuscators: Callable[[int], ObfuscatorSource] = InlineObfuscators,
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
         decryption_pool: Executor | None = None,
+        draws: DrawKeys | None = None,
         work: LocalWork | None = None,
         session_report: SessionReporter | None = None,
     ) -> None:
@@ -83,11 +84,13 @@ class PartyRole(SessionRole):
             raise ValueError(f"{name!r} is not a party of session {self.session_id!r}")
         self.k = self.parties.index(name)
         self.seat = Seat(name, options, allow_insecure_key_bits)
-        self.work: LocalWork = work if work is not None else InProcessWork(log, options.cap)
-        self._hash = commutative_hash(options, allow_paper_bits=allow_insecure_key_bits)
-        # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, Poisson and
-        # multinomial draws, pseudonyms, the union's shuffles and (as CipherRandom) the noise shares
-        self._rng = make_rng()
+        self.draws = draws if draws is not None else DrawKeys.fresh()
+        self.work: LocalWork = work if work is not None else InProcessWork(log, options.cap, self.draws)
+        self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
+        # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, the union's
+        # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
+        # the streams its work indexes by user bucket (cels.protocol.work)
+        self._rng = self.draws.stream("party")
         self._solve_class = SOLVES[options.solve]
         setup = PaillierSetup(obfuscators, keypair, decryption_pool)
         self.sums = self._solve_class.sum_ring(self.seat, self._on_sum_total, setup)
@@ -166,7 +169,9 @@ class PartyRole(SessionRole):
         reported = {r.node for r in self.reports if r.last}  # every StepReport of every node is in
         if self.output is None or reported != set(self.nodes):
             return
-        self.session_result = SessionResult(self.options, self.output, self.counted, self.solved, self.sampled, tuple(self.reports))
+        self.session_result = SessionResult(
+            self.options, self.output, self.counted, self.solved, self.sampled, tuple(self.reports), self.draws.seeded
+        )
         if self._session_report is not None:
             self.report = self._session_report(self.session_result)
 
@@ -199,7 +204,7 @@ class PartyRole(SessionRole):
 
 
 def _sampling(role: PartyRole, solved: SolveResult) -> Sampling:
-    return Sampling(role.seat, role.work, role.sums, role.counted, solved, role._rng)
+    return Sampling(role.seat, role.work, role.sums, role.counted, solved)
 
 
 def _solve(role: PartyRole, counted: CountsResult) -> Solve:

@@ -14,6 +14,8 @@ multinomial (docs/protocol.md explains why); kept to reproduce the paper's figur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -28,13 +30,24 @@ def stage_means(remaining: np.ndarray, theta: float = DEFAULT_THETA) -> np.ndarr
     return np.where(remaining == 1, 1.0, theta * remaining)
 
 
+PoissonDraws = Callable[[sp.csr_matrix, np.ndarray, int], np.ndarray]
+"""(counts, rate per entry, stage) -> one Poisson draw per entry."""
+
+
+def stream_poisson(rng: np.random.Generator) -> PoissonDraws:
+    """Every stage's draws from one stream, in entry order."""
+    return lambda _counts, rate, _stage: rng.poisson(rate)
+
+
 class StagedSampler:
     """One party's side of the exact staged Poisson protocol.
 
     ``local_counts`` are this party's c_ij (users x pairs), ``totals`` the global c_i and ``x``
     the optimal counts, all over the same pair index.  Each stage: :meth:`propose` draws and
     returns (pairs in the stage, this party's stage totals) for the secure sum; :meth:`settle`
-    takes the summed totals N_i and keeps or discards the draws.
+    takes the summed totals N_i and keeps or discards the draws.  ``poisson(counts, rate,
+    stage)`` makes a stage's draws, one per entry of the counts (a party's user buckets,
+    cels.protocol.user_draws, or one stream: :func:`stream_poisson`).
     """
 
     def __init__(
@@ -42,7 +55,7 @@ class StagedSampler:
         local_counts: sp.csr_matrix,
         totals: np.ndarray,
         x: np.ndarray,
-        rng: np.random.Generator,
+        poisson: PoissonDraws,
         theta: float = DEFAULT_THETA,
     ) -> None:
         self.counts = sp.csr_matrix(local_counts, dtype=np.int64)
@@ -55,7 +68,7 @@ class StagedSampler:
             raise ValueError("x must be non-negative")
         if np.any((self.remaining > 0) & (self.totals <= 0)):
             raise ValueError("x_i > 0 for a pair with total count 0")
-        self.rng, self.theta = rng, theta
+        self.poisson, self.theta = poisson, theta
         self.sampled = np.zeros_like(self.counts.data)  # x_ij aligned with counts.data
         self.stage = 0
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
@@ -75,7 +88,7 @@ class StagedSampler:
         rate = np.zeros(cols.shape[0])
         safe = self.totals[cols] > 0
         rate[safe] = mu[cols[safe]] * self.counts.data[safe] / self.totals[cols[safe]]
-        draws = self.rng.poisson(rate).astype(np.int64)
+        draws = self.poisson(self.counts, rate, self.stage).astype(np.int64)
         local = np.bincount(cols, weights=draws, minlength=self.totals.shape[0]).astype(np.int64)
         self._pending = (pairs, draws)
         return pairs, local[pairs]

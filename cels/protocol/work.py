@@ -21,12 +21,13 @@ import scipy.sparse as sp
 
 from cels.crypto.commutative_cipher import PohligHellmanHash
 from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.greedy import verdicts
-from cels.mechanism.sampling import multinomial_sample, pseudonyms
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.stages.results import LoadResult
+from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 
 CommutativeHash = X25519Hash | PohligHellmanHash
 _ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
@@ -68,25 +69,31 @@ class LocalWork(Protocol):
         """The private solve's verdicts of its rows on one round's proposals (cels.mechanism.greedy)."""
         ...
 
-    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator, theta: float) -> StagedSampler:
-        """The staged exact sampling over this party's users (cels.protocol.sampling)."""
+    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> StagedSampler:
+        """The staged exact sampling over this party's users (cels.protocol.sampling), each
+        stage's draws from the users' buckets (cels.protocol.user_draws)."""
         ...
 
-    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
-        """The paper's local sampling: floor(x_i c_i^k / c_i) multinomial trials over its users."""
+    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray) -> sp.csr_matrix:
+        """The paper's local sampling: floor(x_i c_i^k / c_i) multinomial trials over its users
+        (split over the users' buckets, then within each: cels.protocol.user_draws)."""
         ...
 
-    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool, rng: np.random.Generator) -> list[bytes]:
-        """(user pseudonym, query, url, count) for every x_ij > 0 drawn, encoded for the union."""
+    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
+        """(user pseudonym, query, url, count) for every x_ij > 0 drawn, encoded for the union
+        (pseudonyms from the users' buckets)."""
         ...
 
 
 class InProcessWork:
-    """The whole log in this process (the default).  ``log`` is the log or its loader."""
+    """The whole log in this process (the default).  ``log`` is the log or its loader;
+    ``draws`` the party's keys for this session.  The rows are kept in draw order
+    (cels.protocol.user_draws)."""
 
-    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> None:
-        self._source, self._cap = log, cap
+    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> None:
+        self._source, self._cap, self.draws = log, cap, draws
         self.log: SearchLog | None = None
+        self.user_draws: BucketDraws | None = None
         self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
         self.local: sp.csr_matrix | None = None  # users x universe
         self.pair_of: dict[int, int] = {}  # universe column -> own pair index
@@ -94,8 +101,11 @@ class InProcessWork:
 
     def load(self) -> LoadResult:
         log = self._source() if callable(self._source) else self._source
-        self.log = log
-        self.counts = apply_cap(log.counts, self._cap).tocsr()
+        digests = user_digests(self.draws, log.users)
+        order = draw_order(digests)
+        self.log = log if np.array_equal(order, np.arange(len(order))) else log.select_users(order)
+        self.user_draws = BucketDraws(self.draws, buckets_of(digests[order]))
+        self.counts = apply_cap(self.log.counts, self._cap).tocsr()
         return LoadResult(np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0), log.source)
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
@@ -123,19 +133,20 @@ class InProcessWork:
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
         return verdicts(rows, loads, proposals, b)
 
-    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator, theta: float) -> StagedSampler:
-        return StagedSampler(self.local[:, active], totals, x, rng, theta)
+    def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> StagedSampler:
+        return StagedSampler(self.local[:, active], totals, x, self.user_draws.poisson, theta)
 
-    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+    def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray) -> sp.csr_matrix:
         local = self.local[:, active]
         trials = paper_trials(np.asarray(local.sum(axis=0)).ravel(), totals, x)
-        return sp.csr_matrix(multinomial_sample(local, trials, rng))
+        split = split_over_buckets(trials, self.user_draws.bucket_totals(local), self.draws.stream("paper split"))
+        return self.user_draws.multinomial(local, split)
 
-    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool, rng: np.random.Generator) -> list[bytes]:
+    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
         sampled = sp.csr_matrix(sampled)
         sampled.eliminate_zeros()
         users = np.flatnonzero(np.diff(sampled.indptr))
-        names = [self.log.users[j] for j in users] if keep_user_ids else pseudonyms(len(users), rng)
+        names = [self.log.users[j] for j in users] if keep_user_ids else self.user_draws.pseudonyms(users)
         out = []
         for j, user in zip(users, names):
             lo, hi = sampled.indptr[j], sampled.indptr[j + 1]

@@ -75,7 +75,8 @@ class UnionResult:
 @dataclass(frozen=True)
 class SessionResult:
     """What the initiator holds at the end of a session: the output log, the public results
-    of every phase and every node's StepReports."""
+    of every phase and every node's StepReports; ``seeded``: the initiator's draws were
+    replayed from a seed (then the release is not private)."""
 
     options: SessionOptions
     output: SearchLog
@@ -83,3 +84,4 @@ class SessionResult:
     solved: SolveResult
     sampled: SamplingResult
     step_reports: tuple[cels_pb2.StepReport, ...]
+    seeded: bool

@@ -24,19 +24,19 @@ class Sampling(Stage):
     phase = Phase.SAMPLING
 
     def __init__(
-        self, seat: Seat, work: LocalWork, sums: SumRing, counts: CountsResult, solved: SolveResult, rng: np.random.Generator
+        self, seat: Seat, work: LocalWork, sums: SumRing, counts: CountsResult, solved: SolveResult
     ) -> None:
         super().__init__(seat)
-        self.work, self.sums, self.counts, self.solved, self.rng = work, sums, counts, solved, rng
+        self.work, self.sums, self.counts, self.solved = work, sums, counts, solved
         self.sampler: StagedSampler | None = None
 
     def start(self) -> list[Outgoing]:
         active, x = self.counts.active, self.solved.x
         totals = self.counts.totals[active]
         if self.seat.options.sampling == "paper":
-            self.result = SamplingResult(self.work.local_sample(active, totals, x, self.rng), 0)
+            self.result = SamplingResult(self.work.local_sample(active, totals, x), 0)
             return []
-        self.sampler = self.work.sampler(active, totals, x, self.rng, self.seat.options.sampling_theta)
+        self.sampler = self.work.sampler(active, totals, x, self.seat.options.sampling_theta)
         return self._next_stage()
 
     def _next_stage(self) -> list[Outgoing]:

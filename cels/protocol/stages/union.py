@@ -31,8 +31,11 @@ def union_record(data: bytes) -> LogRecord:
 
 
 def output_log(union: UnionResult, loaded: LoadResult) -> SearchLog:
-    """The union in the input's schema (records decode to (user, query, url, count))."""
-    return SearchLog.from_records((union_record(r) for r in union.records), source=loaded.source)
+    """The union in the input's schema (records decode to (user, query, url, count)), in the
+    order of their encodings: a function of the set of records alone, so the release says
+    nothing of the union's order or of who contributed what, and a replayed session writes the
+    same bytes."""
+    return SearchLog.from_records((union_record(r) for r in sorted(union.records)), source=loaded.source)
 
 
 class Union(Stage):
@@ -47,7 +50,7 @@ class Union(Stage):
 
     def start(self) -> list[Outgoing]:
         seat = self.seat
-        records = self.work.records(self.sampled.sampled, self.counts.active, seat.options.keep_user_ids, self.rng)
+        records = self.work.records(self.sampled.sampled, self.counts.active, seat.options.keep_user_ids)
         self.union = SecureUnion(
             name=seat.name, session_id=seat.session_id, ring=seat.parties, records=records,
             group=group_for_bits(seat.options.group_bits, allow_paper_bits=seat.allow_insecure_key_bits), rng=self.rng,

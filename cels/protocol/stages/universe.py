@@ -13,6 +13,7 @@ import numpy as np
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.groups import group_for_bits
+from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, fail, malformed
@@ -23,11 +24,13 @@ from cels.protocol.wire import cels_pb2
 from cels.protocol.work import CommutativeHash, LocalWork
 
 
-def commutative_hash(options: SessionOptions, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
-    """This party's fresh key for the universe phase (docs/protocol.md: EC by default, PH as an option)."""
+def commutative_hash(options: SessionOptions, draws: DrawKeys, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
+    """This party's key for the universe phase, from its session's ``draws`` (docs/protocol.md:
+    EC by default, PH as an option)."""
     if options.universe_cipher == "x25519":
-        return X25519Hash()
-    return PohligHellmanHash(group_for_bits(options.group_bits, allow_paper_bits=allow_paper_bits))
+        return X25519Hash(draws.secret("universe scalar"))
+    group = group_for_bits(options.group_bits, allow_paper_bits=allow_paper_bits)
+    return PohligHellmanHash(group, CipherRandom(generator=draws.stream("universe exponent")))
 
 
 class Load(Stage):

@@ -23,6 +23,10 @@ __all__ = ["Engine", "EngineOptions", "LocalEngine", "open_engine"]
 class Engine(Protocol):
     """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``)."""
 
+    def check(self) -> None:
+        """A session starts: the engine can take its work, or a
+        :class:`cels.protocol.roles.Refusal` refuses the session before anything is loaded."""
+
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork: ...
 
     def close(self) -> None:
@@ -31,6 +35,9 @@ class Engine(Protocol):
 
 class LocalEngine:
     """Every session's work in this process (the default)."""
+
+    def check(self) -> None:
+        """This process is always there."""
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> LocalWork:
         return InProcessWork(log, cap)

@@ -16,6 +16,14 @@ its constraint rows), never shared with another party.
   the shards walk the proposals together, rejection by rejection (:meth:`RayWork.verdicts`),
   and the result is the same bitmap as in one process for any P.
 
+Faults (docs/deployment.md, "Faults of the engine"): a pair-work task whose worker dies is run
+again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A user-shard actor
+that dies is re-created from the rows the node placed and the round is walked again from its
+starting loads (the round is a function of rows, loads and proposals), at most
+:data:`SHARD_RESTARTS` times a session; past that, or once a task has no retry left, the
+session aborts with LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log
+has which worker and why).
+
 Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
 log, the index, the unique pairs, the constraint rows, the sampling and the output records;
 and the Pohlig-Hellman universe cipher (only X25519 goes to tasks).
@@ -27,6 +35,7 @@ import hashlib
 import hmac
 import secrets
 import socket
+import subprocess
 from collections.abc import Callable
 
 import numpy as np
@@ -36,14 +45,27 @@ import scipy.sparse as sp
 from cels.crypto.commutative_cipher import CommutativeCipherError
 from cels.crypto.ec_hash import X25519Hash
 from cels.engine.options import LOCAL_RAY, EngineOptions
+from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.mechanism.greedy import LOAD_SLACK
+from cels.protocol.rolebase import RoleFailure
+from cels.protocol.roles import Refusal
 from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
 CONNECT_SECONDS = 5.0
-"""How long the node waits for a Ray cluster address to answer before refusing to start."""
+"""How long the node waits for a Ray cluster address to answer: at start-up (else it refuses
+to start) and at every StartSession (else it refuses the session)."""
+TASK_RETRIES = 3
+"""Runs of a pair-work task after the first when its worker dies (Ray's ``max_retries``); an
+exception the task raises itself (a peer's bad id) is not retried: it would raise again."""
+SHARD_RESTARTS = 3
+"""User-shard actors a session re-creates after losing them, before it aborts."""
+WORKER_LOST = "engine worker lost"
+"""What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
+TASK_LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+"""What ``ray.get`` raises for a task whose worker, node or result is gone after its retries."""
 
 
 def check_reachable(address: str) -> None:
@@ -59,24 +81,37 @@ def check_reachable(address: str) -> None:
 
 
 class RayEngine:
-    """The node's connection to its Ray cluster, made once per node process."""
+    """The node's connection to its Ray cluster, made once per node process; ``reaper``: the
+    watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper)."""
 
-    def __init__(self, options: EngineOptions) -> None:
-        self.options = options
+    def __init__(self, options: EngineOptions, reaper: subprocess.Popen | None = None) -> None:
+        self.options, self.reaper = options, reaper
 
     @classmethod
     def start(cls, options: EngineOptions) -> RayEngine:
-        """Start a local Ray instance (``address = "local"``) or join the cluster at ``address``."""
+        """Start a local Ray instance (``address = "local"``), watched by a reaper, or join the
+        cluster at ``address``."""
         if not ray.is_initialized():
             if options.address == LOCAL_RAY:
-                ray.init(include_dashboard=False, log_to_driver=False)
-            else:
-                check_reachable(options.address)
-                try:
-                    ray.init(address=options.address, log_to_driver=False)
-                except ConnectionError as exc:
-                    raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
+                context = ray.init(include_dashboard=False, log_to_driver=False)
+                return cls(options, watch(context.address_info["session_dir"]))
+            check_reachable(options.address)
+            try:
+                ray.init(address=options.address, log_to_driver=False)
+            except ConnectionError as exc:
+                raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
         return cls(options)
+
+    def check(self) -> None:
+        """A StartSession: the cluster this node joined still answers (within
+        :data:`CONNECT_SECONDS`), or a :class:`Refusal` naming the address to this node's log
+        and controller, before the session loads anything.  A Ray instance of the node's own
+        lives and dies with the node: nothing to check."""
+        if self.options.address != LOCAL_RAY:
+            try:
+                check_reachable(self.options.address)
+            except ValueError as exc:
+                raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> RayWork:
         return RayWork(log, cap, self.options.shards, self.options.max_in_flight)
@@ -85,6 +120,9 @@ class RayEngine:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
         the cluster it joined: no Ray process outlives a stopped node."""
         ray.shutdown()
+        if self.reaper is not None:  # it ends what shutdown left (and then itself)
+            self.reaper.stdin.close()
+            self.reaper.wait(SETTLE_SECONDS + 5)
 
 
 @ray.remote
@@ -144,6 +182,8 @@ class RayWork(InProcessWork):
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
         self._actors: list = []
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
+        self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
+        self.shard_restarts = 0  # user-shard actors re-created in this session
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
         if not isinstance(cipher, X25519Hash):
@@ -172,11 +212,14 @@ class RayWork(InProcessWork):
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
                 raise
+            except TASK_LOST as exc:
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on failed {TASK_RETRIES + 1} times: {exc}") from None
 
+        chunk = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         for t, start in enumerate(starts):
             if len(pending) >= self.max_in_flight:
                 collect_one()
-            pending[_x25519_chunk.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
+            pending[chunk.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
         while pending:
             collect_one()
         return [e for chunk in out for e in chunk]
@@ -193,19 +236,37 @@ class RayWork(InProcessWork):
         shard = np.array([self.shard_of(self.log.users[j]) for j in self.row_users], dtype=np.int64)
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = [np.flatnonzero(shard == s) for s in range(self.shards)]
-        self._actors = [UserShard.remote(csr[members].tocsc()) for members in self._members]
+        self._shard_rows = [csr[members].tocsc() for members in self._members]
+        self._actors = [UserShard.remote(shard_rows) for shard_rows in self._shard_rows]
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
-        """The party's verdicts as in one process: every shard walks to its first rejection;
-        the earliest is the party's; every shard takes back what it added from there and
-        walks on after it, until no shard rejects."""
+        """The party's verdicts as in one process (:meth:`_joint_walk`); a round that loses a
+        shard is walked again from its starting loads once the shard is re-created (module doc)."""
         if rows is not self._placed:
             self._place(rows)
-        limit = b * (1 - LOAD_SLACK)
+        while True:
+            try:
+                return self._joint_walk(loads, proposals, b * (1 - LOAD_SLACK))
+            except ray.exceptions.RayActorError as exc:
+                self._replace_lost_shards(exc)
+
+    def _joint_walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
+        """Every shard walks to its first rejection; the earliest is the party's; every shard
+        takes back what it added from there and walks on after it, until no shard rejects."""
         firsts = ray.get([a.walk.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
         veto = np.zeros(len(proposals), dtype=np.uint64)
         while (rejected := min(firsts)) < len(proposals):
             veto[rejected] = 1
             firsts = ray.get([a.settle.remote(rejected) for a in self._actors])
         return veto
+
+    def _replace_lost_shards(self, exc: ray.exceptions.RayActorError) -> None:
+        """Re-create the shard ``exc`` reports dead from the rows the node placed (every shard
+        if it names none), or abort the session once :data:`SHARD_RESTARTS` are used up."""
+        self.shard_restarts += 1
+        if self.shard_restarts > SHARD_RESTARTS:
+            raise RoleFailure(WORKER_LOST, f"a user-shard actor was lost after {SHARD_RESTARTS} restarts in this session: {exc}") from None
+        named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
+        for s in named or range(self.shards):  # an actor dropped here ends with its last handle
+            self._actors[s] = UserShard.remote(self._shard_rows[s])

@@ -64,8 +64,6 @@ SHARD_RESTARTS = 3
 """User-shard actors a session re-creates after losing them, before it aborts."""
 WORKER_LOST = "engine worker lost"
 """What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
-TASK_LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
-"""What ``ray.get`` raises for a task whose worker, node or result is gone after its retries."""
 
 
 def check_reachable(address: str) -> None:
@@ -212,14 +210,14 @@ class RayWork(InProcessWork):
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
                 raise
-            except TASK_LOST as exc:
-                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on failed {TASK_RETRIES + 1} times: {exc}") from None
+            except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on is lost after {TASK_RETRIES} retries: {exc}") from None
 
-        chunk = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
+        task = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         for t, start in enumerate(starts):
             if len(pending) >= self.max_in_flight:
                 collect_one()
-            pending[chunk.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
+            pending[task.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
         while pending:
             collect_one()
         return [e for chunk in out for e in chunk]

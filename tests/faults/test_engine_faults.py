@@ -141,7 +141,7 @@ def test_a_pair_task_out_of_retries_is_engine_worker_lost(engine, monkeypatch) -
     killer = Killer(lambda pid, name: name == b"ray::_x25519_chunk")
     killer.start()
     try:
-        with pytest.raises(RoleFailure, match=r"the pair-work task on the ids from \d+ on failed 1 times") as failed:
+        with pytest.raises(RoleFailure, match=r"the pair-work task on the ids from \d+ on is lost after 0 retries") as failed:
             remote.apply_layer(X25519Hash(bytes(range(32))), peer_ids(12000))
     finally:
         killer.stop()

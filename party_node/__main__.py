@@ -61,8 +61,10 @@ def start(argv: Sequence[str] | None):
     decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
 
     def factory(session: SessionOptions, keys: NodeKeys):
-        # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
+        # a Ray cluster that no longer answers refuses the session (FAILED_PRECONDITION), then the
+        # privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION too);
         # the log is read when the session begins (a bad log aborts that session, not the node)
+        engine.check()
         def load():
             return load_log(path, options)
 

@@ -36,7 +36,7 @@ def engine():
     """One local Ray instance for the module (a node starts or joins its cluster once)."""
     started = open_engine(EngineOptions(kind="ray", shards=2, max_in_flight=2))
     yield started
-    ray.shutdown()
+    started.close()
 
 
 def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork, RayWork]:

@@ -25,6 +25,10 @@ class Engine(Protocol):
     """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``), drawing
     from the party's session keys ``draws``."""
 
+    def check(self) -> None:
+        """A session starts: the engine can take its work, or a
+        :class:`cels.protocol.roles.Refusal` refuses the session before anything is loaded."""
+
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork: ...
 
     def close(self) -> None:
@@ -33,6 +37,9 @@ class Engine(Protocol):
 
 class LocalEngine:
     """Every session's work in this process (the default)."""
+
+    def check(self) -> None:
+        """This process is always there."""
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork:
         return InProcessWork(log, cap, draws)

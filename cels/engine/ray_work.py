@@ -22,6 +22,14 @@ its constraint rows), never shared with another party.
   every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
   the shards draw what the party draws in one process, for any P.
 
+Faults (docs/deployment.md, "Faults of the engine"): a pair-work task whose worker dies is run
+again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A user-shard actor
+that dies is re-created from the rows the node placed and the round is walked again from its
+starting loads (the round is a function of rows, loads and proposals), at most
+:data:`SHARD_RESTARTS` times a session; past that, or once a task has no retry left, the
+session aborts with LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log
+has which worker and why).
+
 Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
 log, the index, the unique pairs, the constraint rows and the output records (their
 pseudonyms, drawn by bucket like the sampling); and the Pohlig-Hellman universe cipher (only
@@ -31,6 +39,7 @@ X25519 goes to tasks).
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Callable
 
 import numpy as np
@@ -41,16 +50,27 @@ from cels.crypto.commutative_cipher import CommutativeCipherError
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
 from cels.engine.options import LOCAL_RAY, EngineOptions
+from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.mechanism.greedy import LOAD_SLACK
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
+from cels.protocol.rolebase import RoleFailure
+from cels.protocol.roles import Refusal
 from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
 CONNECT_SECONDS = 5.0
-"""How long the node waits for a Ray cluster address to answer before refusing to start."""
+"""How long the node waits for a Ray cluster address to answer: at start-up (else it refuses
+to start) and at every StartSession (else it refuses the session)."""
+TASK_RETRIES = 3
+"""Runs of a pair-work task after the first when its worker dies (Ray's ``max_retries``); an
+exception the task raises itself (a peer's bad id) is not retried: it would raise again."""
+SHARD_RESTARTS = 3
+"""User-shard actors a session re-creates after losing them, before it aborts."""
+WORKER_LOST = "engine worker lost"
+"""What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
 
 
 def check_reachable(address: str) -> None:
@@ -66,24 +86,37 @@ def check_reachable(address: str) -> None:
 
 
 class RayEngine:
-    """The node's connection to its Ray cluster, made once per node process."""
+    """The node's connection to its Ray cluster, made once per node process; ``reaper``: the
+    watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper)."""
 
-    def __init__(self, options: EngineOptions) -> None:
-        self.options = options
+    def __init__(self, options: EngineOptions, reaper: subprocess.Popen | None = None) -> None:
+        self.options, self.reaper = options, reaper
 
     @classmethod
     def start(cls, options: EngineOptions) -> RayEngine:
-        """Start a local Ray instance (``address = "local"``) or join the cluster at ``address``."""
+        """Start a local Ray instance (``address = "local"``), watched by a reaper, or join the
+        cluster at ``address``."""
         if not ray.is_initialized():
             if options.address == LOCAL_RAY:
-                ray.init(include_dashboard=False, log_to_driver=False)
-            else:
-                check_reachable(options.address)
-                try:
-                    ray.init(address=options.address, log_to_driver=False)
-                except ConnectionError as exc:
-                    raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
+                context = ray.init(include_dashboard=False, log_to_driver=False)
+                return cls(options, watch(context.address_info["session_dir"]))
+            check_reachable(options.address)
+            try:
+                ray.init(address=options.address, log_to_driver=False)
+            except ConnectionError as exc:
+                raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
         return cls(options)
+
+    def check(self) -> None:
+        """A StartSession: the cluster this node joined still answers (within
+        :data:`CONNECT_SECONDS`), or a :class:`Refusal` naming the address to this node's log
+        and controller, before the session loads anything.  A Ray instance of the node's own
+        lives and dies with the node: nothing to check."""
+        if self.options.address != LOCAL_RAY:
+            try:
+                check_reachable(self.options.address)
+            except ValueError as exc:
+                raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> RayWork:
         return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight)
@@ -92,6 +125,9 @@ class RayEngine:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
         the cluster it joined: no Ray process outlives a stopped node."""
         ray.shutdown()
+        if self.reaper is not None:  # it ends what shutdown left (and then itself)
+            self.reaper.stdin.close()
+            self.reaper.wait(SETTLE_SECONDS + 5)
 
 
 @ray.remote
@@ -181,23 +217,47 @@ class SamplingShard:
 class ShardedSampler:
     """:class:`StagedSampler`'s interface to the party's stage over its sampling shards: the
     node adds the shards' stage totals (integers, so in any order) and hands every shard the
-    summed totals of the secure sum."""
+    summed totals of the secure sum.  A shard lost on the way is re-created from the counts
+    the node placed and replayed: begun again, then every past stage proposed (its draws are
+    those of its buckets' streams at that stage, so the same) and settled with the summed
+    totals the node kept (:meth:`RayWork.sampling_call`)."""
 
     def __init__(self, work: RayWork, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> None:
         self.work, self.shape = work, (work.local.shape[0], len(active))
+        self.settled: list[np.ndarray] = []  # the summed totals of every stage so far
+        self.proposed = False
+        self.begin = (totals, x, theta)
         self.actors = work.sampling_shards(active)
-        self.done = all(ray.get([a.begin.remote(totals, x, theta) for a in self.actors]))
-        self.stage = 0
+        self.done = all(self._each(lambda a: a.begin.remote(*self.begin)))
+
+    @property
+    def stage(self) -> int:
+        return len(self.settled)
+
+    def _each(self, call: Callable) -> list:
+        return self.work.sampling_call(self.actors, call, self._replay)
+
+    def _replay(self, actor) -> None:
+        """A re-created shard brought to where the others are."""
+        ray.get(actor.begin.remote(*self.begin))
+        for totals in self.settled:
+            ray.get(actor.propose.remote())
+            ray.get(actor.settle.remote(totals))
+        if self.proposed:
+            ray.get(actor.propose.remote())
 
     def propose(self) -> tuple[None, np.ndarray]:
-        return None, sum(ray.get([a.propose.remote() for a in self.actors]))
+        local = sum(self._each(lambda a: a.propose.remote()))
+        self.proposed = True
+        return None, local
 
     def settle(self, stage_totals: np.ndarray) -> None:
-        self.done = all(ray.get([a.settle.remote(stage_totals) for a in self.actors]))
-        self.stage += 1
+        self.done = all(self._each(lambda a: a.settle.remote(stage_totals)))
+        self.settled.append(stage_totals)
+        self.proposed = False
 
     def result(self) -> sp.csr_matrix:
-        return self.work.gather(ray.get([a.sampled.remote() for a in self.actors]), self.shape)
+        return self.work.gather(self._each(lambda a: a.sampled.remote()), self.shape)
 
 
 class RayWork(InProcessWork):
@@ -210,6 +270,8 @@ class RayWork(InProcessWork):
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
         self._actors: list = []
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
+        self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
+        self.shard_restarts = 0  # user-shard actors re-created in this session
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
         if not isinstance(cipher, X25519Hash):
@@ -238,11 +300,14 @@ class RayWork(InProcessWork):
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
                 raise
+            except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on is lost after {TASK_RETRIES} retries: {exc}") from None
 
+        task = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         for t, start in enumerate(starts):
             if len(pending) >= self.max_in_flight:
                 collect_one()
-            pending[_x25519_chunk.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
+            pending[task.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
         while pending:
             collect_one()
         return [e for chunk in out for e in chunk]
@@ -257,7 +322,27 @@ class RayWork(InProcessWork):
         shard = self.shard_of(np.arange(local.shape[0]))
         self._sample_members = [np.flatnonzero(shard == s) for s in range(self.shards)]
         root, seeded = self.draws.root_bytes(), self.draws.seeded
-        return [SamplingShard.remote(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
+        self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
+        return [SamplingShard.remote(*args) for args in self._sampling_args]
+
+    def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:
+        """``call(actor)`` on every sampling shard, in order.  A shard lost on the way is
+        re-created from its placed counts, brought up by ``replay(actor)`` and called again,
+        out of the session's :data:`SHARD_RESTARTS`; past them: "engine worker lost"."""
+        refs = [call(a) for a in actors]
+        out = []
+        for s, ref in enumerate(refs):
+            while True:
+                try:
+                    out.append(ray.get(ref))
+                    break
+                except ray.exceptions.RayActorError as exc:
+                    self._count_restart(exc)
+                    actors[s] = SamplingShard.remote(*self._sampling_args[s])
+                    if replay is not None:
+                        replay(actors[s])
+                    ref = call(actors[s])
+        return out
 
     def gather(self, parts: list[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
         """The shards' x_ij back on the party's rows."""
@@ -274,10 +359,10 @@ class RayWork(InProcessWork):
         """The paper's local sampling: the node splits each pair's trials over the buckets
         (from the shards' bucket totals), every shard draws its buckets' trials."""
         actors = self.sampling_shards(active)
-        bucket_totals = sum(ray.get([a.bucket_totals.remote() for a in actors]))
+        bucket_totals = sum(self.sampling_call(actors, lambda a: a.bucket_totals.remote()))
         held = np.asarray(bucket_totals.sum(axis=0)).ravel()
         split = split_over_buckets(paper_trials(held, totals, x), bucket_totals, self.draws.stream("paper split"))
-        parts = ray.get([a.paper_sample.remote(split) for a in actors])
+        parts = self.sampling_call(actors, lambda a: a.paper_sample.remote(split))
         return self.gather(parts, (self.local.shape[0], len(active)))
 
     def _place(self, rows: sp.spmatrix) -> None:
@@ -287,19 +372,41 @@ class RayWork(InProcessWork):
         shard = self.shard_of(self.row_users)
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = [np.flatnonzero(shard == s) for s in range(self.shards)]
-        self._actors = [UserShard.remote(csr[members].tocsc()) for members in self._members]
+        self._shard_rows = [csr[members].tocsc() for members in self._members]
+        self._actors = [UserShard.remote(shard_rows) for shard_rows in self._shard_rows]
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
-        """The party's verdicts as in one process: every shard walks to its first rejection;
-        the earliest is the party's; every shard takes back what it added from there and
-        walks on after it, until no shard rejects."""
+        """The party's verdicts as in one process (:meth:`_joint_walk`); a round that loses a
+        shard is walked again from its starting loads once the shard is re-created (module doc)."""
         if rows is not self._placed:
             self._place(rows)
-        limit = b * (1 - LOAD_SLACK)
+        while True:
+            try:
+                return self._joint_walk(loads, proposals, b * (1 - LOAD_SLACK))
+            except ray.exceptions.RayActorError as exc:
+                self._replace_lost_shards(exc)
+
+    def _joint_walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
+        """Every shard walks to its first rejection; the earliest is the party's; every shard
+        takes back what it added from there and walks on after it, until no shard rejects."""
         firsts = ray.get([a.walk.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
         veto = np.zeros(len(proposals), dtype=np.uint64)
         while (rejected := min(firsts)) < len(proposals):
             veto[rejected] = 1
             firsts = ray.get([a.settle.remote(rejected) for a in self._actors])
         return veto
+
+    def _count_restart(self, exc: ray.exceptions.RayActorError) -> None:
+        """One more shard actor re-created in this session, or "engine worker lost" past :data:`SHARD_RESTARTS`."""
+        self.shard_restarts += 1
+        if self.shard_restarts > SHARD_RESTARTS:
+            raise RoleFailure(WORKER_LOST, f"a shard actor was lost after {SHARD_RESTARTS} restarts in this session: {exc}") from None
+
+    def _replace_lost_shards(self, exc: ray.exceptions.RayActorError) -> None:
+        """Re-create the shard ``exc`` reports dead from the rows the node placed (every shard
+        if it names none), or abort the session once :data:`SHARD_RESTARTS` are used up."""
+        self._count_restart(exc)
+        named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
+        for s in named or range(self.shards):  # an actor dropped here ends with its last handle
+            self._actors[s] = UserShard.remote(self._shard_rows[s])

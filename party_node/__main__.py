@@ -54,6 +54,7 @@ def start(argv: Sequence[str] | None):
     # P_1 decrypts every secure sum while the other parties wait for the result: all cores
     # (the exponentiations release the GIL, so threads suffice)
     decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
+    works = {}  # session id -> its work, until the session ends here
 
     def factory(session: SessionOptions, keys: NodeKeys):
         # the privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION);
@@ -62,6 +63,7 @@ def start(argv: Sequence[str] | None):
             return load_log(path, options)
 
         def role() -> PartyRole:
+            works[session.session_id] = work = engine.work(load, session.cap)
             return PartyRole(
                 config.name,
                 session,
@@ -71,12 +73,19 @@ def start(argv: Sequence[str] | None):
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=decryption_pool,
                 session_report=session_report,
-                work=engine.work(load, session.cap),
+                work=work,
             )
 
         return ledger.admit(session, role)
 
-    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release, on_stop=engine.close)
+    def session_ended(session_id: str) -> None:
+        """What the session's work used goes to its summary (``cels status``); the ledger releases its reservation."""
+        if session_id in works:
+            node.telemetry.session_engine(session_id, engine.usage(works.pop(session_id)))
+        ledger.release(session_id)
+
+    node = Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)
+    return node
 
 
 def main(argv: Sequence[str] | None = None) -> int:

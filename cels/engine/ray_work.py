@@ -19,15 +19,23 @@ its constraint rows), never shared with another party.
 Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
 log, the index, the unique pairs, the constraint rows, the sampling and the output records;
 and the Pohlig-Hellman universe cipher (only X25519 goes to tasks).
+
+What the workers used (:meth:`RayWork.usage`, in the node's per-session summary): every task
+and user shard reports its own process's peak RSS, and every task its CPU seconds, because
+the workers may run on other machines than the node (``cels bench scale --engine ray``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import resource
 import secrets
 import socket
+import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import ray
@@ -81,17 +89,33 @@ class RayEngine:
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int) -> RayWork:
         return RayWork(log, cap, self.options.shards, self.options.max_in_flight)
 
+    def usage(self, work: RayWork) -> dict[str, Any]:
+        """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
+        engine = {"kind": "ray", "shards": self.options.shards, "max_in_flight": self.options.max_in_flight}
+        try:
+            return engine | work.usage()
+        except ray.exceptions.RayError as exc:  # a shard's actor is gone: its figure is lost, the session is not
+            return engine | {"error": f"{type(exc).__name__}: {exc}"}
+
     def close(self) -> None:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
         the cluster it joined: no Ray process outlives a stopped node."""
         ray.shutdown()
 
 
+def worker_peak_rss() -> tuple[str, int]:
+    """This worker process (host:pid) and its peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
+    return f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 @ray.remote
-def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> list[bytes]:
-    """One chunk of pair work with the party's key rebuilt from its scalar."""
+def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> tuple[list[bytes], tuple[str, int], float]:
+    """One chunk of pair work with the party's key rebuilt from its scalar; its worker's
+    peak RSS and the chunk's CPU seconds come back with it."""
+    cpu = time.process_time()
     cipher = X25519Hash(scalar)
-    return cipher.hash(items) if hash_first else cipher.apply(items)
+    out = cipher.hash(items) if hash_first else cipher.apply(items)
+    return out, worker_peak_rss(), time.process_time() - cpu
 
 
 @ray.remote
@@ -106,6 +130,10 @@ class UserShard:
         self.limit = 0.0
         self.start = 0
         self.undo: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS so far (bytes)."""
+        return worker_peak_rss()
 
     def walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> int:
         """A round begins: the first proposal this shard rejects (len if none)."""
@@ -144,6 +172,9 @@ class RayWork(InProcessWork):
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
         self._actors: list = []
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
+        self._pair_workers: dict[str, int] = {}  # worker process -> its peak RSS (bytes), as its tasks reported
+        self._pair_cpu_seconds = 0.0
+        self._pair_tasks = 0
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
         if not isinstance(cipher, X25519Hash):
@@ -167,11 +198,14 @@ class RayWork(InProcessWork):
             (done,), _ = ray.wait(list(pending), num_returns=1)
             t = pending.pop(done)
             try:
-                out[t] = ray.get(done)
+                out[t], (worker, rss), cpu = ray.get(done)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
                 raise
+            self._pair_workers[worker] = max(rss, self._pair_workers.get(worker, 0))
+            self._pair_cpu_seconds += cpu
+            self._pair_tasks += 1
 
         for t, start in enumerate(starts):
             if len(pending) >= self.max_in_flight:
@@ -209,3 +243,15 @@ class RayWork(InProcessWork):
             veto[rejected] = 1
             firsts = ray.get([a.settle.remote(rejected) for a in self._actors])
         return veto
+
+    def usage(self) -> dict[str, Any]:
+        """What this session's workers used so far: every user shard's peak RSS (asked of the
+        actors now; none before the private solve placed them), and the pair-work tasks'
+        workers' peak RSS and CPU seconds."""
+        shards = ray.get([a.peak_rss.remote() for a in self._actors])
+        return {
+            "shard_peak_rss_bytes": [rss for _, rss in shards],
+            "pair_tasks": self._pair_tasks,
+            "pair_task_cpu_seconds": self._pair_cpu_seconds,
+            "pair_worker_peak_rss_bytes": dict(sorted(self._pair_workers.items())),
+        }

@@ -50,6 +50,8 @@ from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
+USAGE_SECONDS = 10.0
+"""How long a session's end waits for its shards' peak RSS (GetTimeoutError past it: the figure is lost)."""
 CONNECT_SECONDS = 5.0
 """How long the node waits for a Ray cluster address to answer before refusing to start."""
 
@@ -248,7 +250,7 @@ class RayWork(InProcessWork):
         """What this session's workers used so far: every user shard's peak RSS (asked of the
         actors now; none before the private solve placed them), and the pair-work tasks'
         workers' peak RSS and CPU seconds."""
-        shards = ray.get([a.peak_rss.remote() for a in self._actors])
+        shards = ray.get([a.peak_rss.remote() for a in self._actors], timeout=USAGE_SECONDS)
         return {
             "shard_peak_rss_bytes": [rss for _, rss in shards],
             "pair_tasks": self._pair_tasks,

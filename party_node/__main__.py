@@ -59,6 +59,7 @@ def start(argv: Sequence[str] | None):
     # P_1 decrypts every secure sum while the other parties wait for the result: all cores
     # (the exponentiations release the GIL, so threads suffice)
     decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
+    works = {}  # session id -> its work, until the session ends here
 
     def factory(session: SessionOptions, keys: NodeKeys):
         # a Ray cluster that no longer answers refuses the session (FAILED_PRECONDITION), then the
@@ -70,6 +71,7 @@ def start(argv: Sequence[str] | None):
 
         def role() -> PartyRole:
             draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)
+            works[session.session_id] = work = engine.work(load, session.cap, draws)
             return PartyRole(
                 config.name,
                 session,
@@ -80,12 +82,19 @@ def start(argv: Sequence[str] | None):
                 decryption_pool=decryption_pool,
                 session_report=session_report,
                 draws=draws,
-                work=engine.work(load, session.cap, draws),
+                work=work,
             )
 
         return ledger.admit(session, role)
 
-    return Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=ledger.release, on_stop=engine.close)
+    def session_ended(session_id: str) -> None:
+        """What the session's work used goes to its summary (``cels status``); the ledger releases its reservation."""
+        if session_id in works:
+            node.telemetry.session_engine(session_id, engine.usage(works.pop(session_id)))
+        ledger.release(session_id)
+
+    node = Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)
+    return node
 
 
 def main(argv: Sequence[str] | None = None) -> int:

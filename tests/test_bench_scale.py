@@ -45,12 +45,18 @@ def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
     assert set(point["peak_rss_bytes"]) == NODES
     for node in point["peak_rss_bytes"].values():  # a Python node process with grpc and numpy holds tens of MB
         assert 20e6 < node["process"] < 4e9 and node["worker_processes"] >= 1
+    # the local engine: every party's work in its node (no shard, no pair worker); the universe's busy cores measured
+    assert point["engine"] == "local" and point["engine_usage"] == {p: {"kind": "local"} for p in NODES - {"solver"}}
+    assert point["shard_peak_rss_bytes_max"] is None and point["party_node_peak_rss_bytes_max"] == max(point["peak_rss_bytes"][p]["process"] for p in NODES - {"solver"})
+    busy = point["universe_cpu"]
+    assert busy["pair_task_cpu_seconds"] == 0 and busy["busy_fraction"] == pytest.approx(busy["node_cpu_seconds"] / (busy["wall_seconds"] * os.cpu_count()))
+    assert 0 < busy["node_cpu_seconds"] <= busy["process_trees_cpu_seconds"] and "targets" not in result
     (series,) = result["series"]
-    assert (series["solve"], series["parties"], series["points"], series["stopped"]) == ("private", 3, 1, None)
+    assert (series["solve"], series["parties"], series["engine"], series["points"], series["stopped"]) == ("private", 3, "local", 1, None)
     assert series["slope"]["bytes_total"] is None  # one size: no line to fit
     with open(out / "scale.csv", newline="") as fh:
         (row,) = list(csv.DictReader(fh))
-    assert (row["solve"], row["parties"], row["pairs"], row["status"]) == ("private", "3", "2000", "ok")
+    assert (row["engine"], row["solve"], row["parties"], row["pairs"], row["status"]) == ("local", "private", "3", "2000", "ok")
     assert int(row["bytes_total"]) == point["bytes_total"] and float(row["universe_busy_seconds"]) > 0
     assert row["nlp_bytes"] == ""  # the private solve has no NLP phase
     assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -166,3 +172,26 @@ def test_resume_keeps_earlier_points_and_refuses_other_settings(tmp_path, capsys
     capsys.readouterr()
     assert main([a if a != "512" else "1024" for a in argv] + ["--resume"]) == 2  # bad input
     assert "--resume" in capsys.readouterr().err and json.loads((out / "scale.json").read_text()) == both
+
+
+@pytest.mark.slow
+def test_a_ray_series_beside_the_local_one(tmp_path, capsys) -> None:
+    """--engine ray: the same input on the local engine and then on Ray (P = 1, so no extra
+    single-shard series); the Ray point has its shard's and pair workers' peak RSS and the
+    pair tasks' CPU seconds, as every party node's session summary reported them."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    out = tmp_path / "scale"
+    assert main(["bench", "scale", "--pairs", "1K", "--parties", "2", "--key-bits", "512", "--engine", "ray", "--out", str(out)]) == 0
+    result = json.loads((out / "scale.json").read_text())
+    capsys.readouterr()
+    local, ray = result["points"]
+    assert (local["engine"], ray["engine"], local["status"], ray["status"]) == ("local", "ray P=1", "ok", "ok")
+    assert local["pairs"] == ray["pairs"] and local["size"] == ray["size"]  # the same input
+    for usage in ray["engine_usage"].values():
+        assert (usage["kind"], usage["shards"], len(usage["shard_peak_rss_bytes"])) == ("ray", 1, 1)
+        assert usage["pair_tasks"] >= 1 and usage["pair_task_cpu_seconds"] > 0 and usage["pair_worker_peak_rss_bytes"]
+    assert 20e6 < ray["shard_peak_rss_bytes_max"] < 4e9 and 20e6 < ray["pair_worker_peak_rss_bytes_max"] < 4e9  # a Python worker with numpy
+    assert ray["universe_cpu"]["pair_task_cpu_seconds"] == pytest.approx(sum(u["pair_task_cpu_seconds"] for u in ray["engine_usage"].values()))
+    (targets,) = result["targets"]
+    assert targets["ray_vs_local_seconds"]["ratio"] == pytest.approx(ray["total_seconds"] / local["total_seconds"])
+    assert targets["shard_rss"]["pass"] is None and targets["node_rss_flat"]["pass"] is None  # P = 1, one size

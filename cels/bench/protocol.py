@@ -8,6 +8,9 @@ as ``cels simulate`` does (R party node processes and a solver node over gRPC wi
 on 127.0.0.1) and reports the wall time and the bytes on the wire, frames included; with
 ``--stock-nlp`` / ``--stock-sum`` the nodes first stock obfuscators for the solver's and P_1's
 node keys (the offline phase, timed apart), so the session's wall time is the online time.
+The engine flags (``--engine ray --shards P``, as on ``cels simulate``) put every party's
+local work on its own Ray instance (with ``--runner inmemory``: one, in this process); the
+processes runner reports what each party's workers used (``engine``).
 Prints JSON (and writes it to ``--json FILE``).
 """
 
@@ -19,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
+from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, seed_argv
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
 from cels.protocol.options import SessionOptions
 
@@ -65,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         {"solve": {"action": "append", "default": None, "help": "phase 3's mode; repeat to compare both in the same run (default private)"}},
     )  # fmt: skip
     add_stock_arguments(parser)
+    add_engine_arguments(parser)
+    add_seed_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -80,8 +87,14 @@ def bench_log(args: argparse.Namespace) -> SearchLog:
     return load_log(args.input, options)
 
 
-def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small: bool) -> dict[str, Any]:
-    """One session in memory; node time split into offline (obfuscators) and online."""
+def bench_inmemory(
+    shares: list[SearchLog], options: SessionOptions, allow_small: bool, engine: Any = None, seed: int | None = None
+) -> dict[str, Any]:
+    """One session in memory; node time split into offline (obfuscators) and online.
+    ``engine`` (cels.engine.Engine, default in process) runs every party's local work;
+    ``seed`` replays every party's draws (NOT private)."""
+    from cels.crypto.streams import DrawKeys
+    from cels.engine import LocalEngine
     from cels.inprocess import InMemoryNetwork, MemoryNode, abort_message, start_session
     from cels.protocol.host import SessionHost
     from cels.protocol.party import PartyRole
@@ -89,10 +102,16 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
     from cels.session_report import session_report
 
     ledgers: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "obfuscators": 0})
-    hosts = {}
+    engine = engine or LocalEngine()
+    hosts, works = {}, {}
     for name, log in zip(options.parties, shares):
         timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
-        factory = lambda opts, name=name, log=log, timed=timed: PartyRole(name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed, session_report=session_report)  # noqa: E731
+        draws = DrawKeys.fresh() if seed is None else DrawKeys.replay(seed, name)
+        works[name] = engine.work(log, options.cap, draws)
+        factory = lambda opts, name=name, log=log, timed=timed, draws=draws: PartyRole(  # noqa: E731
+            name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed, session_report=session_report,
+            draws=draws, work=works[name],
+        )  # fmt: skip
         hosts[name] = MemoryNode(SessionHost(name, factory, time.perf_counter))
     solver = lambda opts: SolverRole(options.solver, opts, allow_insecure_key_bits=allow_small)  # noqa: E731
     hosts[options.solver] = MemoryNode(SessionHost(options.solver, solver, time.perf_counter))
@@ -106,7 +125,7 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
     busy = dict(network.stats.seconds)
     offline = {name: ledgers[name]["seconds"] for name in hosts}
     return {
-        "report": lead.report,
+        "report": lead.report | {"engine": {name: engine.usage(work) for name, work in works.items()}},
         "wall_seconds": wall,
         "offline": {
             "what": "obfuscators h_s^a mod N^2 (an ObfuscatorPool computes them ahead of time)",
@@ -123,17 +142,20 @@ def bench_inmemory(shares: list[SearchLog], options: SessionOptions, allow_small
 
 def bench_processes(
     shares: Sequence[SearchLog | Path], options: SessionOptions, fmt_args: list[str], stock: dict[str, int] | None,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT, engine_flags: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One session over gRPC between node processes (the ``cels simulate`` machinery); with
     ``stock`` the nodes run the offline phase first and the session's wall time is online.
     A share is a log or the path of a log file in ``fmt_args``' format; ``timeout`` bounds
-    the offline phase and the session together."""
+    the offline phase and the session together; ``engine_flags`` go to every party node."""
     from cels.cli.service import run_nodes
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
-        report = run_nodes(shares, options, Path(tmp), ".tsv", fmt_args, Path(tmp) / "operator-report.json", stock=stock, timeout=timeout)
+        report = run_nodes(
+            shares, options, Path(tmp), ".tsv", fmt_args, Path(tmp) / "operator-report.json", stock=stock, timeout=timeout,
+            node_flags={party: engine_flags or [] for party in options.parties},
+        )  # fmt: skip
         wall = time.perf_counter() - start
     offline = report.get("offline")
     note = (
@@ -174,25 +196,26 @@ def paper_reference(parties: int, bytes_total: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cels.engine import open_engine
+
+    engine = engine_options(args, {})  # checked before the log is read
     log = bench_log(args)
     shares = log.split_by_user(args.parties)
     if args.runner == "processes":  # the shares are written as histogram TSV (lossless, any input format)
         for share in shares:
             share.source = {"format": "histogram"}
     solves = {}
-    for solve in dict.fromkeys(args.solve or ["private"]):  # in the order given, each once
-        options = SessionOptions.create(args.parties, **{**option_values(args, SESSION_FLAGS), "solve": solve})
-        if options.key_bits < DEFAULT_KEY_BITS:
-            print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
-        print(f"cels bench protocol: solve = {solve} ...", file=sys.stderr, flush=True)
-        if args.runner == "inmemory":
-            result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS)
-        else:
-            result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options))
-        solves[solve] = solve_result(result, args.parties)
+    in_process = open_engine(engine) if args.runner == "inmemory" else None
+    try:
+        for solve in dict.fromkeys(args.solve or ["private"]):  # in the order given, each once
+            options, solves[solve] = bench_solve(args, shares, solve, in_process)
+    finally:
+        if in_process is not None:
+            in_process.close()
     out = {
         "benchmark": "protocol",
         "runner": args.runner,
+        "seed": args.seed,
         "input": str(args.input) if args.input else "synthetic",
         "format": args.format,
         "users": log.n_users,
@@ -202,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         "key_bits": options.key_bits,
         "universe_cipher": options.universe_cipher,
         "sampling": options.sampling,
+        "engine": asdict(engine),
         "min_count": args.min_count,
         "solves": solves,
         **({"comparison": comparison(solves)} if len(solves) == 2 else {}),
@@ -211,6 +235,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         atomic_write_json(args.json, json.loads(text))
     return 0
+
+
+def bench_solve(args: argparse.Namespace, shares: list[SearchLog], solve: str, engine: Any) -> tuple[SessionOptions, dict[str, Any]]:
+    """One session of phase-3 mode ``solve``: in memory on ``engine``, or over node processes
+    given the engine flags; its options and figures."""
+    options = SessionOptions.create(args.parties, **{**option_values(args, SESSION_FLAGS), "solve": solve})
+    if options.key_bits < DEFAULT_KEY_BITS:
+        print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
+    print(f"cels bench protocol: solve = {solve} ...", file=sys.stderr, flush=True)
+    if args.runner == "inmemory":
+        result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS, engine=engine, seed=args.seed)
+    else:
+        flags = engine_argv(args) + seed_argv(args)
+        result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options), engine_flags=flags)
+    return options, solve_result(result, args.parties)
 
 
 def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
@@ -228,7 +267,9 @@ def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
         },
         "wire": report.get("wire"),
         "phase_wall_seconds": report.get("phase_wall_seconds"),
+        "phase_cpu_seconds": report.get("phase_cpu_seconds"),
         "peak_rss_bytes": report.get("peak_rss_bytes"),
+        "engine": report.get("engine"),
         "sizes": report.get("sizes"),
         "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report["solver"]},
     }

@@ -14,6 +14,13 @@ A (solve, r) series runs from the smallest size up; a point that exceeds ``--poi
 the fitted curve's extrapolation.  The fitted slope is the least-squares line of log(y) on
 log(pairs) over the points that ran (README, "Scale").
 
+With ``--engine ray --shards P`` (the flags of ``cels simulate``) every size also runs on the
+Ray engine -- each party node on its own Ray instance with P user shards -- and, for P > 1,
+with one shard (the single-process figure the shards are measured against), on the same
+input right after the local point; each point adds the party nodes' peak RSS, every shard's
+and the pair-work workers' peak RSS, and the universe phase's busy cores, and ``targets``
+holds the engine's targets as ratios with pass / fail (cels.bench.engine_targets).
+
 Writes ``scale.json``, ``scale.csv`` and the log-log ``scale.png`` into ``--out`` after every
 point (atomically), and prints the JSON at the end.
 """
@@ -28,6 +35,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +43,16 @@ import grpc
 import numpy as np
 from tqdm import tqdm
 
+from cels.bench.engine_targets import LOCAL, engine_figures, engine_label, engine_targets
 from cels.bench.protocol import PAPER_TABLE5_MB, bench_processes, solve_result
+from cels.certs import SOLVER
+from cels.engine.options import EngineOptions
 from cels.protocol.phases import WORK_PHASES, party_phases
 from cels.crypto.paillier import DEFAULT_KEY_BITS, Packing, PublicKey
 from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
 from cels.node.client import SessionAborted
+from cels.node.config import ENGINE_FLAGS, add_engine_arguments, engine_argv, engine_options
 from cels.protocol.options import SOLVE_MODES, SessionOptions
 from cels.protocol.stages.sums import COUNT_BOUND
 
@@ -68,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--delta", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True, help="directory for scale.json, scale.csv and scale.png")
     parser.add_argument("--resume", action="store_true", help="keep the points of --out's scale.json that ran or ran out of time (same settings)")
+    add_engine_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -118,16 +131,35 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One session on ``shares``; its figures, or its status if it failed or ran out of time."""
+def engines(args: argparse.Namespace) -> list[EngineOptions]:
+    """The engines this run compares: local; with ``--engine ray`` also Ray at ``--shards P`` and,
+    for P > 1, at P = 1 (the single-process figure of the shard target)."""
+    given = engine_options(args, {})
+    if given.kind == LOCAL:
+        return [given]
+    return [EngineOptions(), given, *([replace(given, shards=1)] if given.shards > 1 else [])]
+
+
+def engine_flags(engine: EngineOptions) -> list[str]:
+    """A party node's flags for ``engine`` (as ``cels simulate`` passes them on; none for local)."""
+    if engine.kind == LOCAL:
+        return []
+    return engine_argv(argparse.Namespace(**{dest: getattr(engine, key) for dest, key in ENGINE_FLAGS.items()}))
+
+
+def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, args: argparse.Namespace, engine: EngineOptions = EngineOptions()) -> dict[str, Any]:
+    """One session on ``shares`` on ``engine``; its figures, or its status if it failed or ran out of time."""
     parties = len(shares)
     options = SessionOptions.create(parties, epsilon=args.epsilon, delta=args.delta, key_bits=args.key_bits, solve=solve)
     # the private solve sums by pairwise masks: it encrypts nothing, so it has no offline phase
     stock = None if args.no_stock or solve == "private" else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
-    point: dict[str, Any] = {"solve": solve, "parties": parties, **histogram.shape(), "key_bits": args.key_bits, "load_average_start": os.getloadavg()[0]}
+    point: dict[str, Any] = {
+        "solve": solve, "parties": parties, "engine": engine_label(engine.kind, engine.shards), "engine_options": asdict(engine),
+        **histogram.shape(), "key_bits": args.key_bits, "load_average_start": os.getloadavg()[0],
+    }  # fmt: skip
     start = time.perf_counter()
     try:
-        result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit)
+        result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit, engine_flags=engine_flags(engine))
     except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit
@@ -163,6 +195,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
         "peak_rss_bytes": rss,
         "peak_rss_bytes_max": max((r["process"] for r in rss.values()), default=None),
         "peak_rss_with_workers_bytes_max": max((r["process"] + r["workers"] for r in rss.values()), default=None),
+        **engine_figures(report, [n for n in rss if n != SOLVER], os.cpu_count() or 1),
         "obfuscators": {
             "stocked_per_party": None if stock is None else next(iter(stock.values())),
             "computed_online": offline.get("computed_online"),
@@ -179,21 +212,26 @@ def outside_phases_seconds(point: dict[str, Any]) -> float:
     return point["online_seconds"] - sum(p["wall_seconds"] or 0.0 for p in point["phases"].values())
 
 
+def series_key(point: dict[str, Any]) -> tuple[str, int, str]:
+    """(solve, r, engine): one series (a point of an older file without an engine ran locally)."""
+    return point["solve"], point["parties"], point.get("engine", LOCAL)
+
+
 def series_summary(points: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
-    """Per (solve, r): the fitted slopes of total and online seconds and of bytes, why the
+    """Per (solve, r, engine): the fitted slopes of total and online seconds and of bytes, why the
     series stopped, and the fitted curve at the sizes it did not reach (this run's and every
     size in the file, so a resumed run keeps the 4M guesses of the series it did not run)."""
     sizes = sorted(set(sizes) | {p["pairs"] for p in points})
     out = []
-    for key in dict.fromkeys((p["solve"], p["parties"]) for p in points):
-        mine = [p for p in points if (p["solve"], p["parties"]) == key]
+    for key in dict.fromkeys(map(series_key, points)):
+        mine = [p for p in points if series_key(p) == key]
         ran = [p for p in mine if p["status"] == "ok"]
         x = [p["pairs"] for p in ran]
         fits = {what: fitted_slope(x, [p[what] for p in ran]) for what in ("total_seconds", "online_seconds", "bytes_total")}
         stopped = next((p for p in mine if p["status"] in ("time_limit", "failed")), None)
         reached = {p["pairs"] for p in ran}
         out.append({
-            "solve": key[0], "parties": key[1], "points": len(ran),
+            "solve": key[0], "parties": key[1], "engine": key[2], "points": len(ran),
             "slope": {what: None if fit is None else fit[0] for what, fit in fits.items()},
             "stopped": None if stopped is None else {"pairs": stopped["pairs"], "status": stopped["status"], "error": stopped["error"]},
             "extrapolated": {
@@ -209,9 +247,9 @@ def paper_comparison(points: list[dict[str, Any]], series: list[dict[str, Any]])
     or extrapolated from its series."""
     out: dict[str, Any] = {"paper": {**PAPER_POINT, "source": "CELS Table 5 (all parties' total bandwidth)"}}
     for s in series:
-        if s["parties"] != PAPER_POINT["parties"]:
+        if s["parties"] != PAPER_POINT["parties"] or s.get("engine", LOCAL) != LOCAL:  # the engine moves no byte
             continue
-        measured = [p for p in points if (p["solve"], p["parties"], p["pairs"], p["status"]) == (s["solve"], s["parties"], PAPER_POINT["pairs"], "ok")]
+        measured = [p for p in points if (*series_key(p), p["pairs"], p["status"]) == (s["solve"], s["parties"], LOCAL, PAPER_POINT["pairs"], "ok")]
         guess = s["extrapolated"].get(str(PAPER_POINT["pairs"]), {}).get("bytes_total")
         out[s["solve"]] = (
             {"bytes": measured[0]["bytes_total"], "measured": True} if measured
@@ -225,7 +263,9 @@ def csv_row(point: dict[str, Any]) -> dict[str, Any]:
     row = {k: point.get(k) for k in ("solve", "parties", "pairs", "users", "entries", "size", "shared_pairs", "key_bits", "status",
                                      "point_seconds", "offline_seconds", "online_seconds", "total_seconds", "bytes_total",
                                      "wire_bytes_total", "peak_rss_bytes_max", "peak_rss_with_workers_bytes_max",
+                                     "party_node_peak_rss_bytes_max", "shard_peak_rss_bytes_max", "pair_worker_peak_rss_bytes_max",
                                      "outside_phases_seconds")}  # fmt: skip
+    row = {"engine": point.get("engine", LOCAL), **row, "universe_busy_fraction": (point.get("universe_cpu") or {}).get("busy_fraction")}
     for name in WORK_PHASES:  # every phase a point can have, in protocol order
         phase = point.get("phases", {}).get(name, {})
         row |= {f"{name}_wall_seconds": phase.get("wall_seconds"), f"{name}_busy_seconds": phase.get("busy_seconds"), f"{name}_bytes": phase.get("bytes")}
@@ -233,36 +273,47 @@ def csv_row(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Log-log seconds (offline + online) and bytes against pairs: one line per (solve, r)
-    with its fitted slope in the legend, Table 5's 405 MB beside the 4M x 10 point, and an x
-    where a series ran out of time."""
+    """Log-log seconds (offline + online), bytes and peak RSS against pairs: one line per
+    (solve, r, engine) with its fitted slope in the legend, Table 5's 405 MB beside the 4M x
+    10 point, and an x where a series ran out of time; the RSS panel has the party node's peak
+    (every engine) and, for Ray, the largest shard's and pair-work worker's."""
     from cels.experiments.common import panels, save_figure
 
-    fig, axes = panels(2, width=5.6, height=4.2)
+    fig, axes = panels(3, width=5.6, height=4.2)
     styles = {"private": "-", "transformed": "--"}
-    parties = sorted({p["parties"] for p in result["points"]})  # also a resumed file's other series
-    colours = {r: f"C{k}" for k, r in enumerate(parties)}  # colour: r; line style: the solve
+    groups = sorted({(p["parties"], p.get("engine", LOCAL)) for p in result["points"]})  # also a resumed file's other series
+    colours = {g: f"C{k}" for k, g in enumerate(groups)}  # colour: r and engine; line style: the solve
+    rss_kinds = {"party_node_peak_rss_bytes_max": ("node", "o"), "shard_peak_rss_bytes_max": ("largest shard", "s"),
+                 "pair_worker_peak_rss_bytes_max": ("largest pair worker", "^")}  # fmt: skip
     for s in result["series"]:
-        mine = [p for p in result["points"] if (p["solve"], p["parties"]) == (s["solve"], s["parties"])]
+        engine = s.get("engine", LOCAL)
+        mine = [p for p in result["points"] if series_key(p) == (s["solve"], s["parties"], engine)]
         ran = [p for p in mine if p["status"] == "ok"]
-        colour = colours[s["parties"]]
+        colour = colours[(s["parties"], engine)]
         for ax, what in zip(axes[0], ("total_seconds", "bytes_total")):
             slope = s["slope"][what]
-            label = f"{s['solve']}, r = {s['parties']}" + ("" if slope is None else f" (slope {slope:.2f})")
+            label = f"{s['solve']}, r = {s['parties']}, {engine}" + ("" if slope is None else f" (slope {slope:.2f})")
             ax.plot([p["pairs"] for p in ran], [p[what] for p in ran], styles.get(s["solve"], ":"), marker="o", color=colour, label=label)
+        for what, (name, marker) in rss_kinds.items():
+            drawn = [p for p in ran if p.get(what)]
+            if drawn:
+                axes[0, 2].plot([p["pairs"] for p in drawn], [p[what] / 2**20 for p in drawn], styles.get(s["solve"], ":"), marker=marker,
+                                color=colour, label=f"{name}: {s['solve']}, r = {s['parties']}, {engine}")  # fmt: skip
         for p in mine:
             if p["status"] == "time_limit":
                 axes[0, 0].plot([p["pairs"]], [p["point_seconds"]], "x", color=colour, markersize=9)
     axes[0, 1].plot([PAPER_POINT["pairs"] * 1.12], [PAPER_POINT["bytes"]], "*", color="k", markersize=12,
                     label="paper Table 5: AOL 4M, r = 10, 512-bit keys (405 MB)")  # fmt: skip
-    titles = ("seconds (offline + online); x: over the time limit", "bytes of protocol messages (all nodes)")
+    titles = ("seconds (offline + online); x: over the time limit", "bytes of protocol messages (all nodes)",
+              "peak RSS (MiB): party node, Ray shard, Ray pair worker")  # fmt: skip
     for ax, title in zip(axes[0], titles):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("distinct query-url pairs")
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # the RSS panel is empty without a node's figures
+            ax.legend(fontsize=7)
     fig.suptitle(f"cels bench scale: {result['key_bits']}-bit keys, {result['machine']['cores']} cores ({load_range(result)})", fontsize=10)
     save_figure(fig, path)
 
@@ -286,11 +337,12 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         plot(result, out / "scale.png")
 
 
-def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Generate the synthetic input, write the parties' files, run the point; a point that
-    failed (not one over its time limit) is run once more -- the machine is shared, and a
-    node that misses a Status poll under load should not end a series -- and the retry's
-    result is kept with the first failure under ``retried_after``."""
+def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namespace, todo: dict[str, EngineOptions]) -> dict[str, dict[str, Any]]:
+    """Generate the synthetic input, write the parties' files, run the point on each engine
+    of ``todo`` (label -> engine) one after another; a point that failed (not one over its
+    time limit) is run once more -- the machine is shared, and a node that misses a Status
+    poll under load should not end a series -- and the retry's result is kept with the first
+    failure under ``retried_after``."""
     start = time.perf_counter()
     histogram = synthetic_histogram(pairs, seed=args.seed)
     generated = time.perf_counter() - start
@@ -298,16 +350,20 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
         start = time.perf_counter()
         shares = histogram.write_shares(tmp, parties)
         written = time.perf_counter() - start
-        point = run_point(histogram, shares, solve, args)
-        if point["status"] == "failed":
-            point = run_point(histogram, shares, solve, args) | {"retried_after": point["error"]}
-        return point | {"generate_seconds": generated, "write_seconds": written}
+        points = {}
+        for label, engine in todo.items():
+            point = run_point(histogram, shares, solve, args, engine)
+            if point["status"] == "failed":
+                point = run_point(histogram, shares, solve, args, engine) | {"retried_after": point["error"]}
+            points[label] = point | {"generate_seconds": generated, "write_seconds": written}
+        return points
 
 
-def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, Any]]:
+def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[tuple[str, int, str, int], dict[str, Any]]:
     """With ``--resume``: the points of ``--out``'s scale.json that ran or ran out of time,
-    by (solve, r, pairs), if that run had the same settings (else a ValueError naming the key).
-    They are kept, also those of series this run does not ask for."""
+    by (solve, r, engine, pairs), if that run had the same settings (else a ValueError naming the key).
+    They are kept, also those of series this run does not ask for, unless another engine
+    this run compares lacks that size (then every engine runs it again)."""
     path = args.out / "scale.json"
     if not args.resume or not path.exists():
         return {}
@@ -315,7 +371,7 @@ def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[t
     for key, value in settings.items():
         if earlier.get(key) != value:
             raise ValueError(f"--resume: {path} has {key} = {earlier.get(key)!r}, this run {value!r}")
-    return {(p["solve"], p["parties"], p["pairs"]): p for p in earlier["points"] if p["status"] in ("ok", "time_limit")}
+    return {(*series_key(p), p["pairs"]): p for p in earlier["points"] if p["status"] in ("ok", "time_limit")}
 
 
 def record(result: dict[str, Any], point: dict[str, Any], sizes: list[int], out: Path) -> None:
@@ -325,6 +381,9 @@ def record(result: dict[str, Any], point: dict[str, Any], sizes: list[int], out:
     result["points"].append(point)
     result["series"] = series_summary(result["points"], sizes)
     result["paper_table5"] = paper_comparison(result["points"], result["series"])
+    ray = [e for e in result["engines"] if e["kind"] == "ray"]  # the one asked for first, then P = 1
+    if ray:
+        result["targets"] = engine_targets(result["points"], engine_label("ray", ray[0]["shards"]), engine_label("ray", 1), ray[0]["shards"])
     result["machine"]["load_average_now"] = list(os.getloadavg())
     write_outputs(result, out)
 
@@ -337,6 +396,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--point-time-limit must be > 0 seconds")
     if min(parties) < 2:
         raise ValueError("--parties: a session needs r >= 2")
+    compared = {engine_label(e.kind, e.shards): e for e in engines(args)}
     if args.key_bits < DEFAULT_KEY_BITS:
         print(f"cels bench scale: WARNING: {args.key_bits}-bit keys are NOT secure (tests only)", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -347,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
         "pairs": sizes,
         "parties": parties,
         "solves": solves,
+        "engines": [asdict(e) for e in compared.values()],
         "point_time_limit_seconds": args.point_time_limit,
         "offline": "none" if args.no_stock else "private: none (masked sums); transformed: obfuscators of the secure sums stocked under P_1's node key before each session",
         "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.seed},
@@ -356,20 +417,25 @@ def run(args: argparse.Namespace) -> int:
     kept = resumed_points(args, {k: result[k] for k in ("key_bits", "point_time_limit_seconds", "offline", "synthetic")})
     if kept:
         result["resumed"] = {"points_kept": len(kept), "machine_before": json.loads((args.out / "scale.json").read_text())["machine"]}
-    with tqdm(total=len(sizes) * len(parties) * len(solves), desc="scale points", unit="point", file=sys.stderr, disable=None) as bar:
-        for solve in solves:  # series after series, each from its smallest size up
+    with tqdm(total=len(sizes) * len(parties) * len(solves) * len(compared), desc="scale points", unit="point", file=sys.stderr, disable=None) as bar:
+        for solve in solves:  # (solve, r) after (solve, r), each from its smallest size up, every engine on each size's input
             for r in parties:
-                stopped = False
+                stopped: set[str] = set()
                 for n in sizes:
                     bar.set_postfix_str(f"{solve}, r = {r}, {n} pairs")
-                    if stopped:
-                        point = {"solve": solve, "parties": r, "pairs": n, "status": "skipped", "error": "an earlier point of this series stopped it"}
-                    else:
-                        point = kept.get((solve, r, n)) or generate_and_run(n, r, solve, args)
-                        stopped = point["status"] != "ok"
-                    record(result, point, sizes, args.out)
-                    bar.update(1)
-    ran = {(p["solve"], p["parties"], p["pairs"]) for p in result["points"]}
+                    running = {label: e for label, e in compared.items() if label not in stopped}
+                    # a size the file lacks on one engine runs again on all: the engines compared ran in one invocation
+                    fresh = generate_and_run(n, r, solve, args, running) if any((solve, r, label, n) not in kept for label in running) else {}
+                    for label in compared:
+                        if label in stopped:
+                            point = {"solve": solve, "parties": r, "engine": label, "pairs": n, "status": "skipped", "error": "an earlier point of this series stopped it"}
+                        else:
+                            point = fresh.get(label) or kept[(solve, r, label, n)]
+                            if point["status"] != "ok":
+                                stopped.add(label)
+                        record(result, point, sizes, args.out)
+                        bar.update(1)
+    ran = {(*series_key(p), p["pairs"]) for p in result["points"]}
     for key, point in kept.items():  # a resumed file's other series stay in it
         if key not in ran:
             record(result, point, sizes, args.out)

@@ -33,12 +33,13 @@ from cels.mechanism.solvers import mip_stop_notice
 from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
-from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, python_module, tls_args
+from cels.node.cluster import LOOPBACK, LocalCluster, PhaseCpu, free_port, peer_args, python_module, tls_args
 from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, load_toml, seed_argv
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import phase_label, table_of
 from cels.reports import default_operator_path, release_note_path, write_reports
 
 DEFAULT_TIMEOUT = 4 * 3600.0
@@ -282,7 +283,10 @@ def run_nodes(
     A share is a SearchLog (written to a temporary file) or the path of a log file already in
     the format ``fmt_args`` name.  ``timeout`` bounds the offline phase and the session
     together (TimeoutError or SessionAborted past it).  The report adds each phase's wall
-    clock seen here (``phase_wall_seconds``) and every node's peak RSS (``peak_rss_bytes``).
+    clock seen here (``phase_wall_seconds``), the CPU seconds every node's process tree used
+    in it (``phase_cpu_seconds``, cels.node.cluster.PhaseCpu), every node's peak RSS
+    (``peak_rss_bytes``) and every party's engine with what its workers used (``engine``:
+    the node's session summary, cels.engine).
 
     ``node_flags``: more flags for some nodes (name -> flags, e.g. ``--metrics-listen``);
     ``while_up(cluster)`` runs after the session, before the nodes stop."""
@@ -331,11 +335,17 @@ def run_nodes(
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses, limit - time.monotonic()) if stock else None
             print(f"session {options.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)
-            progress = SessionProgress(options)
+            progress, cpu = SessionProgress(options), PhaseCpu(cluster)
+
+            def phase_started(event: cels_pb2.PhaseStart) -> None:
+                if event.node == options.initiator:  # the phases' clock is the initiator's, as in phase_wall_seconds
+                    cpu.mark(phase_label(event.phase))
+                progress.start(event)
+
             try:
                 report = run_on_nodes(
                     controller, options.to_config(), out / f"sanitized{suffix}", report_path, limit - time.monotonic(),
-                    progress.step, extra=extra, on_phase_start=progress.start,
+                    progress.step, extra=extra, on_phase_start=phase_started,
                 )  # fmt: skip
             finally:
                 progress.close()
@@ -343,11 +353,27 @@ def run_nodes(
             if offline is not None:
                 report["offline"] = offline_report(offline, node_statuses(controller, party_addresses))
             report["phase_wall_seconds"] = progress.phase_wall_seconds()
+            report["phase_cpu_seconds"] = cpu.seconds()
             report["peak_rss_bytes"] = cluster.peak_rss_bytes()
+            report["engine"] = engine_usage(controller, party_addresses, options.session_id)
             write_reports(report, out / f"sanitized{suffix}", report_path)
             if while_up is not None:
                 while_up(cluster)
             return report
+
+
+def engine_usage(controller: Controller, parties: dict[str, str], session_id: str, timeout: float = 10.0) -> dict[str, dict[str, Any] | None]:
+    """Every party's engine and what the session's work used, from its ``Status`` session
+    summary once the session ended there (None: not recorded within ``timeout`` seconds)."""
+    limit = time.monotonic() + timeout
+    while True:
+        found = {
+            name: next((table_of(s.engine) for s in status.sessions if s.session_id == session_id and s.HasField("engine")), None)
+            for name, status in node_statuses(controller, parties).items()
+        }  # fmt: skip
+        if all(found.values()) or time.monotonic() >= limit:
+            return found
+        time.sleep(0.2)
 
 
 def offline_phase(controller: Controller, nodes: dict[str, str], timeout: float = DEFAULT_TIMEOUT) -> dict[str, Any]:

@@ -85,6 +85,7 @@ def node_state(config, address: str, timeout: float) -> dict[str, Any]:
     from cels.node.health import node_health
     from cels.node.tls import open_channel
     from cels.protocol.wire import cels_pb2, cels_pb2_grpc
+    from cels.protocol.wire.codec import table_of
 
     tls = (None, None, None) if config.insecure else (config.ca, config.cert, config.key)
     health = node_health(address, config.name, *tls, timeout=timeout)
@@ -95,7 +96,10 @@ def node_state(config, address: str, timeout: float) -> dict[str, Any]:
         return {"health": health, "status": None, "error": f"{exc.code().name}: {exc.details()}"}
     finally:
         channel.close()
-    sessions = [MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) for s in status.sessions]
+    sessions = [
+        MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) | ({"engine": table_of(s.engine)} if s.HasField("engine") else {})
+        for s in status.sessions
+    ]  # a party's engine usage as its report (cels.engine), not as a Table's entries
     ledger = None
     if status.HasField("ledger"):
         from cels.node.telemetry import budget_left

@@ -11,7 +11,7 @@ to a :class:`cels.protocol.work.LocalWork`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from cels.crypto.streams import DrawKeys
 from cels.engine.options import EngineOptions
@@ -31,6 +31,11 @@ class Engine(Protocol):
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork: ...
 
+    def usage(self, work: LocalWork) -> dict[str, Any]:
+        """The engine, and what a session's ``work`` used outside the node's process (peak
+        RSS, CPU seconds), for the node's per-session summary (``cels status``)."""
+        ...
+
     def close(self) -> None:
         """The node stops: no worker of the engine outlives it."""
 
@@ -43,6 +48,10 @@ class LocalEngine:
 
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork:
         return InProcessWork(log, cap, draws)
+
+    def usage(self, work: LocalWork) -> dict[str, Any]:
+        """Everything ran in the node's process (its peak RSS is the node's)."""
+        return {"kind": "local"}
 
     def close(self) -> None:
         """Nothing runs outside the node's process."""

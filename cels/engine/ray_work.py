@@ -34,13 +34,21 @@ Still in the node's process (inherited from :class:`InProcessWork`): loading and
 log, the index, the unique pairs, the constraint rows and the output records (their
 pseudonyms, drawn by bucket like the sampling); and the Pohlig-Hellman universe cipher (only
 X25519 goes to tasks).
+
+What the workers used (:meth:`RayWork.usage`, in the node's per-session summary): every task
+and user shard reports its own process's peak RSS, and every task its CPU seconds, because
+the workers may run on other machines than the node (``cels bench scale --engine ray``).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import subprocess
+import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import ray
@@ -61,6 +69,8 @@ from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
+USAGE_SECONDS = 10.0
+"""How long a session's end waits for its shards' peak RSS (GetTimeoutError past it: the figure is lost)."""
 CONNECT_SECONDS = 5.0
 """How long the node waits for a Ray cluster address to answer: at start-up (else it refuses
 to start) and at every StartSession (else it refuses the session)."""
@@ -121,6 +131,14 @@ class RayEngine:
     def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> RayWork:
         return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight)
 
+    def usage(self, work: RayWork) -> dict[str, Any]:
+        """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
+        engine = {"kind": "ray", "shards": self.options.shards, "max_in_flight": self.options.max_in_flight}
+        try:
+            return engine | work.usage()
+        except ray.exceptions.RayError as exc:  # a shard's actor is gone: its figure is lost, the session is not
+            return engine | {"error": f"{type(exc).__name__}: {exc}"}
+
     def close(self) -> None:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
         the cluster it joined: no Ray process outlives a stopped node."""
@@ -130,11 +148,19 @@ class RayEngine:
             self.reaper.wait(SETTLE_SECONDS + 5)
 
 
+def worker_peak_rss() -> tuple[str, int]:
+    """This worker process (host:pid) and its peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
+    return f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 @ray.remote
-def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> list[bytes]:
-    """One chunk of pair work with the party's key rebuilt from its scalar."""
+def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> tuple[list[bytes], tuple[str, int], float]:
+    """One chunk of pair work with the party's key rebuilt from its scalar; its worker's
+    peak RSS and the chunk's CPU seconds come back with it."""
+    cpu = time.process_time()
     cipher = X25519Hash(scalar)
-    return cipher.hash(items) if hash_first else cipher.apply(items)
+    out = cipher.hash(items) if hash_first else cipher.apply(items)
+    return out, worker_peak_rss(), time.process_time() - cpu
 
 
 @ray.remote
@@ -149,6 +175,10 @@ class UserShard:
         self.limit = 0.0
         self.start = 0
         self.undo: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS so far (bytes)."""
+        return worker_peak_rss()
 
     def walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> int:
         """A round begins: the first proposal this shard rejects (len if none)."""
@@ -186,6 +216,10 @@ class SamplingShard:
         self.counts = counts.copy()  # Ray hands numpy arrays over read-only
         self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
         self.sampler: StagedSampler | None = None
+
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS so far (bytes)."""
+        return worker_peak_rss()
 
     def begin(self, totals: np.ndarray, x: np.ndarray, theta: float) -> bool:
         """The exact staged sampling starts; whether it is already done (x = 0)."""
@@ -272,6 +306,10 @@ class RayWork(InProcessWork):
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
         self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
         self.shard_restarts = 0  # user-shard actors re-created in this session
+        self._sampling_actors: list = []
+        self._pair_workers: dict[str, int] = {}  # worker process -> its peak RSS (bytes), as its tasks reported
+        self._pair_cpu_seconds = 0.0
+        self._pair_tasks = 0
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
         if not isinstance(cipher, X25519Hash):
@@ -295,13 +333,16 @@ class RayWork(InProcessWork):
             (done,), _ = ray.wait(list(pending), num_returns=1)
             t = pending.pop(done)
             try:
-                out[t] = ray.get(done)
+                out[t], (worker, rss), cpu = ray.get(done)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
                 raise
             except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
                 raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on is lost after {TASK_RETRIES} retries: {exc}") from None
+            self._pair_workers[worker] = max(rss, self._pair_workers.get(worker, 0))
+            self._pair_cpu_seconds += cpu
+            self._pair_tasks += 1
 
         task = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         for t, start in enumerate(starts):
@@ -323,7 +364,8 @@ class RayWork(InProcessWork):
         self._sample_members = [np.flatnonzero(shard == s) for s in range(self.shards)]
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
-        return [SamplingShard.remote(*args) for args in self._sampling_args]
+        self._sampling_actors = [SamplingShard.remote(*args) for args in self._sampling_args]
+        return self._sampling_actors  # a lost one is replaced in this list (sampling_call)
 
     def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:
         """``call(actor)`` on every sampling shard, in order.  A shard lost on the way is
@@ -410,3 +452,18 @@ class RayWork(InProcessWork):
         named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
         for s in named or range(self.shards):  # an actor dropped here ends with its last handle
             self._actors[s] = UserShard.remote(self._shard_rows[s])
+
+    def usage(self) -> dict[str, Any]:
+        """What this session's workers used so far: every shard's peak RSS (asked of its actors
+        now; none before the private solve or the sampling placed them), and the pair-work tasks'
+        workers' peak RSS and CPU seconds."""
+        kinds = [actors for actors in (self._actors, self._sampling_actors) if actors]
+        answers = ray.get([a.peak_rss.remote() for actors in kinds for a in actors], timeout=USAGE_SECONDS)
+        by_kind = [answers[k * self.shards : (k + 1) * self.shards] for k in range(len(kinds))]
+        return {
+            # shard s: the larger peak of its user-shard (private solve) and sampling actors
+            "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
+            "pair_tasks": self._pair_tasks,
+            "pair_task_cpu_seconds": self._pair_cpu_seconds,
+            "pair_worker_peak_rss_bytes": dict(sorted(self._pair_workers.items())),
+        }

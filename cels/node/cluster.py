@@ -96,10 +96,10 @@ class LocalCluster:
                         raise TimeoutError(f"node {node.name} not listening on {node.address} after {timeout:g}s") from None
                     time.sleep(0.05)
 
-    def peak_rss_bytes(self) -> dict[str, dict[str, int]]:
-        """Per running node: the high-water mark of its resident memory (``VmHWM``) and the sum
-        of its descendants' (the obfuscator / decryption worker processes), from /proc; empty
-        where /proc is not there.  Read it before :meth:`stop`."""
+    def process_trees(self) -> dict[str, list[int]]:
+        """Per node: its pid, then its descendants' (the obfuscator / decryption workers, and a
+        node's own Ray instance: raylet, GCS, workers), from /proc (the pid alone where /proc is
+        not there, and every figure read from it is missing)."""
         children: dict[int, list[int]] = {}
         for entry in filter(str.isdigit, os.listdir("/proc")) if os.path.isdir("/proc") else ():
             ppid = _proc_ppid(int(entry))
@@ -107,16 +107,27 @@ class LocalCluster:
                 children.setdefault(ppid, []).append(int(entry))
         out = {}
         for name, node in self.nodes.items():
-            own = _proc_peak_rss(node.process.pid)
-            if own is None:
-                continue
-            below, todo = [], list(children.get(node.process.pid, []))
+            tree, todo = [node.process.pid], list(children.get(node.process.pid, []))
             while todo:
                 pid = todo.pop()
-                below.append(pid)
+                tree.append(pid)
                 todo.extend(children.get(pid, []))
-            out[name] = {"process": own, "workers": sum(_proc_peak_rss(pid) or 0 for pid in below), "worker_processes": len(below)}
+            out[name] = tree
         return out
+
+    def peak_rss_bytes(self) -> dict[str, dict[str, int]]:
+        """Per running node: the high-water mark of its resident memory (``VmHWM``) and the sum
+        of its descendants' (:meth:`process_trees`).  Read it before :meth:`stop`."""
+        out = {}
+        for name, (pid, *below) in ((n, t) for n, t in self.process_trees().items() if t):
+            own = _proc_peak_rss(pid)
+            if own is not None:
+                out[name] = {"process": own, "workers": sum(_proc_peak_rss(p) or 0 for p in below), "worker_processes": len(below)}
+        return out
+
+    def cpu_seconds(self) -> dict[str, dict[int, float]]:
+        """Per node: the CPU seconds (user + system) each process of its tree has used so far."""
+        return {name: {pid: cpu for pid in tree if (cpu := _proc_cpu_seconds(pid)) is not None} for name, tree in self.process_trees().items()}
 
     def kill(self, name: str) -> None:
         """SIGKILL one node (failure tests)."""
@@ -140,10 +151,43 @@ class LocalCluster:
                 node._log.close()
 
 
+class PhaseCpu:
+    """CPU seconds of every node's process tree in each phase, from the phase's :meth:`mark` to
+    the next one (the last: to :meth:`seconds`); a worker that ended meanwhile is not counted."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.marks: list[tuple[str, dict[str, dict[int, float]]]] = []
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self.cluster.cpu_seconds()))
+
+    def seconds(self) -> dict[str, dict[str, dict[str, float]]]:
+        """phase -> node -> ``process`` (the node's own) and ``workers`` (its descendants') CPU seconds."""
+        ends = [cpu for _, cpu in self.marks[1:]] + [self.cluster.cpu_seconds()]
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (phase, start), end in zip(self.marks, ends):
+            out[phase] = {}
+            for name, tree in end.items():
+                used = {pid: cpu - start.get(name, {}).get(pid, 0.0) for pid, cpu in tree.items()}
+                own = used.pop(self.cluster.nodes[name].process.pid, 0.0)
+                out[phase][name] = {"process": own, "workers": sum(used.values())}
+        return out
+
+
 def _proc_ppid(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):  # gone meanwhile
+        return None
+
+
+def _proc_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of /proc/PID/stat in seconds (None: gone meanwhile)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
         return None
 
 

@@ -28,6 +28,7 @@ from cels.node.ledger import Ledger, LedgerError, read_entries, totals
 from cels.node.pool import ElasticThreadPool
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import table_message
 
 RUNNING, DONE, ABORTED = SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED
 REFUSED = "refused"  # an outcome, not a host state: the session was never admitted here
@@ -60,6 +61,8 @@ class SessionRecord:
     ended: float | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    engine: dict[str, Any] | None = None
+    """A party's engine and what the session's work used outside the node (cels.engine), once it ended."""
 
     def summary(self, now: float) -> cels_pb2.SessionSummary:
         return cels_pb2.SessionSummary(
@@ -67,6 +70,7 @@ class SessionRecord:
             origin=self.origin, reason=self.reason, started_at=self.started_at,
             seconds=(self.ended if self.ended is not None else now) - self.started,
             bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
+            engine=None if self.engine is None else table_message(self.engine),
         )  # fmt: skip
 
 
@@ -199,6 +203,12 @@ class NodeTelemetry:
             self.active.dec()
             self.sessions_total.labels(outcome).inc()
             self._forget()
+
+    def session_engine(self, session_id: str, usage: dict[str, Any]) -> None:
+        """What a party's engine used for the session (cels.engine.Engine.usage)."""
+        with self._lock:
+            if session_id in self._records:
+                self._records[session_id].engine = usage
 
     def session_refused(self, session_id: str, initiator: str, reason: str) -> None:
         """This node would not take the session (its role factory refused it)."""

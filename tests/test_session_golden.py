@@ -19,7 +19,13 @@ shuffles) to ChaCha20 (issue 22), x (40) and the message kinds are unchanged and
 re-recorded from the new streams: the output records (37, were 35: the union's messages grow
 with them), the staged sampling's secure sums (13 stages, were 10: sum_key, sum_hop and
 sum_result bytes) and the solver report's floats in NlpSolution (other A_k, other last digits:
-about 10 bytes shorter per message).
+about 10 bytes shorter per message).  Since a party's draws are keyed by session and user
+bucket (issue 25: DrawKeys.replay(1000, party) instead of per-party streams patched in, the
+universe scalars from the same keys, the sampling draws and pseudonyms from the users' bucket
+streams), x (40) and the message kinds are unchanged and the rest was re-recorded: the output
+records (35, were 37, and the union's messages with them), the staged sampling's secure sums
+(fewer stages: sum_key, sum_hop and sum_result bytes) and one byte of a UniverseIndex (other
+columns in the varint encoding).
 """
 
 from __future__ import annotations
@@ -30,41 +36,25 @@ from pathlib import Path
 
 import pytest
 
-from cels.crypto.streams import cipher_generator
 from cels.logs import synthetic_log
 
 GOLDEN = Path(__file__).parent / "data" / "golden_session.json"
 
 
-def run_golden(monkeypatch) -> dict:
-    import cels.protocol.party as party
+def run_golden() -> dict:
     from cels import inprocess
     from cels.protocol.options import SessionOptions
 
-    init = party.PartyRole.__init__
-
-    def seeded_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        # party k's stream: A_k, F_k, Poisson and multinomial draws, and the column permutation
-        # pi_k (the MIP's choice among equal optima depends on the column order it sees)
-        self._rng = cipher_generator(1000 + self.k)
-
-    monkeypatch.setattr(party.PartyRole, "__init__", seeded_init)
-    # and the universe index order (sorted fully hashed ids: the same for any assignment of
-    # these keys to parties, since the hash commutes)
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-    from cels.crypto import ec_hash
-
-    keys = iter(range(1, 100))
-    monkeypatch.setattr(ec_hash.X25519PrivateKey, "generate", lambda: X25519PrivateKey.from_private_bytes(bytes([next(keys)]) * 32))
     log = synthetic_log(seed=7, users=60)
     shares = log.split_by_user(3)
     config = SessionOptions.create(
         3, epsilon=8.0, delta=0.9, key_bits=256, group_bits=1024, keep_user_ids=True, solve="transformed",
         session_id="golden0000000000",  # recorded with the paper's Algorithm 2 (the default before the private solve)
     )
-    hosts = inprocess.session_hosts(shares, config, allow_insecure_key_bits=True)
+    # every party's session keys replayed from seed 1000 (DrawKeys.replay): its stream (A_k,
+    # F_k, pi_k, the union's shuffles), its universe scalar (the index order: the MIP's choice
+    # among equal optima depends on the column order it sees) and its users' bucket streams
+    hosts = inprocess.session_hosts(shares, config, seed=1000, allow_insecure_key_bits=True)
     network = inprocess.InMemoryNetwork(hosts)
     roles = inprocess.start_session(network, config)
     lead = roles["party-1"]
@@ -78,8 +68,8 @@ def run_golden(monkeypatch) -> dict:
     return {"x_total": int(lead.report["solver"]["integer_total"]), "records": records, "bytes": dict(sorted(bytes_by.items()))}
 
 
-def test_session_matches_golden(monkeypatch):
-    got = run_golden(monkeypatch)
+def test_session_matches_golden():
+    got = run_golden()
     if not GOLDEN.exists():  # recording run (before the redesign); never in CI, the file is committed
         GOLDEN.write_text(json.dumps(got, indent=1) + "\n")
         pytest.skip("recorded the golden session")

@@ -95,7 +95,7 @@ class ComposeAsProcesses:
 def test_compose_services_and_dependencies() -> None:
     doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = doc["services"]
-    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run", "prometheus"}
+    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run", "prometheus", "ray-head", "ray-worker"}
     for node in ("solver", "party-1", "party-2", "party-3"):
         assert services[node]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
         assert services[node]["command"][0] == ("cels-solver" if node == "solver" else "cels-party")
@@ -130,6 +130,56 @@ def test_compose_services_and_dependencies() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
     for path in ("pyproject.toml", "README.md", "cels", "party_node", "solver_node", "protos"):
         assert path not in ignored, path
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """Compose's ``--env-file``: ``NAME=value`` lines, ``#`` comments."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def party_1_engine(command: list[str], env: dict[str, str]):
+    """The engine party-1's command line asks for, with compose's interpolation of ``env``."""
+    from cels.node.config import engine_options
+    from party_node.__main__ import build_parser
+
+    args = build_parser().parse_args([interpolate(str(a), env) for a in command[1:]])
+    return engine_options(args, {})
+
+
+def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
+    """The cluster profile: a Ray head and a worker that waits for it; party-1 joins the head's
+    Ray client port with deploy/cluster.env and runs in process without it; no other service
+    refers to the cluster (it holds party-1's universe scalar and constraint rows)."""
+    from cels.engine.options import EngineOptions
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    cluster = {name for name, svc in services.items() if "cluster" in svc.get("profiles", [])}
+    assert cluster == {"ray-head", "ray-worker"}
+    head, worker = services["ray-head"], services["ray-worker"]
+    for svc in (head, worker):
+        assert svc["profiles"] == ["cluster"] and svc["image"] == "cels:dev" and svc["init"] is True
+        assert svc["command"][:2] == ["ray", "start"] and "--block" in svc["command"]  # the container's main process
+    flags = dict(a.split("=", 1) for a in head["command"] if "=" in a)
+    assert "--head" in head["command"] and flags["--num-cpus"] == "0"  # the head schedules; the worker works
+    gcs, client = flags["--port"], flags["--ray-client-server-port"]
+    assert head["expose"] == [gcs, client]
+    assert head["healthcheck"]["test"] == ["CMD", "ray", "health-check", f"--address=ray-head:{gcs}", "--component=ray_client_server"]
+    assert f"--address=ray-head:{gcs}" in worker["command"]
+    assert worker["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+
+    env = env_file(REPO / "deploy" / "cluster.env")
+    assert env["COMPOSE_PROFILES"] == "cluster"
+    command = services["party-1"]["command"]
+    assert party_1_engine(command, env) == EngineOptions(kind="ray", address=f"ray://ray-head:{client}", shards=2)
+    assert party_1_engine(command, {}) == EngineOptions()  # without the env file: the default, in the node
+    for name, svc in services.items():
+        if name not in cluster | {"party-1"}:
+            text = yaml.safe_dump(svc)
+            assert not any(ref in text for ref in ("ray-head", "ray-worker", "CELS_PARTY_1_ENGINE", f":{gcs}", f":{client}")), name
+    # the image has Ray, and make compose-test's offline wheelhouse has its wheels
+    assert "'/src[ray]'" in (REPO / "Dockerfile").read_text()
+    assert "project='.[ray]'" in (REPO / "deploy" / "compose-test.sh").read_text()
 
 
 def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:

@@ -25,9 +25,10 @@ FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/cels/bin:${PATH}
 COPY --from=install /opt/cels /opt/cels
 # the cels user (uid 1000) owns the mount points: a named volume mounted there starts with
-# this ownership, so the nodes can write certificates and outputs without root
+# this ownership, so the nodes can write certificates and outputs without root (and the compose
+# cluster profile's Ray head its token, ~/.ray/auth_token)
 RUN useradd --create-home --uid 1000 --user-group cels \
-    && mkdir -p /certs /out /data \
-    && chown cels:cels /certs /out
+    && mkdir -p /certs /out /data /home/cels/.ray \
+    && chown cels:cels /certs /out /home/cels/.ray
 USER cels
 WORKDIR /home/cels

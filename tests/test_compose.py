@@ -45,7 +45,8 @@ class ComposeAsProcesses:
         self.ports = {
             (name, port): free_port() for name, svc in self.services.items() for port in map(str, svc.get("expose", []))
         }
-        self.mounts = {"certs": root / "certs", "./deploy/data": root / "data", "./deploy/out": root / "out", "./deploy/session.toml": root / "session.toml"}
+        self.mounts = {"certs": root / "certs", "./deploy/data": root / "data", "./deploy/out": root / "out", "./deploy/session.toml": root / "session.toml",
+                       "party-1-ray": root / "ray"}  # fmt: skip
 
     def volume_map(self, service: str) -> dict[str, Path]:
         """Container path -> local path for the service's volumes."""
@@ -157,16 +158,26 @@ def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
     cluster = {name for name, svc in services.items() if "cluster" in svc.get("profiles", [])}
     assert cluster == {"ray-head", "ray-worker"}
     head, worker = services["ray-head"], services["ray-worker"]
-    for svc in (head, worker):
+    # the head makes its token (never printed) and then execs `ray start` with the rest as "$@"
+    assert head["command"][:4] == ["sh", "-c", 'ray get-auth-token --generate >/dev/null && exec "$$@"', "ray-head"]
+    head_argv, worker_argv = head["command"][4:], worker["command"]
+    for svc, argv in ((head, head_argv), (worker, worker_argv)):
         assert svc["profiles"] == ["cluster"] and svc["image"] == "cels:dev" and svc["init"] is True
-        assert svc["command"][:2] == ["ray", "start"] and "--block" in svc["command"]  # the container's main process
-    flags = dict(a.split("=", 1) for a in head["command"] if "=" in a)
-    assert "--head" in head["command"] and flags["--num-cpus"] == "0"  # the head schedules; the worker works
+        assert argv[:2] == ["ray", "start"] and "--block" in argv  # the container's main process
+    flags = dict(a.split("=", 1) for a in head_argv if "=" in a)
+    assert "--head" in head_argv and flags["--num-cpus"] == "0"  # the head schedules; the worker works
     gcs, client = flags["--port"], flags["--ray-client-server-port"]
     assert head["expose"] == [gcs, client]
     assert head["healthcheck"]["test"] == ["CMD", "ray", "health-check", f"--address=ray-head:{gcs}", "--component=ray_client_server"]
-    assert f"--address=ray-head:{gcs}" in worker["command"]
+    assert f"--address=ray-head:{gcs}" in worker_argv
     assert worker["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+    # token authentication: the token's volume is written by the head, read by the worker and party-1
+    token = {name: [v for v in svc.get("volumes", []) if v.startswith("party-1-ray:")] for name, svc in services.items()}
+    assert {name: v for name, v in token.items() if v} == {
+        "ray-head": ["party-1-ray:/home/cels/.ray"], "ray-worker": ["party-1-ray:/home/cels/.ray:ro"], "party-1": ["party-1-ray:/home/cels/.ray:ro"],
+    }  # fmt: skip
+    for name in ("ray-head", "ray-worker", "party-1"):
+        assert services[name]["environment"]["RAY_AUTH_MODE"] == "token", name
 
     env = env_file(REPO / "deploy" / "cluster.env")
     assert env["COMPOSE_PROFILES"] == "cluster"
@@ -176,7 +187,7 @@ def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
     for name, svc in services.items():
         if name not in cluster | {"party-1"}:
             text = yaml.safe_dump(svc)
-            assert not any(ref in text for ref in ("ray-head", "ray-worker", "CELS_PARTY_1_ENGINE", f":{gcs}", f":{client}")), name
+            assert not any(ref in text for ref in ("ray-head", "ray-worker", "party-1-ray", "RAY_", "CELS_PARTY_1_ENGINE", f":{gcs}", f":{client}")), name
     # the image has Ray, and make compose-test's offline wheelhouse has its wheels
     assert "'/src[ray]'" in (REPO / "Dockerfile").read_text()
     assert "project='.[ray]'" in (REPO / "deploy" / "compose-test.sh").read_text()

@@ -26,7 +26,8 @@
 #               (deploy/cluster.env: ray://ray-head:7111, 2 shards), ended after
 #               $CELS_COMPOSE_CLUSTER_SECONDS; the worker container must have run Ray workers
 # 12. caudit    its audit
-# and, even when a step fails, the containers, volumes and network go (and a dockerd it started).
+# and, even when a step fails, the containers, volumes and network go (and a dockerd it started);
+# the services' logs stay in $CELS_COMPOSE_WORK/logs (services.log; ray-head/, ray-worker/: Ray's).
 #
 # Needs root where the engine or debootstrap must be installed or started.  Environment:
 # CELS_DATA (default ../shared/data beside the checkout), CELS_COMPOSE_USERS (default 200),
@@ -68,6 +69,11 @@ teardown() {
     local status=$?
     if docker info >/dev/null 2>&1; then
         "${COMPOSE[@]}" logs --no-color --timestamps >"$WORK/logs/services.log" 2>&1 || true
+        local service container
+        for service in ray-head ray-worker; do  # Ray's own logs (its client server's among them) stay in the container
+            container=$("${COMPOSE[@]}" ps -q "$service" 2>/dev/null) || continue
+            [ -z "$container" ] || { rm -rf "$WORK/logs/$service"; docker cp -L "$container:/tmp/ray/session_latest/logs" "$WORK/logs/$service" >/dev/null 2>&1 || true; }
+        done
         "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >"$WORK/logs/down.log" 2>&1 || say "docker-compose down failed (see $WORK/logs/down.log)"
     fi
     if [ -n "$STARTED_DOCKERD" ]; then

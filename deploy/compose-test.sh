@@ -6,11 +6,13 @@
 #               and Debian's prometheus (deploy/install-prometheus.sh) for the metrics image
 # 2. base       python:3.11-slim if it is here or can be pulled; else cels-base:bookworm, a
 #               Debian bookworm image with python3 made by debootstrap + docker import (kept)
-# 3. wheelhouse every dependency's wheel, built on the host (kept while pyproject.toml is unchanged)
+# 3. wheelhouse every dependency's wheel (the `ray` extra's too), built on the host (kept while
+#               pyproject.toml is unchanged)
 # 4. image      cels:dev from the Dockerfile, offline from the wheelhouse; cels-prometheus:dev
 #               from deploy/prometheus with the host's prometheus binary copied in
 # 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties,
-#               and the first $CELS_COMPOSE_TRANSFORMED_USERS for the transformed session
+#               the first $CELS_COMPOSE_TRANSFORMED_USERS for the transformed session and the
+#               first $CELS_COMPOSE_CLUSTER_USERS for the cluster session
 # 6. session    docker-compose.yml + deploy/compose-test.yml (host networking, 127.0.0.1 only),
 #               profile metrics: Prometheus (detached), certificates, a solver and three party
 #               nodes, `cels run` once all are healthy (deploy/session.toml: the private solve)
@@ -19,11 +21,18 @@
 #               transformation, the solver's NLP) on the smaller slice
 # 9. taudit     its audit
 # 10. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
-# and, even when a step fails, the containers, volumes and network go (and a dockerd it started).
+# 11. cluster   profile cluster: party-1's Ray head and worker (detached, the worker once the head
+#               is healthy), then the private session with party-1 on that cluster
+#               (deploy/cluster.env: ray://ray-head:7111, 2 shards), ended after
+#               $CELS_COMPOSE_CLUSTER_SECONDS; the worker container must have run Ray workers
+# 12. caudit    its audit
+# and, even when a step fails, the containers, volumes and network go (and a dockerd it started);
+# the services' logs stay in $CELS_COMPOSE_WORK/logs (services.log; ray-head/, ray-worker/: Ray's).
 #
 # Needs root where the engine or debootstrap must be installed or started.  Environment:
 # CELS_DATA (default ../shared/data beside the checkout), CELS_COMPOSE_USERS (default 200),
-# CELS_COMPOSE_TRANSFORMED_USERS (default 80),
+# CELS_COMPOSE_TRANSFORMED_USERS (default 80), CELS_COMPOSE_CLUSTER_USERS (default 200),
+# CELS_COMPOSE_CLUSTER_SECONDS (default 300: the cluster session's bound),
 # CELS_COMPOSE_WORK (default build/compose-test: wheelhouse, slice, outputs, logs), PYTHON (the
 # host Python with the project installed, for the wheelhouse, the slice and the audit).
 set -euo pipefail
@@ -33,11 +42,15 @@ PYTHON=${PYTHON:-python3}
 export CELS_DATA=${CELS_DATA:-$(cd .. && pwd)/shared/data}
 USERS=${CELS_COMPOSE_USERS:-200}
 TRANSFORMED_USERS=${CELS_COMPOSE_TRANSFORMED_USERS:-80}
+CLUSTER_USERS=${CELS_COMPOSE_CLUSTER_USERS:-200}
+CLUSTER_SECONDS=${CELS_COMPOSE_CLUSTER_SECONDS:-300}
 WORK=$(mkdir -p "${CELS_COMPOSE_WORK:-build/compose-test}" && cd "${CELS_COMPOSE_WORK:-build/compose-test}" && pwd)
 PROJECT=cels-compose-test
 BASE_IMAGE=python:3.11-slim
 DEBIAN_BASE=cels-base:bookworm
-COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics)
+# both profiles, so that ps, logs and down see every service; `up run` starts the trigger and
+# its dependencies only, so party-1's Ray cluster runs in the cluster step alone
+COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics --profile cluster)
 PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
 NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
@@ -56,6 +69,11 @@ teardown() {
     local status=$?
     if docker info >/dev/null 2>&1; then
         "${COMPOSE[@]}" logs --no-color --timestamps >"$WORK/logs/services.log" 2>&1 || true
+        local service container
+        for service in ray-head ray-worker; do  # Ray's own logs (its client server's among them) stay in the container
+            container=$("${COMPOSE[@]}" ps -q "$service" 2>/dev/null) || continue
+            [ -z "$container" ] || { rm -rf "$WORK/logs/$service"; docker cp -L "$container:/tmp/ray/session_latest/logs" "$WORK/logs/$service" >/dev/null 2>&1 || true; }
+        done
         "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >"$WORK/logs/down.log" 2>&1 || say "docker-compose down failed (see $WORK/logs/down.log)"
     fi
     if [ -n "$STARTED_DOCKERD" ]; then
@@ -137,15 +155,15 @@ wheelhouse() {
         say "the wheelhouse is built by the host's Python $host_python but $BASE_IMAGE has Python $image_python: set PYTHON"
         exit 1
     fi
-    local wheels=build/compose-test/wheelhouse stamp
-    stamp="python $host_python, $(sha256sum pyproject.toml | cut -d' ' -f1)"
+    local wheels=build/compose-test/wheelhouse stamp project='.[ray]'  # the extras the Dockerfile installs
+    stamp="python $host_python, $project, $(sha256sum pyproject.toml | cut -d' ' -f1)"
     if [ -f "$wheels/.stamp" ] && [ "$(cat "$wheels/.stamp")" = "$stamp" ]; then
         say "wheelhouse $wheels (cached: pyproject.toml unchanged)"
         return
     fi
     rm -rf "$wheels"
     # the dependencies and the build backend; the project itself is built inside the image
-    "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels" . 'setuptools>=77' wheel >"$WORK/logs/wheelhouse.log" 2>&1 \
+    "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels" "$project" 'setuptools>=77' wheel >"$WORK/logs/wheelhouse.log" 2>&1 \
         || { tail -20 "$WORK/logs/wheelhouse.log" >&2; exit 1; }
     rm -f "$wheels"/cels-*.whl
     echo "$stamp" >"$wheels/.stamp"
@@ -170,22 +188,28 @@ image() {
 
 data() {  # one slice, session.toml and output directory per session ($CELS_COMPOSE_RUN suffix)
     local run users
-    for run in "" -transformed; do
-        users=$USERS
-        [ -z "$run" ] || users=$TRANSFORMED_USERS
+    for run in "" -transformed -cluster; do
+        case $run in
+            -transformed) users=$TRANSFORMED_USERS ;;
+            -cluster) users=$CLUSTER_USERS ;;
+            *) users=$USERS ;;
+        esac
         rm -rf "$WORK/data$run" "$WORK/out$run"
         mkdir -p "$WORK/data$run" "$WORK/out$run"
         "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$users" --parties 3 --out "$WORK/data$run"
         chown 1000:1000 "$WORK/out$run" 2>/dev/null || chmod 0777 "$WORK/out$run"  # the image's cels user writes there
     done
     cp deploy/session.toml "$WORK/session.toml"
+    cp deploy/session.toml "$WORK/session-cluster.toml"
     sed 's/^solve = "private"/solve = "transformed"/' deploy/session.toml >"$WORK/session-transformed.toml"
     grep -q '^solve = "transformed"' "$WORK/session-transformed.toml" || { say "deploy/session.toml has no solve = \"private\" line"; exit 1; }
 }
 
-session() {  # session RUN: "" (the private solve) or -transformed
-    export CELS_COMPOSE_WORK=$WORK CELS_COMPOSE_RUN=$1
-    if [ -z "$1" ]; then
+session() {  # session RUN [COMPOSE OPTIONS...]: "" (the private solve), -transformed or -cluster
+    local run=$1 limit=${SESSION_SECONDS:-0}  # 0: no bound (timeout(1))
+    shift
+    export CELS_COMPOSE_WORK=$WORK CELS_COMPOSE_RUN=$run
+    if [ -z "$run" ]; then
         "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true  # a crashed earlier run
         "${COMPOSE[@]}" up --no-build --detach prometheus 2>&1 | tee "$WORK/logs/prometheus-up.log"
     fi
@@ -193,11 +217,14 @@ session() {  # session RUN: "" (the private solve) or -transformed
     set +e
     # `up run`: the trigger and what it depends on; the trigger's exit ends the run and is the
     # exit code (attaching to every service would end it when the certs step exits)
-    "${COMPOSE[@]}" up --no-build --exit-code-from run run 2>&1 | tee "$WORK/logs/compose$1.log"
+    timeout "$limit" "${COMPOSE[@]}" "$@" up --no-build --exit-code-from run run 2>&1 | tee "$WORK/logs/compose$run.log"
     status=${PIPESTATUS[0]}
     set -e
-    "${COMPOSE[@]}" ps >&2
-    if [ "$status" -ne 0 ]; then
+    "${COMPOSE[@]}" "$@" ps >&2
+    if [ "$status" -eq 124 ]; then
+        say "the session did not end within $limit s"
+        exit 1
+    elif [ "$status" -ne 0 ]; then
         say "docker-compose up exited $status"
         exit "$status"
     fi
@@ -209,6 +236,22 @@ audit() {  # audit RUN
 
 metrics() {
     "$PYTHON" deploy/compose_release.py metrics --api "$PROMETHEUS_API"
+}
+
+cluster() {  # party-1 on its own Ray cluster: the cluster profile's head and worker, then the session
+    local on_ray=(--env-file deploy/cluster.env) workers
+    export CELS_COMPOSE_WORK=$WORK CELS_COMPOSE_RUN=-cluster
+    # the worker waits for the head's healthcheck (its Ray client server answers), and party-1
+    # (recreated: its engine flags changed) joins the head only once both run
+    "${COMPOSE[@]}" "${on_ray[@]}" up --no-build --detach ray-worker 2>&1 | tee "$WORK/logs/ray-up.log"
+    SESSION_SECONDS=$CLUSTER_SECONDS session -cluster "${on_ray[@]}"
+    # the head has no CPUs: party-1's tasks and user-shard actors ran in Ray workers on ray-worker
+    workers=$("${COMPOSE[@]}" exec -T ray-worker sh -c 'ls /tmp/ray/session_latest/logs' | grep -c '^worker-.*\.out$' || true)
+    if [ "$workers" -eq 0 ]; then
+        say "no Ray worker process ran on ray-worker"
+        exit 1
+    fi
+    say "ray-worker ran $workers Ray worker processes for party-1"
 }
 
 mkdir -p "$WORK/logs"
@@ -224,3 +267,5 @@ step audit audit ""
 step transformed session -transformed
 step taudit audit -transformed
 step metrics metrics
+step cluster cluster
+step caudit audit -cluster

@@ -45,7 +45,8 @@ class ComposeAsProcesses:
         self.ports = {
             (name, port): free_port() for name, svc in self.services.items() for port in map(str, svc.get("expose", []))
         }
-        self.mounts = {"certs": root / "certs", "./deploy/data": root / "data", "./deploy/out": root / "out", "./deploy/session.toml": root / "session.toml"}
+        self.mounts = {"certs": root / "certs", "./deploy/data": root / "data", "./deploy/out": root / "out", "./deploy/session.toml": root / "session.toml",
+                       "party-1-ray": root / "ray"}  # fmt: skip
 
     def volume_map(self, service: str) -> dict[str, Path]:
         """Container path -> local path for the service's volumes."""
@@ -95,7 +96,7 @@ class ComposeAsProcesses:
 def test_compose_services_and_dependencies() -> None:
     doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = doc["services"]
-    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run", "prometheus"}
+    assert set(services) == {"certs", "solver", "party-1", "party-2", "party-3", "run", "prometheus", "ray-head", "ray-worker"}
     for node in ("solver", "party-1", "party-2", "party-3"):
         assert services[node]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
         assert services[node]["command"][0] == ("cels-solver" if node == "solver" else "cels-party")
@@ -130,6 +131,66 @@ def test_compose_services_and_dependencies() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
     for path in ("pyproject.toml", "README.md", "cels", "party_node", "solver_node", "protos"):
         assert path not in ignored, path
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """Compose's ``--env-file``: ``NAME=value`` lines, ``#`` comments."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def party_1_engine(command: list[str], env: dict[str, str]):
+    """The engine party-1's command line asks for, with compose's interpolation of ``env``."""
+    from cels.node.config import engine_options
+    from party_node.__main__ import build_parser
+
+    args = build_parser().parse_args([interpolate(str(a), env) for a in command[1:]])
+    return engine_options(args, {})
+
+
+def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
+    """The cluster profile: a Ray head and a worker that waits for it; party-1 joins the head's
+    Ray client port with deploy/cluster.env and runs in process without it; no other service
+    refers to the cluster (it holds party-1's universe scalar and constraint rows)."""
+    from cels.engine.options import EngineOptions
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    cluster = {name for name, svc in services.items() if "cluster" in svc.get("profiles", [])}
+    assert cluster == {"ray-head", "ray-worker"}
+    head, worker = services["ray-head"], services["ray-worker"]
+    # the head makes its token (never printed) and then execs `ray start` with the rest as "$@"
+    assert head["command"][:4] == ["sh", "-c", 'ray get-auth-token --generate >/dev/null && exec "$$@"', "ray-head"]
+    head_argv, worker_argv = head["command"][4:], worker["command"]
+    for svc, argv in ((head, head_argv), (worker, worker_argv)):
+        assert svc["profiles"] == ["cluster"] and svc["image"] == "cels:dev" and svc["init"] is True
+        assert argv[:2] == ["ray", "start"] and "--block" in argv  # the container's main process
+    flags = dict(a.split("=", 1) for a in head_argv if "=" in a)
+    assert "--head" in head_argv and flags["--num-cpus"] == "0"  # the head schedules; the worker works
+    gcs, client = flags["--port"], flags["--ray-client-server-port"]
+    assert head["expose"] == [gcs, client]
+    assert head["healthcheck"]["test"] == ["CMD", "ray", "health-check", f"--address=ray-head:{gcs}", "--component=ray_client_server"]
+    assert f"--address=ray-head:{gcs}" in worker_argv
+    assert worker["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+    # token authentication: the token's volume is written by the head, read by the worker and party-1
+    token = {name: [v for v in svc.get("volumes", []) if v.startswith("party-1-ray:")] for name, svc in services.items()}
+    assert {name: v for name, v in token.items() if v} == {
+        "ray-head": ["party-1-ray:/home/cels/.ray"], "ray-worker": ["party-1-ray:/home/cels/.ray:ro"], "party-1": ["party-1-ray:/home/cels/.ray:ro"],
+    }  # fmt: skip
+    for name in ("ray-head", "ray-worker", "party-1"):
+        assert services[name]["environment"]["RAY_AUTH_MODE"] == "token", name
+
+    env = env_file(REPO / "deploy" / "cluster.env")
+    assert env["COMPOSE_PROFILES"] == "cluster"
+    command = services["party-1"]["command"]
+    assert party_1_engine(command, env) == EngineOptions(kind="ray", address=f"ray://ray-head:{client}", shards=2)
+    assert party_1_engine(command, {}) == EngineOptions()  # without the env file: the default, in the node
+    for name, svc in services.items():
+        if name not in cluster | {"party-1"}:
+            text = yaml.safe_dump(svc)
+            assert not any(ref in text for ref in ("ray-head", "ray-worker", "party-1-ray", "RAY_", "CELS_PARTY_1_ENGINE", f":{gcs}", f":{client}")), name
+    # the image has Ray, and make compose-test's offline wheelhouse has its wheels
+    assert "'/src[ray]'" in (REPO / "Dockerfile").read_text()
+    assert "project='.[ray]'" in (REPO / "deploy" / "compose-test.sh").read_text()
 
 
 def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:

@@ -2,9 +2,11 @@
 run here when a Docker engine answers (CI runs ``make compose-test`` itself, installing and
 starting the engine).  It builds the image offline, runs the certs step, a solver and three
 party nodes with 2048-bit keys on a slice of the AOL log, and audits the release, then the same
-with the transformed solve on a smaller slice, and asks the metrics profile's Prometheus what it
-saw; this test checks that it passed, that both audits ran on a non-empty release, and that
-nothing of the compose project is left (containers, volumes, networks)."""
+with the transformed solve on a smaller slice, asks the metrics profile's Prometheus what it
+saw, and runs and audits the private session once more with party-1 on its own Ray cluster (the
+cluster profile's head and worker); this test checks that it passed, that the three audits ran
+on non-empty releases, and that nothing of the compose project is left (containers, volumes,
+networks)."""
 
 from __future__ import annotations
 
@@ -48,12 +50,13 @@ def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
     run = subprocess.run(["bash", "deploy/compose-test.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
     audits = re.findall(r"^audit: (\d+) users, \d+ pairs in; (\d+) clicks on \d+ pairs out; .*: clean; phases (.*)$", run.stdout, re.M)
-    assert len(audits) == 2, run.stdout[-4000:]
-    (private, transformed) = audits
-    assert int(private[1]) > 0 and int(transformed[1]) > 0  # non-empty releases were audited
-    assert "solve" in private[2] and "nlp" in transformed[2]  # the private solve, then the paper's Algorithm 2
+    assert len(audits) == 3, run.stdout[-4000:]
+    (private, transformed, on_ray) = audits
+    assert int(private[1]) > 0 and int(transformed[1]) > 0 and int(on_ray[1]) > 0  # non-empty releases were audited
+    assert "solve" in private[2] and "nlp" in transformed[2] and "solve" in on_ray[2]  # the private solve, the paper's Algorithm 2, the private solve
+    assert re.search(r"compose-test: ray-worker ran [1-9]\d* Ray worker processes for party-1", run.stderr), run.stderr[-4000:]
     assert "metrics: scraped (up): party-1, party-2, party-3, solver" in run.stdout
     assert "compose-test: PASSED" in run.stderr
-    for out in ("out", "out-transformed"):
+    for out in ("out", "out-transformed", "out-cluster"):
         assert (tmp_path / out / "sanitized.tsv").is_file() and (tmp_path / out / "operator" / "report.json").is_file()
     assert leftovers() == {"containers": [], "volumes": [], "networks": []}

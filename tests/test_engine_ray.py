@@ -301,3 +301,27 @@ def test_a_seeded_release_is_the_same_in_process_and_on_any_number_of_shards(eng
     assert released(seeded_release(log, config, seed=12)) != local  # another seed, other draws
     for shards in shard_counts:
         assert released(seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=shards)))) == local, shards
+
+
+def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monkeypatch) -> None:
+    """A Ray client server that fails once under compose is not a cluster that is gone: the
+    join is tried JOIN_ATTEMPTS times, then the node is refused naming the address."""
+    import cels.engine.ray_work as ray_work
+
+    calls: list[str] = []
+
+    def flaky_init(address: str, **_kwargs) -> None:
+        calls.append(address)
+        if len(calls) < 3:
+            raise ConnectionAbortedError("Starting Ray client server failed")
+
+    monkeypatch.setattr(ray_work, "JOIN_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(ray_work.ray, "init", flaky_init)
+    monkeypatch.setattr(ray_work.ray, "shutdown", lambda: None)
+    ray_work.join("ray://head:7111")
+    assert calls == ["ray://head:7111"] * 3
+    calls.clear()
+    monkeypatch.setattr(ray_work, "JOIN_ATTEMPTS", 2)
+    with pytest.raises(ValueError, match=r"cannot join the Ray cluster at ray://head:7111 \(2 attempts\): Starting Ray client server failed"):
+        ray_work.join("ray://head:7111")
+    assert len(calls) == 2

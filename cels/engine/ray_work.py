@@ -95,6 +95,27 @@ def check_reachable(address: str) -> None:
         raise ValueError(f"the Ray cluster at {address} is unreachable: {exc}") from None
 
 
+JOIN_ATTEMPTS = 3
+"""Tries to join a cluster at start-up: a Ray client server that fails to start its per-client
+server once (seen under compose) is not a cluster that is gone."""
+JOIN_BACKOFF_SECONDS = 2.0
+"""The wait before the second try, doubled before each later one."""
+
+
+def join(address: str) -> None:
+    """``ray.init(address)``, tried :data:`JOIN_ATTEMPTS` times with backoff, else a ValueError
+    naming the address and the last error."""
+    for attempt in range(1, JOIN_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, log_to_driver=False)
+            return
+        except (ConnectionError, RuntimeError) as exc:
+            ray.shutdown()  # whatever half of the join was made
+            if attempt == JOIN_ATTEMPTS:
+                raise ValueError(f"cannot join the Ray cluster at {address} ({JOIN_ATTEMPTS} attempts): {exc}") from None
+            time.sleep(JOIN_BACKOFF_SECONDS * 2 ** (attempt - 1))
+
+
 class RayEngine:
     """The node's connection to its Ray cluster, made once per node process; ``reaper``: the
     watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper)."""
@@ -111,10 +132,7 @@ class RayEngine:
                 context = ray.init(include_dashboard=False, log_to_driver=False)
                 return cls(options, watch(context.address_info["session_dir"]))
             check_reachable(options.address)
-            try:
-                ray.init(address=options.address, log_to_driver=False)
-            except ConnectionError as exc:
-                raise ValueError(f"cannot join the Ray cluster at {options.address}: {exc}") from None
+            join(options.address)
         return cls(options)
 
     def check(self) -> None:

@@ -145,7 +145,7 @@ def work_nodes(job: str, this_job: bool = True, wait: float = 15.0) -> set[str]:
     while True:
         nodes = {a["Address"]["NodeID"] for a in ray_state.actors().values() if a["ActorClassName"] == "UserShard" and ours(a["JobID"])}
         nodes |= {e.state_updates.node_id.hex() for e in ray_state.state._get_all_task_events()
-                  if e.task_info.name == "_x25519_chunk" and ours(e.job_id.hex()) and e.state_updates.node_id}  # fmt: skip
+                  if e.task_info.name == "_pair_chunk" and ours(e.job_id.hex()) and e.state_updates.node_id}  # fmt: skip
         if len(nodes) > 1 or time.monotonic() > limit:
             return nodes
         time.sleep(0.5)

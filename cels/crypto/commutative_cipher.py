@@ -126,8 +126,27 @@ class PohligHellman:
             e = randbelow(order - 3) + 3  # odd, in [3, p - 2], gcd(e, p - 1) = 1
             if e % 2 == 1 and gmpy2.gcd(e, order) == 1:
                 break
+        self._set(e)
+
+    @classmethod
+    def from_exponent(cls, group: SafePrimeGroup, raw: bytes) -> PohligHellman:
+        """The key whose exponent e is the big-endian ``raw`` (:meth:`exponent_bytes`)."""
+        e = int.from_bytes(raw, "big")
+        if not (3 <= e <= group.p - 2 and gmpy2.gcd(e, group.p - 1) == 1):
+            raise ValueError("not a Pohlig-Hellman exponent of this group")
+        key = cls.__new__(cls)
+        key.group = group
+        key._set(e)
+        return key
+
+    def _set(self, e: int) -> None:
         self._e = gmpy2.mpz(e)
-        self._d = gmpy2.invert(self._e, order)
+        self._d = gmpy2.invert(self._e, self.group.p - 1)
+
+    def exponent_bytes(self) -> bytes:
+        """The secret exponent e, big-endian: how the key reaches the party's own workers, which
+        rebuild it with :meth:`from_exponent` (never a pickled key object)."""
+        return int(self._e).to_bytes((self.group.p.bit_length() + 7) // 8, "big")
 
     def encrypt(self, element: int) -> gmpy2.mpz:
         """E_e(x) = x^e mod p."""
@@ -157,6 +176,17 @@ class PohligHellmanHash:
     def __init__(self, group: SafePrimeGroup | None = None, rng: random.Random | None = None) -> None:
         self.cipher = PohligHellman(group, rng)
         self.group = self.cipher.group
+
+    @classmethod
+    def from_exponent(cls, group: SafePrimeGroup, raw: bytes) -> PohligHellmanHash:
+        """The hash keyed by the exponent ``raw`` (:meth:`exponent_bytes`)."""
+        out = cls.__new__(cls)
+        out.cipher, out.group = PohligHellman.from_exponent(group, raw), group
+        return out
+
+    def exponent_bytes(self) -> bytes:
+        """The secret exponent (see :meth:`PohligHellman.exponent_bytes`)."""
+        return self.cipher.exponent_bytes()
 
     def hash(self, ids: Sequence[bytes]) -> list[bytes]:
         return [element_to_bytes(self.group, self.cipher.encrypt(hash_to_element(self.group, i))) for i in ids]

@@ -4,19 +4,18 @@ The gRPC node is the Ray driver and the only endpoint other nodes talk to; the c
 the party's own, inside its trust boundary (its workers see the party's universe scalar and
 its constraint rows), never shared with another party.
 
-- Pair work -- hashing the own pair ids to the curve and multiplying by the scalar, and the
-  party's layer on a peer's ids (CELS section 4.2, docs/protocol.md "Universe") -- runs as
-  stateless tasks over chunks of :data:`CHUNK_IDS` ids, at most ``max_in_flight`` at once
-  (``ray.wait``).  A task gets the scalar as raw bytes and rebuilds the key
-  (:meth:`cels.crypto.ec_hash.X25519Hash.scalar_bytes`): no key object is pickled.
+- Pair work -- hashing the own pair ids into the group (the curve, or Pohlig-Hellman's
+  group) and applying the party's key, and the party's layer on a peer's ids (CELS section
+  4.2, docs/protocol.md "Universe") -- runs as stateless tasks over chunks of
+  :data:`CHUNK_IDS` ids, at most ``max_in_flight`` at once (``ray.wait``).  A task gets the
+  key as raw bytes (:func:`key_material`) and rebuilds it: no key object is pickled.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
-  actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws: HMAC-SHA256 under
-  a per-session key).  The party's verdict
-  on proposal q depends on which earlier proposals the *party* accepted, so a plain OR of the
-  shards' own walks would differ (a shard would add a proposal another shard rejects):
-  the shards walk the proposals together, rejection by rejection (:meth:`RayWork.verdicts`),
-  and the result is the same bitmap as in one process for any P.
-
+  actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
+  HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
+  earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
+  (a shard would add a proposal another shard rejects): the shards walk the proposals
+  together, rejection by rejection (:meth:`RayWork.verdicts`), and the result is the same
+  bitmap as in one process for any P.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
   multinomial trials -- run on P :class:`SamplingShard` actors holding their users' counts;
   every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
@@ -32,8 +31,7 @@ has which worker and why).
 
 Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
 log, the index, the unique pairs, the constraint rows and the output records (their
-pseudonyms, drawn by bucket like the sampling); and the Pohlig-Hellman universe cipher (only
-X25519 goes to tasks).
+pseudonyms, drawn by bucket like the sampling).
 
 What the workers used (:meth:`RayWork.usage`, in the node's per-session summary): every task
 and user shard reports its own process's peak RSS, and every task its CPU seconds, because
@@ -54,7 +52,8 @@ import numpy as np
 import ray
 import scipy.sparse as sp
 
-from cels.crypto.commutative_cipher import CommutativeCipherError
+from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
+from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
 from cels.engine.options import LOCAL_RAY, EngineOptions
@@ -171,12 +170,20 @@ def worker_peak_rss() -> tuple[str, int]:
     return f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]:
+    """What a pair-work task rebuilds the party's universe key from: X25519's scalar, or the
+    Pohlig-Hellman exponent and its (public) group; raw bytes, never a pickled key."""
+    if isinstance(cipher, X25519Hash):
+        return cipher.scalar_bytes(), None
+    return cipher.exponent_bytes(), cipher.group
+
+
 @ray.remote
-def _x25519_chunk(scalar: bytes, items: list[bytes], hash_first: bool) -> tuple[list[bytes], tuple[str, int], float]:
-    """One chunk of pair work with the party's key rebuilt from its scalar; its worker's
-    peak RSS and the chunk's CPU seconds come back with it."""
+def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes], hash_first: bool) -> tuple[list[bytes], tuple[str, int], float]:
+    """One chunk of pair work with the party's key rebuilt from ``key`` (:func:`key_material`);
+    its worker's peak RSS and the chunk's CPU seconds come back with it."""
     cpu = time.process_time()
-    cipher = X25519Hash(scalar)
+    cipher = X25519Hash(key) if group is None else PohligHellmanHash.from_exponent(group, key)
     out = cipher.hash(items) if hash_first else cipher.apply(items)
     return out, worker_peak_rss(), time.process_time() - cpu
 
@@ -330,19 +337,16 @@ class RayWork(InProcessWork):
         self._pair_tasks = 0
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
-        if not isinstance(cipher, X25519Hash):
-            return super().hash_ids(cipher, own)
         pairs = self.log.pairs
         return self._pair_work(cipher, [encode_item(*pairs[i]) for i in own], hash_first=True)
 
     def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
-        if not isinstance(cipher, X25519Hash):
-            return super().apply_layer(cipher, ids)
         return self._pair_work(cipher, ids, hash_first=False)
 
-    def _pair_work(self, cipher: X25519Hash, items: list[bytes], hash_first: bool) -> list[bytes]:
+    def _pair_work(self, cipher: CommutativeHash, items: list[bytes], hash_first: bool) -> list[bytes]:
         """The chunks' results in order, with at most ``max_in_flight`` tasks running."""
-        scalar = ray.put(cipher.scalar_bytes())
+        raw, group = key_material(cipher)
+        key = ray.put(raw)
         starts = range(0, len(items), CHUNK_IDS)
         out: list[list[bytes]] = [[] for _ in starts]
         pending: dict = {}
@@ -362,11 +366,11 @@ class RayWork(InProcessWork):
             self._pair_cpu_seconds += cpu
             self._pair_tasks += 1
 
-        task = _x25519_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
+        task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         for t, start in enumerate(starts):
             if len(pending) >= self.max_in_flight:
                 collect_one()
-            pending[task.remote(scalar, items[start : start + CHUNK_IDS], hash_first)] = t
+            pending[task.remote(key, group, items[start : start + CHUNK_IDS], hash_first)] = t
         while pending:
             collect_one()
         return [e for chunk in out for e in chunk]

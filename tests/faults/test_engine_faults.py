@@ -123,13 +123,13 @@ def test_a_pair_task_whose_worker_dies_runs_again_with_the_same_ids(engine, monk
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     cipher, ids = X25519Hash(bytes(range(32))), peer_ids(18000)
     expected = cipher.apply(ids)
-    killer = Killer(lambda pid, name: name == b"ray::_x25519_chunk")
+    killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
     killer.start()
     try:
         assert remote.apply_layer(cipher, ids) == expected
     finally:
         killer.stop()
-    assert killer.killed is not None, "no worker was seen running _x25519_chunk"
+    assert killer.killed is not None, "no worker was seen running _pair_chunk"
     assert not alive(killer.killed)
 
 
@@ -139,7 +139,7 @@ def test_a_pair_task_out_of_retries_is_engine_worker_lost(engine, monkeypatch) -
     monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 6000)
     monkeypatch.setattr("cels.engine.ray_work.TASK_RETRIES", 0)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
-    killer = Killer(lambda pid, name: name == b"ray::_x25519_chunk")
+    killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
     killer.start()
     try:
         with pytest.raises(RoleFailure, match=r"the pair-work task on the ids from \d+ on is lost after 0 retries") as failed:

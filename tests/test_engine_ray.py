@@ -299,6 +299,9 @@ def seeded_release(log: SearchLog, config: SessionOptions, engine=None, seed: in
         nodes.update({name: party(name, part) for name, part in zip(config.parties, log.split_by_user(len(config.parties)))})
     roles = start_session(InMemoryNetwork(nodes), config)
     assert all(role.aborted is None for role in roles.values()), [r.aborted for r in roles.values()]
+    privacy = roles[config.initiator].report["privacy"]  # a replayed session says it is not private
+    assert privacy["reproducible_seed"] is True and privacy["private"] is False
+    assert any("--seed" in why for why in privacy["not_private_because"])
     return roles[config.initiator].output
 
 

@@ -1,8 +1,9 @@
 """A party's local work on its own Ray cluster (docs/deployment.md, "A party on a Ray cluster").
 
 The gRPC node is the Ray driver and the only endpoint other nodes talk to; the cluster is
-the party's own, inside its trust boundary (its workers see the party's universe scalar and
-its constraint rows), never shared with another party.
+the party's own, inside its trust boundary (its workers see the party's universe key, the root
+of its session's draw keys, its users' counts and its constraint rows), never shared with
+another party.
 
 - Pair work -- hashing the own pair ids into the group (the curve, or Pohlig-Hellman's
   group) and applying the party's key, and the party's layer on a peer's ids (CELS section

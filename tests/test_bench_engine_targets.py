@@ -65,9 +65,10 @@ def test_ray_time_at_the_issue_point_else_the_largest_common_size() -> None:
     assert ray_time(local, "ray P=2", 3)["pass"] is None
 
 
-def test_universe_busy_counts_the_party_nodes_and_their_pair_tasks() -> None:
-    """(node CPU 6 s + pair tasks 8 s) / (10 s x 2 cores) = 0.7: the solver and the processes
-    below the nodes count only in the process-tree figure."""
+def test_universe_busy_counts_the_process_trees_or_a_joined_clusters_tasks() -> None:
+    """Ray instances of the nodes' own: every process below the nodes and the solver, 13 s /
+    (10 s x 2 cores) = 0.65; a party on a cluster it joined: node CPU 6 s + the pair tasks'
+    8 s = 0.7."""
     report = {
         "phase_wall_seconds": {"universe": 10.0},
         "phase_cpu_seconds": {"universe": {"solver": {"process": 1.0, "workers": 0.0}, **{p: {"process": c, "workers": 2.0} for p, c in zip(PARTIES, (3.0, 2.0, 1.0))}}},
@@ -77,7 +78,10 @@ def test_universe_busy_counts_the_party_nodes_and_their_pair_tasks() -> None:
     }  # fmt: skip
     busy = universe_busy(report, PARTIES, 2)
     assert (busy["node_cpu_seconds"], busy["pair_task_cpu_seconds"], busy["process_trees_cpu_seconds"]) == (6.0, 8.0, 13.0)
-    assert busy["busy_fraction"] == pytest.approx(0.7) and busy["process_trees_busy_fraction"] == pytest.approx(0.65)
+    assert busy["busy_fraction"] == pytest.approx(0.65) == busy["process_trees_busy_fraction"]
+    report["engine"]["party-2"]["address"] = "10.0.0.5:6379"
+    assert universe_busy(report, PARTIES, 2)["busy_fraction"] == pytest.approx(0.7)
+    del report["engine"]["party-2"]["address"]
     figures = engine_figures(report, PARTIES, 2)
     assert (figures["party_node_peak_rss_bytes_max"], figures["shard_peak_rss_bytes_max"], figures["pair_worker_peak_rss_bytes_max"]) == (9, 31, 210)
     assert universe_busy({"phase_wall_seconds": {}}, PARTIES, 2)["busy_fraction"] is None  # no universe phase seen

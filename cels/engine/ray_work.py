@@ -151,7 +151,7 @@ class RayEngine:
 
     def usage(self, work: RayWork) -> dict[str, Any]:
         """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
-        engine = {"kind": "ray", "shards": self.options.shards, "max_in_flight": self.options.max_in_flight}
+        engine = {"kind": "ray", "address": self.options.address, "shards": self.options.shards, "max_in_flight": self.options.max_in_flight}
         try:
             return engine | work.usage()
         except ray.exceptions.RayError as exc:  # a shard's actor is gone: its figure is lost, the session is not

@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--point-time-limit", type=float, default=DEFAULT_POINT_TIME_LIMIT, metavar="SECONDS",
                         help="offline phase + session of one point; past it the series stops (default 1800)")  # fmt: skip
     parser.add_argument("--no-stock", action="store_true", help="no offline phase for --solve transformed: every obfuscator is computed during the session (the private solve has none)")
-    parser.add_argument("--seed", type=int, default=7, help="seed of the synthetic logs (default 7)")
+    parser.add_argument("--log-seed", type=int, default=7, help="seed of the synthetic logs (default 7; --seed elsewhere replays a session's draws)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True, help="directory for scale.json, scale.csv and scale.png")
@@ -344,7 +344,7 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
     poll under load should not end a series -- and the retry's result is kept with the first
     failure under ``retried_after``."""
     start = time.perf_counter()
-    histogram = synthetic_histogram(pairs, seed=args.seed)
+    histogram = synthetic_histogram(pairs, seed=args.log_seed)
     generated = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="cels-scale-") as tmp:
         start = time.perf_counter()
@@ -410,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         "engines": [asdict(e) for e in compared.values()],
         "point_time_limit_seconds": args.point_time_limit,
         "offline": "none" if args.no_stock else "private: none (masked sums); transformed: obfuscators of the secure sums stocked under P_1's node key before each session",
-        "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.seed},
+        "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.log_seed},
         "points": [],
         "series": [],
     }

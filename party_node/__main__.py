@@ -88,9 +88,12 @@ def start(argv: Sequence[str] | None):
         return ledger.admit(session, role)
 
     def session_ended(session_id: str) -> None:
-        """What the session's work used goes to its summary (``cels status``); the ledger releases its reservation."""
+        """What the session's work used goes to its summary (``cels status``), then its workers
+        go; the ledger releases its reservation."""
         if session_id in works:
-            node.telemetry.session_engine(session_id, engine.usage(works.pop(session_id)))
+            work = works.pop(session_id)
+            node.telemetry.session_engine(session_id, engine.usage(work))
+            engine.release(work)
         ledger.release(session_id)
 
     node = Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)

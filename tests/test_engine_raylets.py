@@ -178,7 +178,8 @@ def same_as_in_process(local, remote) -> None:
 
 def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, monkeypatch) -> None:
     """Both raylets serve a party's work (pair-work tasks and user-shard actors on each) with
-    the in-process results, and a ``cels simulate`` session whose party nodes join the cluster
+    the in-process results, its two shards go to the two raylets (the session's SPREAD
+    placement group) and their group is removed when the session's work is released, and a ``cels simulate`` session whose party nodes join the cluster
     writes a release that audits clean."""
     t0 = time.monotonic()
     open_engine(EngineOptions(kind="ray", address=two_raylets, shards=2, max_in_flight=2))  # joins, as a party node does
@@ -195,9 +196,20 @@ def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, m
         assert ray.get(holder.node.remote()) == held
         local, remote = loaded_pair(2, log)
         same_as_in_process(local, remote)
+        remote.release()  # its shards' placement group would keep a sliver of the node's CPU
         ray.kill(holder)
     this_job = ray.get_runtime_context().get_job_id()
     assert work_nodes(this_job) == node_ids, "RayWork's tasks and actors did not run on both raylets"
+
+    # nothing held: the session's placement group (SPREAD) puts its two shards on two raylets
+    local, remote = loaded_pair(2, log)
+    same_as_in_process(local, remote)
+    table = ray_state.actors()
+    shard_nodes = [table[a._actor_id.hex()]["Address"]["NodeID"] for a in remote._actors]
+    assert sorted(shard_nodes) == sorted(node_ids), shard_nodes
+    group = remote._group
+    remote.release()
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"
 
     # cels simulate: both party nodes join the cluster (the test's way to give a party two raylets)
     from cels.cli import main

@@ -36,6 +36,9 @@ class Engine(Protocol):
         RSS, CPU seconds), for the node's per-session summary (``cels status``)."""
         ...
 
+    def release(self, work: LocalWork) -> None:
+        """A session ended: what its ``work`` holds outside the node's process goes."""
+
     def close(self) -> None:
         """The node stops: no worker of the engine outlives it."""
 
@@ -52,6 +55,9 @@ class LocalEngine:
     def usage(self, work: LocalWork) -> dict[str, Any]:
         """Everything ran in the node's process (its peak RSS is the node's)."""
         return {"kind": "local"}
+
+    def release(self, work: LocalWork) -> None:
+        """Nothing of a session outlives it outside the node's process."""
 
     def close(self) -> None:
         """Nothing runs outside the node's process."""

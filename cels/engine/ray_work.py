@@ -46,11 +46,14 @@ import resource
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import scipy.sparse as sp
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
@@ -95,6 +98,11 @@ def check_reachable(address: str) -> None:
         raise ValueError(f"the Ray cluster at {address} is unreachable: {exc}") from None
 
 
+SHARD_CPU = 0.001
+"""The CPU a shard actor asks for: enough for Ray to place it in its bundle, not a core (the
+actors mostly wait for the node's next call)."""
+PLACE_SECONDS = 60.0
+"""How long a session waits for its shards' placement group before it gives up."""
 JOIN_ATTEMPTS = 3
 """Tries to join a cluster at start-up: a Ray client server that fails to start its per-client
 server once (seen under compose) is not a cluster that is gone."""
@@ -114,6 +122,12 @@ def join(address: str) -> None:
             if attempt == JOIN_ATTEMPTS:
                 raise ValueError(f"cannot join the Ray cluster at {address} ({JOIN_ATTEMPTS} attempts): {exc}") from None
             time.sleep(JOIN_BACKOFF_SECONDS * 2 ** (attempt - 1))
+
+
+def _remove_group(group) -> None:
+    """Remove a session's placement group (nothing to do once Ray is down)."""
+    if ray.is_initialized():
+        remove_placement_group(group)
 
 
 class RayEngine:
@@ -156,6 +170,14 @@ class RayEngine:
             return engine | work.usage()
         except ray.exceptions.RayError as exc:  # a shard's actor is gone: its figure is lost, the session is not
             return engine | {"error": f"{type(exc).__name__}: {exc}"}
+
+    def release(self, work: RayWork) -> None:
+        """A session ended: its shard actors and their placement group go (on a cluster that
+        is gone they went with it)."""
+        try:
+            work.release()
+        except ray.exceptions.RayError:
+            pass
 
     def close(self) -> None:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
@@ -333,6 +355,7 @@ class RayWork(InProcessWork):
         self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
         self.shard_restarts = 0  # user-shard actors re-created in this session
         self._sampling_actors: list = []
+        self._group = None  # this session's placement group of the shards (made at the first shard)
         self._pair_workers: dict[str, int] = {}  # worker process -> its peak RSS (bytes), as its tasks reported
         self._pair_cpu_seconds = 0.0
         self._pair_tasks = 0
@@ -380,6 +403,33 @@ class RayWork(InProcessWork):
         """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
         return self.user_draws.buckets[rows] % self.shards
 
+    def _on_bundle(self, actor_class, shard: int):
+        """``actor_class`` placed in shard ``shard``'s bundle of this session's placement group:
+        P bundles with the SPREAD strategy, so the shards go to as many of the cluster's nodes
+        as it has (Ray's default placement may put them all on one).  A shard's user-shard and
+        sampling actors share its bundle.  The group is made at the first shard and removed by
+        :meth:`release`."""
+        if self._group is None:
+            group = placement_group([{"CPU": 2 * SHARD_CPU}] * self.shards, strategy="SPREAD")
+            try:
+                ray.get(group.ready(), timeout=PLACE_SECONDS)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(group)
+                raise RoleFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s") from None
+            self._group = group
+            self._drop_group = weakref.finalize(self, _remove_group, group)  # at release, or when the work is dropped
+        where = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=shard)
+        return actor_class.options(num_cpus=SHARD_CPU, scheduling_strategy=where)
+
+    def release(self) -> None:
+        """The session ended here: its shard actors end and its placement group goes."""
+        for actor in [*self._actors, *self._sampling_actors]:
+            ray.kill(actor)
+        self._actors, self._sampling_actors = [], []
+        if self._group is not None:
+            self._drop_group()
+            self._group = None
+
     def sampling_shards(self, active: np.ndarray) -> list:
         """One sampling actor per shard with its users' counts over the ``active`` pairs."""
         local = self.local[:, active].tocsr()
@@ -387,7 +437,7 @@ class RayWork(InProcessWork):
         self._sample_members = [np.flatnonzero(shard == s) for s in range(self.shards)]
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
-        self._sampling_actors = [SamplingShard.remote(*args) for args in self._sampling_args]
+        self._sampling_actors = [self._on_bundle(SamplingShard, s).remote(*args) for s, args in enumerate(self._sampling_args)]
         return self._sampling_actors  # a lost one is replaced in this list (sampling_call)
 
     def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:
@@ -403,7 +453,7 @@ class RayWork(InProcessWork):
                     break
                 except ray.exceptions.RayActorError as exc:
                     self._count_restart(exc)
-                    actors[s] = SamplingShard.remote(*self._sampling_args[s])
+                    actors[s] = self._on_bundle(SamplingShard, s).remote(*self._sampling_args[s])
                     if replay is not None:
                         replay(actors[s])
                     ref = call(actors[s])
@@ -438,7 +488,7 @@ class RayWork(InProcessWork):
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = [np.flatnonzero(shard == s) for s in range(self.shards)]
         self._shard_rows = [csr[members].tocsc() for members in self._members]
-        self._actors = [UserShard.remote(shard_rows) for shard_rows in self._shard_rows]
+        self._actors = [self._on_bundle(UserShard, s).remote(rows) for s, rows in enumerate(self._shard_rows)]
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
@@ -474,7 +524,7 @@ class RayWork(InProcessWork):
         self._count_restart(exc)
         named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
         for s in named or range(self.shards):  # an actor dropped here ends with its last handle
-            self._actors[s] = UserShard.remote(self._shard_rows[s])
+            self._actors[s] = self._on_bundle(UserShard, s).remote(self._shard_rows[s])
 
     def usage(self) -> dict[str, Any]:
         """What this session's workers used so far: every shard's peak RSS (asked of its actors

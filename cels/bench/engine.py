@@ -12,14 +12,12 @@ local one.  Default input: the AOL slice (``$CELS_DATA/aol-dev.tsv.gz``) over r 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from cels.bench.protocol import bench_processes
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
 from cels.fileio import atomic_write_json
 from cels.logs import load_log
@@ -54,24 +52,15 @@ def shard_counts(text: str) -> list[int]:
 
 
 def release_run(shares: list, options: SessionOptions, flags: list[str], label: str) -> dict[str, Any]:
-    """One session over node processes with ``flags`` on every party node: the release's hash
-    and the session's costs."""
-    from cels.cli.service import run_nodes
-
+    """One session over node processes with ``flags`` on every party node
+    (cels.bench.protocol.bench_processes): the release's hash and the session's costs."""
     print(f"cels bench engine: {label} ...", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="cels-bench-engine-") as tmp:
-        out = Path(tmp)
-        start = time.perf_counter()
-        report = run_nodes(
-            shares, options, out, ".tsv", ["--format", "histogram"], out / "operator-report.json",
-            node_flags={party: flags for party in options.parties},
-        )  # fmt: skip
-        wall = time.perf_counter() - start
-        digest = hashlib.sha256((out / "sanitized.tsv").read_bytes()).hexdigest()
+    result = bench_processes(shares, options, ["--format", "histogram"], None, party_flags=flags)
+    report = result["report"]
     return {
         "run": label,
-        "sha256": digest,
-        "wall_seconds": wall,
+        "sha256": result["release_sha256"],
+        "wall_seconds": result["wall_seconds"],
         "session_wall_seconds": report["wall_seconds"],
         "phase_wall_seconds": report.get("phase_wall_seconds"),
         "peak_rss_bytes": report.get("peak_rss_bytes"),

@@ -17,6 +17,7 @@ Prints JSON (and writes it to ``--json FILE``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -142,21 +143,23 @@ def bench_inmemory(
 
 def bench_processes(
     shares: Sequence[SearchLog | Path], options: SessionOptions, fmt_args: list[str], stock: dict[str, int] | None,
-    timeout: float = DEFAULT_TIMEOUT, engine_flags: list[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT, party_flags: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One session over gRPC between node processes (the ``cels simulate`` machinery); with
     ``stock`` the nodes run the offline phase first and the session's wall time is online.
     A share is a log or the path of a log file in ``fmt_args``' format; ``timeout`` bounds
-    the offline phase and the session together; ``engine_flags`` go to every party node."""
+    the offline phase and the session together; ``party_flags`` (the engine, a replay seed)
+    go to every party node.  The result has the release file's SHA-256."""
     from cels.cli.service import run_nodes
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
         report = run_nodes(
             shares, options, Path(tmp), ".tsv", fmt_args, Path(tmp) / "operator-report.json", stock=stock, timeout=timeout,
-            node_flags={party: engine_flags or [] for party in options.parties},
+            node_flags={party: party_flags or [] for party in options.parties},
         )  # fmt: skip
         wall = time.perf_counter() - start
+        release_sha256 = hashlib.sha256((Path(tmp) / "sanitized.tsv").read_bytes()).hexdigest()
     offline = report.get("offline")
     note = (
         "obfuscators from the nodes' stocks (computed_online counts those the stock lacked)"
@@ -166,6 +169,7 @@ def bench_processes(
     return {
         "report": report,
         "wall_seconds": wall,
+        "release_sha256": release_sha256,
         "offline": offline,
         "online": {"wall_seconds": report["wall_seconds"], "note": note},
     }
@@ -248,7 +252,7 @@ def bench_solve(args: argparse.Namespace, shares: list[SearchLog], solve: str, e
         result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS, engine=engine, seed=args.seed)
     else:
         flags = engine_argv(args) + seed_argv(args)
-        result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options), engine_flags=flags)
+        result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options), party_flags=flags)
     return options, solve_result(result, args.parties)
 
 

@@ -159,7 +159,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     }  # fmt: skip
     start = time.perf_counter()
     try:
-        result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit, engine_flags=engine_flags(engine))
+        result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit, party_flags=engine_flags(engine))
     except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit

@@ -68,7 +68,7 @@ from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
-from cels.protocol.work import CommutativeHash, InProcessWork, encode_item
+from cels.protocol.work import CommutativeHash, InProcessWork
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
@@ -81,7 +81,17 @@ TASK_RETRIES = 3
 """Runs of a pair-work task after the first when its worker dies (Ray's ``max_retries``); an
 exception the task raises itself (a peer's bad id) is not retried: it would raise again."""
 SHARD_RESTARTS = 3
-"""User-shard actors a session re-creates after losing them, before it aborts."""
+"""Shard actors (user-shard and sampling) a session re-creates after losing them, before it aborts."""
+SHARD_CPU = 0.001
+"""The CPU a shard actor asks for: enough for Ray to place it in its bundle, not a core (the
+actors mostly wait for the node's next call)."""
+PLACE_SECONDS = 60.0
+"""How long a session waits for its shards' placement group before it gives up."""
+JOIN_ATTEMPTS = 3
+"""Tries to join a cluster at start-up: a Ray client server that fails to start its per-client
+server once (seen under compose) is not a cluster that is gone."""
+JOIN_BACKOFF_SECONDS = 2.0
+"""The wait before the second try, doubled before each later one."""
 WORKER_LOST = "engine worker lost"
 """What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
 
@@ -96,18 +106,6 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
     except OSError as exc:
         raise ValueError(f"the Ray cluster at {address} is unreachable: {exc}") from None
-
-
-SHARD_CPU = 0.001
-"""The CPU a shard actor asks for: enough for Ray to place it in its bundle, not a core (the
-actors mostly wait for the node's next call)."""
-PLACE_SECONDS = 60.0
-"""How long a session waits for its shards' placement group before it gives up."""
-JOIN_ATTEMPTS = 3
-"""Tries to join a cluster at start-up: a Ray client server that fails to start its per-client
-server once (seen under compose) is not a cluster that is gone."""
-JOIN_BACKOFF_SECONDS = 2.0
-"""The wait before the second try, doubled before each later one."""
 
 
 def join(address: str) -> None:
@@ -361,8 +359,7 @@ class RayWork(InProcessWork):
         self._pair_tasks = 0
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
-        pairs = self.log.pairs
-        return self._pair_work(cipher, [encode_item(*pairs[i]) for i in own], hash_first=True)
+        return self._pair_work(cipher, self.pair_ids(own), hash_first=True)
 
     def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
         return self._pair_work(cipher, ids, hash_first=False)
@@ -403,6 +400,11 @@ class RayWork(InProcessWork):
         """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
         return self.user_draws.buckets[rows] % self.shards
 
+    def shard_members(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Shard s -> the positions in ``rows`` whose users live on it (ascending)."""
+        shard = self.shard_of(rows)
+        return [np.flatnonzero(shard == s) for s in range(self.shards)]
+
     def _on_bundle(self, actor_class, shard: int):
         """``actor_class`` placed in shard ``shard``'s bundle of this session's placement group:
         P bundles with the SPREAD strategy, so the shards go to as many of the cluster's nodes
@@ -433,8 +435,7 @@ class RayWork(InProcessWork):
     def sampling_shards(self, active: np.ndarray) -> list:
         """One sampling actor per shard with its users' counts over the ``active`` pairs."""
         local = self.local[:, active].tocsr()
-        shard = self.shard_of(np.arange(local.shape[0]))
-        self._sample_members = [np.flatnonzero(shard == s) for s in range(self.shards)]
+        self._sample_members = self.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
         self._sampling_actors = [self._on_bundle(SamplingShard, s).remote(*args) for s, args in enumerate(self._sampling_args)]
@@ -484,11 +485,10 @@ class RayWork(InProcessWork):
         """One actor per shard with its users' rows (again only if the rows change)."""
         if len(self.row_users) != rows.shape[0]:
             raise ValueError(f"verdicts over {rows.shape[0]} rows, but this party's constraint rows are {len(self.row_users)}")
-        shard = self.shard_of(self.row_users)
         csr = sp.csr_matrix(rows, dtype=np.float64)
-        self._members = [np.flatnonzero(shard == s) for s in range(self.shards)]
+        self._members = self.shard_members(self.row_users)
         self._shard_rows = [csr[members].tocsc() for members in self._members]
-        self._actors = [self._on_bundle(UserShard, s).remote(rows) for s, rows in enumerate(self._shard_rows)]
+        self._actors = [self._on_bundle(UserShard, s).remote(held) for s, held in enumerate(self._shard_rows)]
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:

@@ -100,10 +100,9 @@ class BucketDraws:
         "pseudonyms", in row order, distinct within the bucket; the bucket in the top
         BUCKET_BITS bits keeps them distinct across buckets."""
         out: list[str] = []
-        rows = np.asarray(rows, dtype=np.int64)
         low_bits = 8 * PSEUDONYM_BYTES - BUCKET_BITS
-        for b in np.unique(self.buckets[rows]).tolist():
-            need = int(np.count_nonzero(self.buckets[rows] == b))
+        present, needs = np.unique(self.buckets[np.asarray(rows, dtype=np.int64)], return_counts=True)
+        for b, need in zip(present.tolist(), needs.tolist()):
             rng, drawn = self.draws.indexed("pseudonyms", b), {}
             while len(drawn) < need:
                 drawn.setdefault((b << low_bits) | int(rng.integers(0, 1 << low_bits, dtype=np.uint64)))

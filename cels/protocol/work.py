@@ -108,9 +108,13 @@ class InProcessWork:
         self.counts = apply_cap(self.log.counts, self._cap).tocsr()
         return LoadResult(np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0), log.source)
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
+    def pair_ids(self, own: np.ndarray) -> list[bytes]:
+        """The encoded ids of the own pairs ``own``, before any layer."""
         pairs = self.log.pairs
-        return cipher.hash([encode_item(*pairs[i]) for i in own])
+        return [encode_item(*pairs[i]) for i in own]
+
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
+        return cipher.hash(self.pair_ids(own))
 
     def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
         return cipher.apply(ids)

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import scipy.sparse as sp
 
@@ -87,6 +87,8 @@ SHARD_CPU = 0.001
 actors mostly wait for the node's next call)."""
 PLACE_SECONDS = 60.0
 """How long a session waits for its shards' placement group before it gives up."""
+STRICT_SECONDS = 2.0
+"""How long a session waits for its shards on as many nodes before it takes best-effort spreading."""
 JOIN_ATTEMPTS = 3
 """Tries to join a cluster at start-up: a Ray client server that fails to start its per-client
 server once (seen under compose) is not a cluster that is gone."""
@@ -120,6 +122,24 @@ def join(address: str) -> None:
             if attempt == JOIN_ATTEMPTS:
                 raise ValueError(f"cannot join the Ray cluster at {address} ({JOIN_ATTEMPTS} attempts): {exc}") from None
             time.sleep(JOIN_BACKOFF_SECONDS * 2 ** (attempt - 1))
+
+
+def spread_group(bundles: int) -> PlacementGroup | None:
+    """A placement group of ``bundles`` shard bundles, spread: STRICT_SPREAD (every bundle on
+    another node) if the cluster places it within :data:`STRICT_SECONDS` -- it needs that many
+    nodes with a sliver of CPU free -- else SPREAD, which is best effort (it was seen to put
+    two bundles on one of two idle nodes); None if not even that is placed in
+    :data:`PLACE_SECONDS`."""
+    nodes = sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
+    tries = [("STRICT_SPREAD", STRICT_SECONDS)] if bundles <= nodes else []
+    for strategy, wait in [*tries, ("SPREAD", PLACE_SECONDS)]:
+        group = placement_group([{"CPU": 2 * SHARD_CPU}] * bundles, strategy=strategy)
+        try:
+            ray.get(group.ready(), timeout=wait)
+            return group
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+    return None
 
 
 def _remove_group(group) -> None:
@@ -407,17 +427,14 @@ class RayWork(InProcessWork):
 
     def _on_bundle(self, actor_class, shard: int):
         """``actor_class`` placed in shard ``shard``'s bundle of this session's placement group:
-        P bundles with the SPREAD strategy, so the shards go to as many of the cluster's nodes
-        as it has (Ray's default placement may put them all on one).  A shard's user-shard and
+        P bundles spread (:func:`spread_group`), so the shards go to as many of the
+        cluster's nodes as it has (Ray's default placement may put them all on one).  A shard's user-shard and
         sampling actors share its bundle.  The group is made at the first shard and removed by
         :meth:`release`."""
         if self._group is None:
-            group = placement_group([{"CPU": 2 * SHARD_CPU}] * self.shards, strategy="SPREAD")
-            try:
-                ray.get(group.ready(), timeout=PLACE_SECONDS)
-            except ray.exceptions.GetTimeoutError:
-                remove_placement_group(group)
-                raise RoleFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s") from None
+            group = spread_group(self.shards)
+            if group is None:
+                raise RoleFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s")
             self._group = group
             self._drop_group = weakref.finalize(self, _remove_group, group)  # at release, or when the work is dropped
         where = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=shard)

@@ -35,7 +35,7 @@ def start(argv: Sequence[str] | None):
 
     from cels.crypto.streams import DrawKeys
     from cels.engine import open_engine
-    from cels.logs import load_log, write_log
+    from cels.logs import LogFile, write_log
     from cels.node.config import data_source, engine_options, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
@@ -66,8 +66,7 @@ def start(argv: Sequence[str] | None):
         # privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION too);
         # the log is read when the session begins (a bad log aborts that session, not the node)
         engine.check()
-        def load():
-            return load_log(path, options)
+        load = LogFile(path, options)
 
         def role() -> PartyRole:
             draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)

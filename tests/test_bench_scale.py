@@ -154,6 +154,12 @@ def test_synthetic_histogram_is_seeded_and_files_read_back(tmp_path) -> None:
     assert sum(log.size for log in logs) == one.size
     users = [set(log.users) for log in logs]
     assert sum(map(len, users)) == len(set().union(*users)) == one.users  # every user at exactly one party
+    (tmp_path / "c").mkdir()
+    lakes = one.write_shares(tmp_path / "c", 3, "parquet")  # the same shares as Parquet (--log-format parquet)
+    assert [p.name for p in lakes] == ["party-1.parquet", "party-2.parquet", "party-3.parquet"]
+    for log, lake in zip(logs, lakes):
+        again = load_log(lake, LoadOptions(format="parquet"))
+        assert again.users == log.users and again.pairs == log.pairs and (again.counts != log.counts).nnz == 0
 
 
 def test_resume_keeps_earlier_points_and_refuses_other_settings(tmp_path, capsys) -> None:

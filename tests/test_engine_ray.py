@@ -19,10 +19,12 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
+from cels.engine.log_shards import read_batches  # noqa: E402
 from cels.engine.ray_work import RayEngine, RayWork  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
-from cels.logs import synthetic_log  # noqa: E402
-from cels.logs.model import SearchLog  # noqa: E402
+from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
+from cels.logs.model import LogError, SearchLog  # noqa: E402
+from cels.logs.parquet import ParquetLog, write_parquet  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
@@ -40,13 +42,21 @@ def engine():
     started.close()
 
 
+INDEX_KEY = X25519Hash(bytes(range(32)))
+
+
 def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork, RayWork]:
-    """The same log loaded and indexed in one process and on Ray."""
+    """The same log loaded and indexed in one process and on Ray: the index's columns are the
+    ranks of the pairs' hashed ids, as the universe makes them (each work numbers its own
+    pairs its own way)."""
     draws = DrawKeys.replay(1, "party-1")  # the same keys: the same draw order of the rows
     works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
         own = work.load().own
-        work.index(len(own), own, np.arange(len(own)))
+        ids = work.hash_ids(INDEX_KEY, own)
+        columns = np.empty(len(own), dtype=np.int64)
+        columns[sorted(range(len(own)), key=ids.__getitem__)] = np.arange(len(own))
+        work.index(len(own), own, columns)
     return works
 
 
@@ -55,12 +65,11 @@ def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) 
     """Chunks of 100 ids, 2 in flight: the same ids, in order, for both hops of the universe."""
     monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 100)
     local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
-    cipher = X25519Hash(bytes(range(32)))
-    own = local.load().own
-    first = local.hash_ids(cipher, own)
-    assert len(first) == len(own) > 300
-    assert remote.hash_ids(cipher, own) == first
-    peer = X25519Hash(bytes(range(1, 33)))
+    cipher = X25519Hash(bytes(range(1, 33)))
+    first = local.hash_ids(cipher, local.load().own)
+    assert len(first) > 300
+    assert sorted(remote.hash_ids(cipher, np.arange(len(first)))) == sorted(first)  # each numbers its own pairs its own way
+    peer = X25519Hash(bytes(range(2, 34)))
     assert remote.apply_layer(peer, first) == local.apply_layer(peer, first) == peer.apply(first)
 
 
@@ -74,7 +83,7 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
     assert PohligHellmanHash.from_exponent(group, cipher.exponent_bytes()).exponent_bytes() == cipher.exponent_bytes()
     own = local.load().own
     first = local.hash_ids(cipher, own)
-    assert len(first) == len(own) > 80 and remote.hash_ids(cipher, own) == first
+    assert len(first) == len(own) > 80 and sorted(remote.hash_ids(cipher, own)) == sorted(first)
     peer = PohligHellmanHash(group)
     assert remote.apply_layer(peer, first) == peer.apply(first)
     with pytest.raises(ValueError, match="not a Pohlig-Hellman exponent"):
@@ -133,21 +142,24 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     assert (remote.constraint_rows(np.arange(len(pairs)), totals) != rows).nnz == 0 and rows.shape[0] == len(users)
     b = 1.0
     is_b = np.array([local.log.users[j].startswith("B") for j in local.row_users])
+    assert [remote.user_names(remote.row_users)] == [[local.log.users[j] for j in local.row_users]]
     loads = np.where(is_b, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
-    proposals = np.arange(len(pairs))
+    column = {pair: col for col, pair in local.pair_of.items()}
+    proposals = np.array([column[i] for i in range(len(pairs))])  # the pairs in gadget order
     expected = verdicts(rows.tocsc(), loads, proposals, b)
     assert expected.tolist() == [1, 0] * gadgets
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
 
 
-def test_the_shards_follow_the_session_bucket_key() -> None:
+def test_the_shards_follow_the_session_bucket_key(engine) -> None:
     """Each session's fresh keys put the users on other shards; replayed keys on the same."""
     log = synthetic_log(seed=5, users=200, pairs=40)
 
     def shard_by_user(draws: DrawKeys) -> dict[str, int]:
         work = RayWork(log, 4, draws, 4, 2)
         work.load()
-        return dict(zip(work.log.users, work.shard_of(np.arange(log.n_users)).tolist()))
+        rows = np.arange(log.n_users)
+        return dict(zip(work.user_names(rows), work.shard_of(rows).tolist()))
 
     fresh = shard_by_user(DrawKeys.fresh())
     assert set(fresh.values()) == {0, 1, 2, 3} and fresh != shard_by_user(DrawKeys.fresh())
@@ -282,10 +294,11 @@ def test_a_simulated_ray_session_leaves_no_ray_process_behind(tmp_path) -> None:
     assert not left, sorted(left)
 
 
-def seeded_release(log: SearchLog, config: SessionOptions, engine=None, seed: int = 11) -> SearchLog:
+def seeded_release(log: SearchLog | list[LogFile], config: SessionOptions, engine=None, seed: int = 11) -> SearchLog:
     """The release of a session whose parties' draws are replayed from ``seed``, their work in
-    process or on ``engine``."""
-    nodes = session_hosts(log.split_by_user(len(config.parties)), config, seed=seed, allow_insecure_key_bits=True)
+    process or on ``engine``; ``log`` is split over the parties, or is their shares' files."""
+    shares = log if isinstance(log, list) else log.split_by_user(len(config.parties))
+    nodes = session_hosts(shares, config, seed=seed, allow_insecure_key_bits=True)
 
     def party(name: str, part):
         def role(opts: SessionOptions) -> PartyRole:
@@ -296,7 +309,7 @@ def seeded_release(log: SearchLog, config: SessionOptions, engine=None, seed: in
         return MemoryNode(SessionHost(name, role, time.perf_counter))
 
     if engine is not None:
-        nodes.update({name: party(name, part) for name, part in zip(config.parties, log.split_by_user(len(config.parties)))})
+        nodes.update({name: party(name, part) for name, part in zip(config.parties, shares)})
     roles = start_session(InMemoryNetwork(nodes), config)
     assert all(role.aborted is None for role in roles.values()), [r.aborted for r in roles.values()]
     privacy = roles[config.initiator].report["privacy"]  # a replayed session says it is not private
@@ -347,3 +360,56 @@ def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monk
     with pytest.raises(ValueError, match=r"cannot join the Ray cluster at ray://head:7111 \(2 attempts\): Starting Ray client server failed"):
         ray_work.join("ray://head:7111")
     assert len(calls) == 2
+
+
+def parquet_shares(log: SearchLog, parties: int, root: Path) -> list[LogFile]:
+    """Each party's share as a Parquet dataset of two files in row groups of 40 rows."""
+    shares = []
+    for k, share in enumerate(log.split_by_user(parties)):
+        lake = root / f"party-{k + 1}"
+        lake.mkdir()
+        for f, part in enumerate(share.split_by_user(2)):
+            write_parquet(part, lake / f"part-{f}.parquet", row_group_rows=40)
+        shares.append(LogFile(lake, LoadOptions("parquet")))
+    return shares
+
+
+def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_release(engine, tmp_path, monkeypatch) -> None:
+    """Reader tasks of at most 100 rows (2 in flight) read each party's row groups and hand
+    every user's rows to its log shard: the seeded release is the one of the whole log read
+    in process, and the log's source counts every row group once."""
+    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 100)
+    log = synthetic_log(seed=4, users=90)
+    config = SessionOptions.create(2, epsilon=8.0, delta=0.9, round_batch=8, **TEST_KEYS)
+    shares = parquet_shares(log, 2, tmp_path)
+    local = released(seeded_release(log, config))
+    assert released(seeded_release(shares, config, RayEngine(EngineOptions(kind="ray", shards=2, max_in_flight=2)))) == local
+    work = RayWork(shares[0], 4, DrawKeys.replay(1, "party-1"), 2, 2)
+    loaded = work.load()
+    groups = ParquetLog(shares[0].path).row_groups
+    assert len(read_batches(groups, 100)) > 2 and loaded.source["row_groups"] == len(groups) > 4
+    assert loaded.source["format"] == "parquet" and loaded.source["skipped_lines"] == 0
+    whole = shares[0]()
+    assert len(loaded.own) == whole.n_pairs and work.n_users == whole.n_users
+    assert sorted(work.user_names(np.arange(work.n_users))) == sorted(whole.users)
+
+
+def test_a_bad_row_read_on_the_cluster_names_its_file_row_and_column(engine, tmp_path, monkeypatch) -> None:
+    """A null user in the third row group: the reader task's LogError reaches the node as
+    raised (the session's load fails naming the file, the row and its row group); lenient,
+    the row is skipped and counted as in process."""
+    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 4)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    users = [f"u{i % 5}" for i in range(12)]
+    users[9] = None
+    table = pa.table({"user": users, "query": [f"q{i % 3}" for i in range(12)], "url": [f"w{i % 2}" for i in range(12)]})
+    pq.write_table(table, path, row_group_size=4)
+    with pytest.raises(LogError, match=r"bad\.parquet, row 10 \(row 2 of row group 2\), field 'user': null user id"):
+        RayWork(LogFile(path, LoadOptions("parquet")), 4, DrawKeys.fresh(), 2, 2).load()
+    lenient = LogFile(path, LoadOptions("parquet", lenient=True))
+    loaded = RayWork(lenient, 4, DrawKeys.fresh(), 2, 2).load()
+    assert loaded.source["skipped_lines"] == lenient().source["skipped_lines"] == 1
+    assert loaded.source["skipped_at"] == lenient().source["skipped_at"]

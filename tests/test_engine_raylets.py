@@ -162,7 +162,7 @@ class CpuHolder:
 def same_as_in_process(local, remote) -> None:
     """RayWork's universe pair work and private-solve verdicts equal the in-process ones."""
     cipher, own = X25519Hash(bytes(range(32))), local.load().own
-    assert remote.hash_ids(cipher, own) == local.hash_ids(cipher, own)
+    assert sorted(remote.hash_ids(cipher, own)) == sorted(local.hash_ids(cipher, own))  # each numbers its own pairs its own way
     totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals).tocsc()
@@ -196,7 +196,7 @@ def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, m
         assert ray.get(holder.node.remote()) == held
         local, remote = loaded_pair(2, log)
         same_as_in_process(local, remote)
-        remote.release()  # its shards' placement group would keep a sliver of the node's CPU
+        remote.release()  # its shards and their placement group go
         ray.kill(holder)
     this_job = ray.get_runtime_context().get_job_id()
     assert work_nodes(this_job) == node_ids, "RayWork's tasks and actors did not run on both raylets"

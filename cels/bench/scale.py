@@ -75,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--point-time-limit", type=float, default=DEFAULT_POINT_TIME_LIMIT, metavar="SECONDS",
                         help="offline phase + session of one point; past it the series stops (default 1800)")  # fmt: skip
     parser.add_argument("--no-stock", action="store_true", help="no offline phase for --solve transformed: every obfuscator is computed during the session (the private solve has none)")
+    parser.add_argument("--log-format", choices=("histogram", "parquet"), default="histogram",
+                        help="the parties' input files (default histogram TSV; parquet: row groups the Ray engine's reader tasks read on the cluster)")
     parser.add_argument("--log-seed", type=int, default=7, help="seed of the synthetic logs (default 7; --seed elsewhere replays a session's draws)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4)
@@ -159,7 +161,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     }  # fmt: skip
     start = time.perf_counter()
     try:
-        result = bench_processes(shares, options, ["--format", "histogram"], stock, timeout=args.point_time_limit, party_flags=engine_flags(engine))
+        result = bench_processes(shares, options, ["--format", args.log_format], stock, timeout=args.point_time_limit, party_flags=engine_flags(engine))
     except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit
@@ -348,7 +350,7 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
     generated = time.perf_counter() - start
     with tempfile.TemporaryDirectory(prefix="cels-scale-") as tmp:
         start = time.perf_counter()
-        shares = histogram.write_shares(tmp, parties)
+        shares = histogram.write_shares(tmp, parties, args.log_format)
         written = time.perf_counter() - start
         points = {}
         for label, engine in todo.items():
@@ -410,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
         "engines": [asdict(e) for e in compared.values()],
         "point_time_limit_seconds": args.point_time_limit,
         "offline": "none" if args.no_stock else "private: none (masked sums); transformed: obfuscators of the secure sums stocked under P_1's node key before each session",
-        "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.log_seed},
+        "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.log_seed, "format": args.log_format},
         "points": [],
         "series": [],
     }

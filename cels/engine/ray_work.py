@@ -5,11 +5,16 @@ the party's own, inside its trust boundary (its workers see the party's universe
 of its session's draw keys, its users' counts and its constraint rows), never shared with
 another party.
 
+- The log -- its rows, capped, split by user over P log shards (draw bucket mod P), read
+  where it lives if it is a Parquet dataset -- and what runs over its rows for the universe
+  and the counts (the index, the sums' vectors, the unique pairs, the users' counts over the
+  active pairs) and the output records' names: cels.engine.log_shards.
 - Pair work -- hashing the own pair ids into the group (the curve, or Pohlig-Hellman's
   group) and applying the party's key, and the party's layer on a peer's ids (CELS section
   4.2, docs/protocol.md "Universe") -- runs as stateless tasks over chunks of
   :data:`CHUNK_IDS` ids, at most ``max_in_flight`` at once (``ray.wait``).  A task gets the
-  key as raw bytes (:func:`key_material`) and rebuilds it: no key object is pickled.
+  key as raw bytes (:func:`key_material`) and rebuilds it: no key object is pickled.  The own
+  ids go from the log shards to the tasks through the object store.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
   actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
   HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
@@ -22,27 +27,28 @@ another party.
   every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
   the shards draw what the party draws in one process, for any P.
 
-Faults (docs/deployment.md, "Faults of the engine"): a pair-work task whose worker dies is run
-again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A user-shard actor
-that dies is re-created from the rows the node placed and the round is walked again from its
-starting loads (the round is a function of rows, loads and proposals), at most
-:data:`SHARD_RESTARTS` times a session; past that, or once a task has no retry left, the
-session aborts with LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log
-has which worker and why).
+Faults (docs/deployment.md, "Faults of the engine"): a pair-work or reader task whose worker
+dies is run again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A
+user-shard actor that dies is re-created from the rows the node placed and the round is walked
+again from its starting loads (the round is a function of rows, loads and proposals), at most
+:data:`SHARD_RESTARTS` times a session; past that, once a task has no retry left, or when a
+log shard is lost (it holds the only copy of its users' rows in the session: reading them
+again would keep a second copy of the log in the object store), the session aborts with
+LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log has which worker and
+why).
 
-Still in the node's process (inherited from :class:`InProcessWork`): loading and capping the
-log, the index, the unique pairs, the constraint rows and the output records (their
-pseudonyms, drawn by bucket like the sampling).
+What stays in the node's process: no row of the log; every user's draw bucket (the party's
+draw order), per own pair the log shard that hashes it, the vectors over the index the
+protocol sends, the users' counts over the active pairs (the constraint rows and the
+sampling's input) and the records.
 
 What the workers used (:meth:`RayWork.usage`, in the node's per-session summary): every task
-and user shard reports its own process's peak RSS, and every task its CPU seconds, because
+and shard reports its own process's peak RSS, and every task its CPU seconds, because
 the workers may run on other machines than the node (``cels bench scale --engine ray``).
 """
 
 from __future__ import annotations
 
-import os
-import resource
 import socket
 import subprocess
 import time
@@ -60,15 +66,19 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
+from cels.engine.log_shards import ShardedLog
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
+from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK
 from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
-from cels.protocol.work import CommutativeHash, InProcessWork
+from cels.protocol.work import CommutativeHash, encode_records, pruned_constraint_rows
 
 CHUNK_IDS = 2048
 """Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
@@ -77,14 +87,14 @@ USAGE_SECONDS = 10.0
 CONNECT_SECONDS = 5.0
 """How long the node waits for a Ray cluster address to answer: at start-up (else it refuses
 to start) and at every StartSession (else it refuses the session)."""
-TASK_RETRIES = 3
-"""Runs of a pair-work task after the first when its worker dies (Ray's ``max_retries``); an
-exception the task raises itself (a peer's bad id) is not retried: it would raise again."""
 SHARD_RESTARTS = 3
 """Shard actors (user-shard and sampling) a session re-creates after losing them, before it aborts."""
-SHARD_CPU = 0.001
-"""The CPU a shard actor asks for: enough for Ray to place it in its bundle, not a core (the
-actors mostly wait for the node's next call)."""
+SHARD_MEMORY = 1 << 20
+"""The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
+Ray to place it in its bundle.  A sliver of CPU instead would leave a node one core short for
+the whole-core pair-work and reader tasks (on a 2-CPU node, one task at a time)."""
+SHARD_ACTORS = 3
+"""Actors in a shard's bundle: its log shard, user shard (private solve) and sampling shard."""
 PLACE_SECONDS = 60.0
 """How long a session waits for its shards' placement group before it gives up."""
 STRICT_SECONDS = 2.0
@@ -94,8 +104,6 @@ JOIN_ATTEMPTS = 3
 server once (seen under compose) is not a cluster that is gone."""
 JOIN_BACKOFF_SECONDS = 2.0
 """The wait before the second try, doubled before each later one."""
-WORKER_LOST = "engine worker lost"
-"""What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
 
 
 def check_reachable(address: str) -> None:
@@ -127,13 +135,13 @@ def join(address: str) -> None:
 def spread_group(bundles: int) -> PlacementGroup | None:
     """A placement group of ``bundles`` shard bundles, spread: STRICT_SPREAD (every bundle on
     another node) if the cluster places it within :data:`STRICT_SECONDS` -- it needs that many
-    nodes with a sliver of CPU free -- else SPREAD, which is best effort (it was seen to put
+    nodes -- else SPREAD, which is best effort (it was seen to put
     two bundles on one of two idle nodes); None if not even that is placed in
     :data:`PLACE_SECONDS`."""
     nodes = sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
     tries = [("STRICT_SPREAD", STRICT_SECONDS)] if bundles <= nodes else []
     for strategy, wait in [*tries, ("SPREAD", PLACE_SECONDS)]:
-        group = placement_group([{"CPU": 2 * SHARD_CPU}] * bundles, strategy=strategy)
+        group = placement_group([{"memory": SHARD_ACTORS * SHARD_MEMORY}] * bundles, strategy=strategy)
         try:
             ray.get(group.ready(), timeout=wait)
             return group
@@ -178,7 +186,7 @@ class RayEngine:
             except ValueError as exc:
                 raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> RayWork:
+    def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys) -> RayWork:
         return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight)
 
     def usage(self, work: RayWork) -> dict[str, Any]:
@@ -204,11 +212,6 @@ class RayEngine:
         if self.reaper is not None:  # it ends what shutdown left (and then itself)
             self.reaper.stdin.close()
             self.reaper.wait(SETTLE_SECONDS + 5)
-
-
-def worker_peak_rss() -> tuple[str, int]:
-    """This worker process (host:pid) and its peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
-    return f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]:
@@ -323,7 +326,7 @@ class ShardedSampler:
     totals the node kept (:meth:`RayWork.sampling_call`)."""
 
     def __init__(self, work: RayWork, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> None:
-        self.work, self.shape = work, (work.local.shape[0], len(active))
+        self.work, self.shape = work, (work.n_users, len(active))
         self.settled: list[np.ndarray] = []  # the summed totals of every stage so far
         self.proposed = False
         self.begin = (totals, x, theta)
@@ -360,13 +363,18 @@ class ShardedSampler:
         return self.work.gather(self._each(lambda a: a.sampled.remote()), self.shape)
 
 
-class RayWork(InProcessWork):
-    """:class:`InProcessWork` with the universe's pair work on Ray tasks and the private
-    solve's verdicts on ``shards`` user-shard actors (what stays in process: module docstring)."""
+class RayWork:
+    """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards``
+    log shards (cels.engine.log_shards), the universe's pair work on tasks, the private solve's
+    verdicts on user-shard actors and the sampling on sampling shards (module docstring).
+    ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is read
+    by reader tasks, row group by row group; any other is read by the node and split)."""
 
-    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, shards: int, max_in_flight: int) -> None:
-        super().__init__(log, cap, draws)
+    def __init__(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int) -> None:
+        self._source, self._cap, self.draws = log, cap, draws
         self.shards, self.max_in_flight = shards, max_in_flight
+        self.log: ShardedLog | None = None  # made at load (the shards' placement group with it)
+        self.row_users = np.zeros(0, dtype=np.int64)  # the user (row) of each constraint row
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
         self._actors: list = []
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
@@ -378,18 +386,38 @@ class RayWork(InProcessWork):
         self._pair_cpu_seconds = 0.0
         self._pair_tasks = 0
 
+    @property
+    def n_users(self) -> int:
+        return self.log.n_users
+
+    @property
+    def user_draws(self) -> BucketDraws:
+        return self.log.user_draws
+
+    def load(self) -> LoadResult:
+        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._on_bundle)
+        return self.log.load()
+
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
-        return self._pair_work(cipher, self.pair_ids(own), hash_first=True)
+        """The own pairs' ids hashed on tasks, each by the first log shard holding it (its
+        chunks go from the shard to the tasks through the object store)."""
+        chunks, where = self.log.id_chunks(CHUNK_IDS)
+        ids: list[bytes] = [b""] * len(self.log.hasher)
+        for positions, out in zip(where, self._pair_work(cipher, chunks, hash_first=True)):
+            for t, item in zip(positions.tolist(), out):
+                ids[t] = item
+        return [ids[t] for t in own]
 
     def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
-        return self._pair_work(cipher, ids, hash_first=False)
+        chunks = [ids[lo : lo + CHUNK_IDS] for lo in range(0, len(ids), CHUNK_IDS)]
+        return [e for chunk in self._pair_work(cipher, chunks, hash_first=False) for e in chunk]
 
-    def _pair_work(self, cipher: CommutativeHash, items: list[bytes], hash_first: bool) -> list[bytes]:
-        """The chunks' results in order, with at most ``max_in_flight`` tasks running."""
+    def _pair_work(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[list[bytes]]:
+        """Each chunk's result (a chunk: ids, or an object reference to them), with at most
+        ``max_in_flight`` tasks running."""
         raw, group = key_material(cipher)
         key = ray.put(raw)
-        starts = range(0, len(items), CHUNK_IDS)
-        out: list[list[bytes]] = [[] for _ in starts]
+        out: list[list[bytes]] = [[] for _ in chunks]
         pending: dict = {}
 
         def collect_one() -> None:
@@ -399,22 +427,42 @@ class RayWork(InProcessWork):
                 out[t], (worker, rss), cpu = ray.get(done)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
-                    raise CommutativeCipherError(f"in the ids from {starts[t]} on: {exc.cause}") from None
+                    raise CommutativeCipherError(f"in the ids from {t * CHUNK_IDS} on: {exc.cause}") from None
                 raise
             except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
-                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {starts[t]} on is lost after {TASK_RETRIES} retries: {exc}") from None
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * CHUNK_IDS} on is lost after {TASK_RETRIES} retries: {exc}") from None
             self._pair_workers[worker] = max(rss, self._pair_workers.get(worker, 0))
             self._pair_cpu_seconds += cpu
             self._pair_tasks += 1
 
         task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
-        for t, start in enumerate(starts):
+        for t, chunk in enumerate(chunks):
             if len(pending) >= self.max_in_flight:
                 collect_one()
-            pending[task.remote(key, group, items[start : start + CHUNK_IDS], hash_first)] = t
+            pending[task.remote(key, group, chunk, hash_first)] = t
         while pending:
             collect_one()
-        return [e for chunk in out for e in chunk]
+        return out
+
+    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        return self.log.index(n, own, columns)
+
+    def held_whole(self, totals: np.ndarray) -> np.ndarray:
+        return self.log.held_whole(totals)
+
+    def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
+        rows, self.row_users = pruned_constraint_rows(self.log.counts_over(active), totals)
+        return rows
+
+    def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
+        """The records drawn: the names of their pairs (the active pairs drawn from only) and,
+        with ``keep_user_ids``, of their users from the log shards; else pseudonyms drawn by bucket."""
+        names = self.log.pair_names(active[np.unique(sp.csr_matrix(sampled).indices)])
+        users = self.log.user_names if keep_user_ids else self.user_draws.pseudonyms
+        return encode_records(sampled, users, lambda col: names[int(active[col])])
+
+    def user_names(self, rows: np.ndarray) -> list[str]:
+        return self.log.user_names(rows)
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
@@ -428,7 +476,7 @@ class RayWork(InProcessWork):
     def _on_bundle(self, actor_class, shard: int):
         """``actor_class`` placed in shard ``shard``'s bundle of this session's placement group:
         P bundles spread (:func:`spread_group`), so the shards go to as many of the
-        cluster's nodes as it has (Ray's default placement may put them all on one).  A shard's user-shard and
+        cluster's nodes as it has (Ray's default placement may put them all on one).  A shard's log, user-shard and
         sampling actors share its bundle.  The group is made at the first shard and removed by
         :meth:`release`."""
         if self._group is None:
@@ -438,20 +486,20 @@ class RayWork(InProcessWork):
             self._group = group
             self._drop_group = weakref.finalize(self, _remove_group, group)  # at release, or when the work is dropped
         where = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=shard)
-        return actor_class.options(num_cpus=SHARD_CPU, scheduling_strategy=where)
+        return actor_class.options(num_cpus=0, memory=SHARD_MEMORY, scheduling_strategy=where)
 
     def release(self) -> None:
         """The session ended here: its shard actors end and its placement group goes."""
-        for actor in [*self._actors, *self._sampling_actors]:
+        for actor in [*(self.log.actors if self.log else []), *self._actors, *self._sampling_actors]:
             ray.kill(actor)
-        self._actors, self._sampling_actors = [], []
+        self.log, self._actors, self._sampling_actors = None, [], []
         if self._group is not None:
             self._drop_group()
             self._group = None
 
     def sampling_shards(self, active: np.ndarray) -> list:
         """One sampling actor per shard with its users' counts over the ``active`` pairs."""
-        local = self.local[:, active].tocsr()
+        local = self.log.counts_over(active)
         self._sample_members = self.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
@@ -496,7 +544,7 @@ class RayWork(InProcessWork):
         held = np.asarray(bucket_totals.sum(axis=0)).ravel()
         split = split_over_buckets(paper_trials(held, totals, x), bucket_totals, self.draws.stream("paper split"))
         parts = self.sampling_call(actors, lambda a: a.paper_sample.remote(split))
-        return self.gather(parts, (self.local.shape[0], len(active)))
+        return self.gather(parts, (self.n_users, len(active)))
 
     def _place(self, rows: sp.spmatrix) -> None:
         """One actor per shard with its users' rows (again only if the rows change)."""
@@ -547,11 +595,11 @@ class RayWork(InProcessWork):
         """What this session's workers used so far: every shard's peak RSS (asked of its actors
         now; none before the private solve or the sampling placed them), and the pair-work tasks'
         workers' peak RSS and CPU seconds."""
-        kinds = [actors for actors in (self._actors, self._sampling_actors) if actors]
+        kinds = [actors for actors in (self.log.actors if self.log else [], self._actors, self._sampling_actors) if actors]
         answers = ray.get([a.peak_rss.remote() for actors in kinds for a in actors], timeout=USAGE_SECONDS)
         by_kind = [answers[k * self.shards : (k + 1) * self.shards] for k in range(len(kinds))]
         return {
-            # shard s: the larger peak of its user-shard (private solve) and sampling actors
+            # shard s: the largest peak of its log shard, user shard (private solve) and sampling actors
             "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
             "pair_tasks": self._pair_tasks,
             "pair_task_cpu_seconds": self._pair_cpu_seconds,

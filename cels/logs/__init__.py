@@ -3,11 +3,12 @@
 from cels.logs.bench import bench_load
 from cels.logs.model import LogError, LogRecord, SearchLog, normalise_query
 from cels.logs.options import FORMATS, LoadOptions, default_data_dir, parse_columns
-from cels.logs.readers import iter_records, load_log
+from cels.logs.readers import LogFile, iter_records, load_log
 from cels.logs.synthetic import synthetic_log, write_synthetic
 from cels.logs.writers import write_log
 
 __all__ = [
+    "LogFile",
     "FORMATS",
     "LoadOptions",
     "LogError",

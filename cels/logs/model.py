@@ -56,6 +56,10 @@ class LogError(ValueError):
         self.reason = message
         self.row_group = row_group
 
+    def __reduce__(self):
+        """Pickled as its parts (a reader task's error crosses to the node: cels.engine.log_shards)."""
+        return type(self), (self.path, self.line, self.field, self.reason, self.row_group)
+
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
@@ -116,6 +120,26 @@ class SearchLog:
         counts.sum_duplicates()
         return cls(list(user_index), list(pair_index), counts, dict(source or {}))
 
+    @classmethod
+    def merge(cls, parts: Iterable[SearchLog], source: dict | None = None) -> SearchLog:
+        """The histogram of all ``parts``' events together (c_ij added up), users and pairs in
+        the order they are first seen (a log read in pieces: docs/deployment.md)."""
+        user_index: dict[str, int] = {}
+        pair_index: dict[Pair, int] = {}
+        rows, cols, vals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+        for part in parts:
+            entries = part.counts.tocoo()
+            users = np.array([user_index.setdefault(u, len(user_index)) for u in part.users], dtype=np.int64)
+            pairs = np.array([pair_index.setdefault(p, len(pair_index)) for p in part.pairs], dtype=np.int64)
+            rows.append(users[entries.row])
+            cols.append(pairs[entries.col])
+            vals.append(entries.data.astype(np.int64))
+        counts = sp.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(user_index), len(pair_index)), dtype=np.int64
+        )
+        counts.sum_duplicates()
+        return cls(list(user_index), list(pair_index), counts, dict(source or {}))
+
     @property
     def n_users(self) -> int:
         return len(self.users)
@@ -157,9 +181,14 @@ def check_pair_totals(log: SearchLog, path: str) -> None:
     totals = log.pair_totals()
     over = np.flatnonzero(totals > MAX_COUNT)
     if over.size:
-        query, url = log.pairs[int(over[0])]
-        raise LogError(
-            path, None, None,
-            f"pair (query {query!r}, url {url!r}) totals {int(totals[over[0]])} over the log, above the {MAX_COUNT} "
-            f"(2^31 - 1) one pair may total{f' ({over.size} pairs are)' if over.size > 1 else ''} (docs/formats.md, Limits)",
-        )  # fmt: skip
+        raise pair_total_error(path, log.pairs[int(over[0])], int(totals[over[0]]), over.size)
+
+
+def pair_total_error(path: str, pair: Pair, total: int, pairs_over: int) -> LogError:
+    """The LogError of a pair totalling above MAX_COUNT over the log (``pairs_over`` pairs do)."""
+    query, url = pair
+    return LogError(
+        path, None, None,
+        f"pair (query {query!r}, url {url!r}) totals {total} over the log, above the {MAX_COUNT} "
+        f"(2^31 - 1) one pair may total{f' ({pairs_over} pairs are)' if pairs_over > 1 else ''} (docs/formats.md, Limits)",
+    )  # fmt: skip

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog, check_pair_totals
 from cels.logs.msnbc import iter_msnbc, load_msnbc
@@ -182,6 +183,19 @@ def iter_records(path: str | os.PathLike[str], options: LoadOptions, source: dic
         source.update(reader.source)
         reader.source = source
     return reader.records()
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """A party's log where it lives (a file, or a Parquet dataset) and how to read it; calling
+    it loads the whole log (:func:`load_log`).  An engine may read it in pieces instead
+    (cels.engine.log_shards: a Parquet dataset's row groups on the party's cluster)."""
+
+    path: Path
+    options: LoadOptions
+
+    def __call__(self) -> SearchLog:
+        return load_log(self.path, self.options)
 
 
 def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:

@@ -146,30 +146,46 @@ class SyntheticHistogram:
             "shared_pairs": int(np.count_nonzero(holders >= 2)),
         }  # fmt: skip
 
-    def write_shares(self, directory: str | os.PathLike[str], parties: int) -> list[Path]:
-        """One histogram TSV per party, ``directory/party-K.tsv``: user j goes to party j mod
-        ``parties`` (as :meth:`SearchLog.split_by_user` without a seed).  Each file is
-        written in chunks of WRITE_CHUNK rows, atomically."""
+    def write_shares(self, directory: str | os.PathLike[str], parties: int, fmt: str = "histogram") -> list[Path]:
+        """One file per party: user j goes to party j mod ``parties`` (as
+        :meth:`SearchLog.split_by_user` without a seed); ``fmt`` "histogram" writes
+        ``directory/party-K.tsv``, "parquet" ``directory/party-K.parquet`` (one row group per
+        chunk; docs/formats.md, "Parquet").  Each file is written in chunks of WRITE_CHUNK
+        rows, atomically."""
         if not 1 <= parties <= self.users:
             raise ValueError(f"cannot split {self.users} users into {parties} parties")
+        if fmt not in ("histogram", "parquet"):
+            raise ValueError(f"synthetic shares are written as histogram or parquet, not {fmt!r}")
         paths = []
         for k in range(parties):
             rows = np.flatnonzero(self.user % parties == k)
-            path = Path(directory) / f"party-{k + 1}.tsv"
-            with atomic_write(path) as fh:
-                fh.write(HISTOGRAM_HEADER)
-                for start in range(0, len(rows), WRITE_CHUNK):
-                    fh.write(self._rows_text(rows[start : start + WRITE_CHUNK]))
+            chunks = (rows[start : start + WRITE_CHUNK] for start in range(0, len(rows), WRITE_CHUNK))
+            path = Path(directory) / f"party-{k + 1}.{'tsv' if fmt == 'histogram' else 'parquet'}"
+            if fmt == "parquet":
+                self._write_parquet(path, chunks)
+            else:
+                with atomic_write(path) as fh:
+                    fh.write(HISTOGRAM_HEADER)
+                    for chunk in chunks:
+                        fh.write("".join(f"{u}\t{q}\t{url}\t{c}\n" for u, q, url, c in zip(*self._rows_fields(chunk))))
             paths.append(path)
         return paths
 
-    def _rows_text(self, rows: np.ndarray) -> str:
+    def _write_parquet(self, path: Path, chunks) -> None:
+        from cels.logs.parquet import PARQUET_COLUMNS, pyarrow_modules
+
+        pa, _, pq = pyarrow_modules()
+        schema = pa.schema([(PARQUET_COLUMNS[name], pa.int64() if name == "count" else pa.string()) for name in ("user", "query", "url", "count")])
+        with atomic_write(path, mode="wb") as sink, pq.ParquetWriter(sink, schema) as writer:
+            for chunk in chunks:
+                writer.write_table(pa.Table.from_arrays([pa.array(column) for column in self._rows_fields(chunk)], schema=schema))
+
+    def _rows_fields(self, rows: np.ndarray) -> tuple[list[str], list[str], list[str], list[int]]:
+        """Users, queries, urls and counts of ``rows``."""
         pair = self.pair[rows]
         queries, hosts = _pair_texts(self.n_words[pair], self.picks[pair])
-        return "".join(
-            f"{u + 1}\t{q}\thttp://www.{h}{i}.com/\t{c}\n"
-            for u, q, h, i, c in zip(self.user[rows].tolist(), queries, hosts, pair.tolist(), self.count[rows].tolist())
-        )
+        urls = [f"http://www.{h}{i}.com/" for h, i in zip(hosts, pair.tolist())]
+        return [str(u + 1) for u in self.user[rows].tolist()], queries, urls, self.count[rows].tolist()
 
 
 def synthetic_histogram(

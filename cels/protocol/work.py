@@ -38,6 +38,29 @@ def encode_item(*fields) -> bytes:
     return _ITEM_JSON(list(fields)).encode()
 
 
+def pruned_constraint_rows(local: sp.spmatrix, totals: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
+    """A party's ln t rows over the active pairs (``local``: its users x those pairs, totals c
+    over them) with dominated rows pruned (cels.mechanism.conditions.prune_dominated), and the
+    user of each row kept."""
+    rows = log_t_rows(local, totals)
+    users = dominant_rows(rows)
+    return rows[users].tocsr(), users
+
+
+def encode_records(sampled: sp.spmatrix, names: Callable[[np.ndarray], list[str]], pair: Callable[[int], tuple[str, str]]) -> list[bytes]:
+    """The encoded (user, query, url, count) of every x_ij > 0 in ``sampled`` (users x active
+    pairs): ``names(rows)`` names the users drawn from, ``pair(col)`` is column col's pair."""
+    sampled = sp.csr_matrix(sampled)
+    sampled.eliminate_zeros()
+    users = np.flatnonzero(np.diff(sampled.indptr))
+    out = []
+    for j, user in zip(users, names(users)):
+        lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
+        for col, count in zip(sampled.indices[lo:hi], sampled.data[lo:hi]):
+            out.append(encode_item(user, *pair(int(col)), int(count)))
+    return out
+
+
 class LocalWork(Protocol):
     """What a phase machine asks of the party's rows (users x pairs, c_ij capped)."""
 
@@ -130,9 +153,8 @@ class InProcessWork:
         return ((col_max >= totals) & (totals > 0)).astype(np.int64)
 
     def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
-        rows = log_t_rows(self.local[:, active], totals)
-        self.row_users = dominant_rows(rows)  # dominated rows pruned (cels.mechanism.conditions.prune_dominated)
-        return rows[self.row_users].tocsr()
+        rows, self.row_users = pruned_constraint_rows(self.local[:, active], totals)
+        return rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
         return verdicts(rows, loads, proposals, b)
@@ -147,14 +169,5 @@ class InProcessWork:
         return self.user_draws.multinomial(local, split)
 
     def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
-        sampled = sp.csr_matrix(sampled)
-        sampled.eliminate_zeros()
-        users = np.flatnonzero(np.diff(sampled.indptr))
-        names = [self.log.users[j] for j in users] if keep_user_ids else self.user_draws.pseudonyms(users)
-        out = []
-        for j, user in zip(users, names):
-            lo, hi = sampled.indptr[j], sampled.indptr[j + 1]
-            for col, count in zip(sampled.indices[lo:hi], sampled.data[lo:hi]):
-                query, url = self.log.pairs[self.pair_of[int(active[col])]]
-                out.append(encode_item(user, query, url, int(count)))
-        return out
+        names = (lambda rows: [self.log.users[j] for j in rows]) if keep_user_ids else self.user_draws.pseudonyms
+        return encode_records(sampled, names, lambda col: self.log.pairs[self.pair_of[int(active[col])]])

@@ -1,0 +1,337 @@
+"""A party's log on its Ray cluster, split by user (docs/deployment.md, "A party on a Ray cluster").
+
+Shard s holds the users whose draw bucket is s mod P (cels.protocol.user_draws: HMAC-SHA256
+under the session's bucket key), with their rows c_ij (capped) over the pairs they hold.  A
+Parquet dataset is read where it lives: reader tasks each read a run of its row groups
+(:func:`read_batches`), split their histogram by shard (:func:`split_by_shard`) and hand
+each piece to its shard's :class:`LogShard` through the object store, so the node never holds
+a row; a log in another format (or cut to its first users) is read by the node and split the
+same way.
+
+The node keeps what the protocol needs and no row: each shard's users' digests (for the
+party's draw order), and per own pair the shard that hashes it.  The party's own pairs are
+the distinct pair ids over all shards, numbered by :func:`pair_digests` (SHA-256 of the
+encoded id, 16 bytes): the node finds them with one ``np.unique`` and tells every shard the
+own index of each of its pairs.  The own numbering is not the one of the log in one process,
+but nothing the party sends depends on it (the universe's ids leave sorted; docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import ray
+import scipy.sparse as sp
+
+from cels.crypto.streams import DrawKeys
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, worker_peak_rss
+from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, SearchLog, pair_total_error
+from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
+from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
+from cels.logs.readers import LogFile
+from cels.mechanism.conditions import apply_cap
+from cels.protocol.rolebase import RoleFailure
+from cels.protocol.stages.results import LoadResult
+from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
+from cels.protocol.work import encode_item
+
+PAIR_DIGEST_BYTES = 16
+"""Bytes of a pair's digest: distinct pairs collide with probability about n^2 / 2^129."""
+READ_ROWS = 262_144
+"""Rows a reader task reads at most (whole row groups; one larger row group is read alone)."""
+
+
+def pair_digests(pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+    """SHA-256 of each pair's encoded id (cels.protocol.work.encode_item), its first
+    :data:`PAIR_DIGEST_BYTES` bytes (a fixed-width ``S`` array: compared on all its bytes)."""
+    return np.array([hashlib.sha256(encode_item(*pair)).digest()[:PAIR_DIGEST_BYTES] for pair in pairs], dtype=f"S{PAIR_DIGEST_BYTES}")
+
+
+def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[SearchLog]:
+    """``log``'s users by shard (draw bucket mod ``shards``), each piece over its own pairs only."""
+    shard = buckets_of(user_digests(draws, log.users)) % shards
+    pieces = []
+    for s in range(shards):
+        rows = np.flatnonzero(shard == s)
+        counts = log.counts[rows].tocsr()
+        held = np.unique(counts.indices)
+        pieces.append(SearchLog([log.users[j] for j in rows], [log.pairs[i] for i in held], counts[:, held].tocsr()))
+    return pieces
+
+
+def read_batches(row_groups: Sequence[RowGroup], rows: int) -> list[list[RowGroup]]:
+    """Consecutive runs of row groups of at most ``rows`` rows (a larger group alone)."""
+    batches: list[list[RowGroup]] = []
+    size = 0
+    for group in row_groups:
+        if not batches or size + group.rows > rows:
+            batches.append([])
+            size = 0
+        batches[-1].append(group)
+        size += group.rows
+    return batches
+
+
+def merge_sources(source: dict, read: Sequence[dict]) -> dict:
+    """The Parquet reader's ``source`` of the whole log from its reader tasks' (row groups
+    read, bad rows skipped and the first reasons)."""
+    merged = dict(source)
+    merged["row_groups"] = sum(part["row_groups"] for part in read)
+    merged["skipped_lines"] = sum(part["skipped_lines"] for part in read)
+    for key in ("skipped_examples", "skipped_at"):
+        merged[key] = [item for part in read for item in part[key]][:SKIPPED_EXAMPLES]
+    return merged
+
+
+@ray.remote
+def read_row_groups(path: str, options: LoadOptions, groups: list[RowGroup], root: bytes, seeded: bool, shards: int) -> tuple:
+    """One reader task: the histogram of ``groups`` (every row checked: docs/formats.md), split
+    by shard; returns the ``shards`` pieces, then the reader's ``source``."""
+    log = load_parquet(path, options, groups)
+    return (*split_by_shard(log, DrawKeys(root, seeded=seeded), shards), log.source)
+
+
+@ray.remote
+class LogShard:
+    """One shard's users and their rows c_ij (capped), in draw order, over the pairs they hold;
+    from the universe on, over the index's columns (the counts c^k restricted to its users)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[SearchLog] = []
+        self.log: SearchLog | None = None
+        self.counts: sp.csr_matrix | None = None  # users x own pairs held, capped
+        self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
+        self.hashed = np.zeros(0, dtype=np.int64)  # the held pairs this shard hashes, by own index
+        self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
+        self.local: sp.csr_matrix | None = None  # users x index columns
+
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS so far (bytes)."""
+        return worker_peak_rss()
+
+    def add(self, piece: SearchLog) -> int:
+        """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
+        self.pieces.append(piece)
+        return piece.n_users
+
+    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """The pieces added up, in draw order and capped: the users' digests (draw order), the
+        held pairs' digests (:func:`pair_digests`) and totals c_i before the cap, and |D| here."""
+        log = SearchLog.merge(self.pieces)
+        self.pieces = []
+        digests = user_digests(DrawKeys(root, seeded=seeded), log.users)
+        order = draw_order(digests)
+        self.log = log.select_users(order)
+        self.counts = apply_cap(self.log.counts, cap).tocsr()
+        return digests[order], pair_digests(self.log.pairs), self.log.pair_totals(), self.log.size
+
+    def own(self, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
+        """Each held pair's own index, and which of them this shard hashes (the first shard
+        holding it)."""
+        self.own_of_pair = np.array(own_of_pair, dtype=np.int64)
+        hashed = np.flatnonzero(hashes)
+        self.hashed = hashed[np.argsort(self.own_of_pair[hashed], kind="stable")]
+
+    def pair_id_chunks(self, size: int) -> list:
+        """The encoded ids of the pairs this shard hashes, ascending by own index, as object
+        references of chunks of ``size`` (the pair-work tasks read them from the object store)."""
+        pairs = self.log.pairs
+        return [ray.put([encode_item(*pairs[i]) for i in self.hashed[lo : lo + size]]) for lo in range(0, len(self.hashed), size)]
+
+    def index(self, column_of_own: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Own pair t is index column ``column_of_own[t]`` of ``n``: this shard's counts c^k over
+        the index, and their column sums (columns, sums)."""
+        self.column_of_pair = column_of_own[self.own_of_pair]
+        counts = self.counts
+        self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
+        self.local.sort_indices()  # in place: on copies, not on the counts' arrays
+        return self.column_of_pair, np.asarray(counts.sum(axis=0)).ravel().astype(np.int64)
+
+    def column_max(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per held pair: its index column and the largest count of one of this shard's users."""
+        top = np.asarray(self.counts.max(axis=0).todense()).ravel() if self.counts.shape[0] else np.zeros(len(self.column_of_pair))
+        return self.column_of_pair, top.astype(np.int64)
+
+    def active_counts(self, active: np.ndarray) -> sp.coo_matrix:
+        """This shard's users' counts over the ``active`` columns."""
+        return self.local[:, active].tocoo()
+
+    def pair_names(self, columns: np.ndarray) -> dict[int, tuple[str, str]]:
+        """(query, url) of the index ``columns`` this shard's users hold."""
+        where = {int(c): i for i, c in enumerate(self.column_of_pair)}
+        return {int(c): self.log.pairs[where[int(c)]] for c in columns if int(c) in where}
+
+    def held_pair(self, pair: int) -> tuple[str, str]:
+        """(query, url) of held pair number ``pair`` (in the order of :meth:`finish`'s digests)."""
+        return self.log.pairs[pair]
+
+    def user_names(self, rows: np.ndarray) -> list[str]:
+        """The ids of this shard's users ``rows`` (its draw order)."""
+        return [self.log.users[j] for j in rows]
+
+
+def shard_positions(digests: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The party's draw order over all shards' users (``digests``: each shard's, in its draw
+    order): every user's digest in that order, and shard s -> its users' rows there (ascending)."""
+    every = np.concatenate([np.zeros(0, dtype=np.uint64), *digests])
+    order = draw_order(every)
+    row = np.empty(len(every), dtype=np.int64)
+    row[order] = np.arange(len(every))
+    starts = np.cumsum([0, *(len(d) for d in digests)])
+    return every[order], [row[lo:hi] for lo, hi in zip(starts[:-1], starts[1:])]
+
+
+
+class ShardedLog:
+    """The node's side of its log shards: it places the log on them (:meth:`load`) and asks
+    them for what the protocol needs over the rows, holding no row itself.  ``place(cls, s)``
+    is ``cls``'s actor options in shard s's bundle (cels.engine.ray_work)."""
+
+    def __init__(self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, place: Callable) -> None:
+        self.source, self.cap, self.draws = source, cap, draws
+        self.shards, self.max_in_flight = shards, max_in_flight
+        self.actors = [place(LogShard, s).remote() for s in range(shards)]
+        self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
+        self.rows: list[np.ndarray] = []  # log shard -> its users' rows in the party's draw order (ascending)
+        self.hasher = np.zeros(0, dtype=np.int64)  # own pair -> the log shard that hashes its id
+        self.active_counts: sp.csr_matrix | None = None  # users x the pairs ``active`` (counts_over)
+        self.active = np.zeros(0, dtype=np.int64)
+
+    @property
+    def n_users(self) -> int:
+        return len(self.user_draws.buckets)
+
+    def get(self, refs: list) -> list:
+        """The log shards' (or reader tasks') answers; a bad row's LogError as it was raised; a
+        lost worker: "engine worker lost" (a log shard is not re-created: docs/deployment.md)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, LogError):
+                raise exc.cause from None
+            raise
+        except ray.exceptions.RayError as exc:
+            raise RoleFailure(WORKER_LOST, f"a log shard or reader task is lost: {exc}") from None
+
+    def load(self) -> LoadResult:
+        """The log onto the log shards (read where it lives if it is a Parquet dataset), then
+        the party's own pairs: the distinct pair ids over the shards (module docstring)."""
+        source, path = self._place()
+        shards = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
+        every, self.rows = shard_positions([users for users, *_ in shards])
+        self.user_draws = BucketDraws(self.draws, buckets_of(every))
+        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(digests for _, digests, _, _ in shards)])
+        if not len(pairs):
+            raise LogError(path, None, None, f"no query-url pair in {path}")
+        own, first, own_of_pair = np.unique(pairs, return_index=True, return_inverse=True)
+        starts = np.cumsum([0, *(len(digests) for _, digests, _, _ in shards)])
+        self._check_totals(path, shards, own_of_pair, len(own), first, starts)
+        self.hasher = np.searchsorted(starts, first, side="right") - 1
+        first_holder = first[own_of_pair] == np.arange(len(pairs))
+        self.get([a.own.remote(own_of_pair[lo:hi], first_holder[lo:hi]) for a, lo, hi in zip(self.actors, starts, starts[1:])])
+        return LoadResult(np.arange(len(own)), source)
+
+    def _place(self) -> tuple[dict, str]:
+        """Every user's rows onto its log shard; the log's ``source`` and its path (for errors).
+        A Parquet dataset (not cut to its first users, which needs file order) is read by tasks
+        of :data:`READ_ROWS` rows, at most ``max_in_flight`` at once, each piece going from the
+        task to its shard through the object store."""
+        given = self.source
+        if isinstance(given, LogFile) and given.options.format == "parquet" and given.options.max_users is None:
+            reader = ParquetReader(given.path, given.options)
+            task = read_row_groups.options(num_returns=self.shards + 1, max_retries=TASK_RETRIES, retry_exceptions=False)
+            root, seeded = self.draws.root_bytes(), self.draws.seeded
+            read, added, pending = [], [], {}
+
+            def collect_one() -> None:
+                (done,), _ = ray.wait(list(pending), num_returns=1)
+                pieces = pending.pop(done)
+                read.append(self.get([done])[0])
+                added.extend(a.add.remote(piece) for a, piece in zip(self.actors, pieces))
+
+            for batch in read_batches(reader.row_groups, READ_ROWS):
+                if len(pending) >= self.max_in_flight:
+                    collect_one()
+                *pieces, source = task.remote(str(given.path), given.options, batch, root, seeded, self.shards)
+                pending[source] = pieces
+            while pending:
+                collect_one()
+            self.get(added)
+            return merge_sources(reader.source, read), str(given.path)
+        log = given() if callable(given) else given
+        self.get([a.add.remote(piece) for a, piece in zip(self.actors, split_by_shard(log, self.draws, self.shards))])
+        return log.source, str(given.path if isinstance(given, LogFile) else "the log")
+
+    def _check_totals(self, path: str, shards: list, own_of_pair: np.ndarray, own: int, first: np.ndarray, starts: np.ndarray) -> None:
+        """The whole log's limits (docs/formats.md, Limits): |D| and every pair's total c_i."""
+        size = sum(int(total) for *_, total in shards)
+        if size > MAX_LOG_TOTAL:
+            raise LogError(path, None, None, f"the counts total {size}, above the {MAX_LOG_TOTAL} (2^53) of one log (docs/formats.md, Limits)")
+        totals = np.zeros(own, dtype=np.int64)
+        np.add.at(totals, own_of_pair, np.concatenate([pair_totals for _, _, pair_totals, _ in shards]))
+        over = np.flatnonzero(totals > MAX_COUNT)
+        if over.size:
+            at = int(first[over[0]])
+            s = int(np.searchsorted(starts, at, side="right") - 1)
+            pair = self.get([self.actors[s].held_pair.remote(at - int(starts[s]))])[0]
+            raise pair_total_error(path, pair, int(totals[over[0]]), over.size)
+
+    def id_chunks(self, size: int) -> tuple[list, list[np.ndarray]]:
+        """The own pairs' encoded ids in chunks of ``size`` (object references: each from the
+        first log shard holding the pair), and the own pairs of each chunk."""
+        chunks, where = [], []
+        for s, refs in enumerate(self.get([a.pair_id_chunks.remote(size) for a in self.actors])):
+            hashed = np.flatnonzero(self.hasher == s)
+            chunks += refs
+            where += [hashed[lo : lo + size] for lo in range(0, len(hashed), size)]
+        return chunks, where
+
+    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
+        """Every log shard's counts over the index; their sum is the party's c^k."""
+        column_of_own = np.empty(len(self.hasher), dtype=np.int64)
+        column_of_own[own] = columns
+        where = ray.put(column_of_own)
+        local = np.zeros(n, dtype=np.int64)
+        for cols, sums in self.get([a.index.remote(where, n) for a in self.actors]):
+            local[cols] += sums
+        return local
+
+    def held_whole(self, totals: np.ndarray) -> np.ndarray:
+        top = np.zeros(len(totals), dtype=np.int64)
+        for cols, most in self.get([a.column_max.remote() for a in self.actors]):
+            top[cols] = np.maximum(top[cols], most)
+        return ((top >= totals) & (totals > 0)).astype(np.int64)
+
+    def counts_over(self, active: np.ndarray) -> sp.csr_matrix:
+        """The users' counts over the ``active`` pairs (users x active: few pairs, the rest being
+        unique or below the minimum count), sent by the log shards once per set of pairs."""
+        active = np.asarray(active, dtype=np.int64)
+        if self.active_counts is None or not np.array_equal(active, self.active):
+            where = ray.put(active)
+            parts = self.get([a.active_counts.remote(where) for a in self.actors])
+            rows = np.concatenate([np.zeros(0, dtype=np.int64), *(r[p.row] for r, p in zip(self.rows, parts))])
+            cols = np.concatenate([np.zeros(0, dtype=np.int64), *(p.col for p in parts)])
+            vals = np.concatenate([np.zeros(0, dtype=np.int64), *(p.data for p in parts)])
+            self.active_counts = sp.csr_matrix((vals, (rows, cols)), shape=(self.n_users, len(active)), dtype=np.int64)
+            self.active = active
+        return self.active_counts
+
+    def pair_names(self, columns: np.ndarray) -> dict[int, tuple[str, str]]:
+        """(query, url) of the index ``columns``, asked of the log shards holding them."""
+        names: dict[int, tuple[str, str]] = {}
+        for held in self.get([a.pair_names.remote(columns) for a in self.actors]):
+            names.update(held)
+        return names
+
+    def user_names(self, rows: np.ndarray) -> list[str]:
+        """The ids of the users ``rows`` (the party's draw order), asked of their log shards."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shard = self.user_draws.buckets[rows] % self.shards
+        asked = [np.searchsorted(self.rows[s], rows[shard == s]) for s in range(self.shards)]
+        out = [""] * len(rows)
+        for s, names in enumerate(self.get([a.user_names.remote(local) for a, local in zip(self.actors, asked)])):
+            for t, name in zip(np.flatnonzero(shard == s).tolist(), names):
+                out[t] = name
+        return out

@@ -13,6 +13,7 @@ from cels.protocol.roles import ProtocolError
 from cels.inprocess import run_session, session_hosts, start_session
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR
 from cels.protocol.options import DEFAULT_ELL_RATIO, SessionOptions
+from cels.protocol.stages import universe
 from cels.protocol.transform import agreed_ell
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_from_wire
@@ -106,14 +107,20 @@ def test_malformed_messages_are_invalid_argument(logs) -> None:
 def intercepted_error(logs, node: str, step: str, tamper) -> ProtocolError:
     """Run a session in which ``tamper(envelope)`` changes every ``step`` message ``node``
     receives; return the ProtocolError it raises."""
-    cfg = config()
-    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
 
     def deliver(host, sender, env):
         tamper(sender, env)
         return host.receive(sender, env)
 
-    hosts[node] = Intercept(hosts[node], step, deliver)
+    return refused(logs, node, step, deliver)
+
+
+def refused(logs, node: str, step: str, action) -> ProtocolError:
+    """Run a session in which ``action(host, sender, envelope)`` replaces the delivery of every
+    ``step`` message to ``node``; return the ProtocolError it raises."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    hosts[node] = Intercept(hosts[node], step, action)
     with pytest.raises(ProtocolError) as err:
         start_session(InMemoryNetwork(hosts), cfg)
     return err.value
@@ -304,6 +311,152 @@ def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
     err = intercepted_error(logs, "party-1", "universe_hop", unsort)
     assert err.code == ProtocolError.INVALID_ARGUMENT
     assert "not sorted and distinct" in str(err)
+
+
+# ---------------------------------------------------------------- the universe's chunks (issue 25)
+
+CHUNK = 8  # ids per universe message in these tests: every party's 65..171 pairs span many chunks
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(universe, "STREAM_IDS", CHUNK)
+
+
+def complete_set(sender, env) -> bool:
+    """A chunk of a party's complete ids on its way to P_1."""
+    return len(env.universe_hop.applied) == 3 and env.universe_hop.owner == sender
+
+
+def test_a_gap_in_a_forwarded_list_is_failed_precondition(logs, small_chunks) -> None:
+    """Party-2 forwards party-1's ids chunk by chunk: a lost chunk shows as the next one's first."""
+
+    def drop_second(host, sender, env):
+        return [] if env.universe_hop.first == CHUNK and env.universe_hop.owner == "party-1" else host.receive(sender, env)
+
+    err = refused(logs, "party-2", "universe_hop", drop_second)
+    assert err.code == ProtocolError.FAILED_PRECONDITION
+    assert f"universe_hop of party-1: a chunk from {2 * CHUNK} on, expected the one from {CHUNK} on" in str(err)
+
+
+def test_a_repeated_chunk_is_failed_precondition(logs, small_chunks) -> None:
+    def twice(host, sender, env):
+        out = host.receive(sender, env)
+        if env.universe_hop.first == CHUNK:
+            out += host.receive(sender, env)
+        return out
+
+    err = refused(logs, "party-2", "universe_hop", twice)
+    assert err.code == ProtocolError.FAILED_PRECONDITION
+    assert f"a chunk from {CHUNK} on, expected the one from {2 * CHUNK} on" in str(err)
+
+
+def test_a_chunk_beyond_the_list_is_failed_precondition(logs, small_chunks) -> None:
+    """Party-2's own ids come back with a chunk placed beyond its list (and its first chunk missing)."""
+
+    def beyond(sender, env):
+        hop = env.universe_hop
+        if hop.owner == "party-2" and len(hop.applied) == 3 and hop.first == 0:
+            hop.first = 2**32 - 1
+
+    err = intercepted_error(logs, "party-2", "universe_hop", beyond)
+    assert err.code == ProtocolError.FAILED_PRECONDITION
+    assert f"return of its own universe ids: a chunk from {2**32 - 1} on, expected the one from 0 on" in str(err)
+
+
+def test_a_chunk_after_the_last_is_failed_precondition(logs, small_chunks) -> None:
+    def again(host, sender, env):
+        out = host.receive(sender, env)
+        if not env.universe_hop.more:
+            out += host.receive(sender, env)
+        return out
+
+    err = refused(logs, "party-3", "universe_hop", again)
+    assert err.code == ProtocolError.FAILED_PRECONDITION
+    assert "a chunk after the last one" in str(err)
+
+
+@pytest.mark.parametrize(
+    "tamper, detail",
+    [
+        (lambda hop: hop.ids.extend(hop.ids[:1]), f"a chunk of {CHUNK + 1} items"),
+        (lambda hop: setattr(hop, "more", True) or hop.ids.__delitem__(slice(None)), "a chunk of 0 items"),
+    ],
+)
+def test_a_chunk_of_a_wrong_size_is_invalid_argument(logs, small_chunks, tamper, detail) -> None:
+    err = intercepted_error(logs, "party-2", "universe_hop", lambda _sender, env: tamper(env.universe_hop))
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert detail in str(err)
+
+
+def test_a_complete_set_unsorted_across_chunks_is_invalid_argument(logs, small_chunks) -> None:
+    """Each chunk sorted, but the second repeats the first's ids: not increasing across the boundary."""
+    first_chunk = {}
+
+    def repeat_first(sender, env):
+        hop = env.universe_hop
+        if complete_set(sender, env):
+            if hop.first == 0:
+                first_chunk[sender] = list(hop.ids)
+            elif hop.first == CHUNK:
+                hop.ids[:] = first_chunk[sender]
+
+    err = intercepted_error(logs, "party-1", "universe_hop", repeat_first)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "are not sorted and distinct" in str(err)
+
+
+def test_a_complete_set_longer_than_the_list_that_passed_is_invalid_argument(logs, small_chunks) -> None:
+    """P_1 forwarded every other party's ids once: a complete set with one more chunk (its last
+    chunk delivered as "more follow", then an extra id after it) is refused."""
+
+    def extra(host, sender, env):
+        hop = env.universe_hop
+        if not complete_set(sender, env) or hop.more:
+            return host.receive(sender, env)
+        hop.more = True
+        out = host.receive(sender, env)
+        hop.first, hop.more = hop.first + len(hop.ids), False
+        hop.ids[:] = [b"\xff" * 32]
+        return out + host.receive(sender, env)
+
+    err = refused(logs, "party-1", "universe_hop", extra)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "ids so far" in str(err) and "passed party-1" in str(err), err
+
+
+@pytest.mark.parametrize(
+    "tamper, detail",
+    [
+        (lambda m: m.columns.__setitem__(0, 0) if m.first else None, "not strictly increasing"),
+        (lambda m: setattr(m, "size", m.size - 1) if m.first else None, "an earlier chunk said"),
+    ],
+)
+def test_index_chunks_not_increasing_across_chunks_are_invalid_argument(logs, small_chunks, tamper, detail) -> None:
+    """Party-2's columns come in chunks: each must continue the last (and keep the index size)."""
+    err = intercepted_error(logs, "party-2", "universe_index", lambda _sender, env: tamper(env.universe_index))
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert detail in str(err)
+
+
+def test_every_universe_message_is_within_the_chunk_bound(logs, small_chunks) -> None:
+    """Every UniverseHop carries at most STREAM_IDS ids, every UniverseIndex at most STREAM_IDS columns."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    seen = []
+
+    def watch(host, sender, env):
+        seen.append(len(env.universe_hop.ids) if env.HasField("universe_hop") else len(env.universe_index.columns))
+        return host.receive(sender, env)
+
+    for name in cfg.parties:
+        hosts[name] = Intercept(Intercept(hosts[name], "universe_hop", watch), "universe_index", watch)
+    network = InMemoryNetwork(hosts)
+    start_session(network, cfg)
+    assert max(seen) == CHUNK and len(seen) > 40
+    # on the wire: a chunk of 8 X25519 ids (34 bytes each with its tag) and the envelope's names
+    sizes = [n for _src, _dst, step, n in network.log if step in ("universe_hop", "universe_index")]
+    assert len(sizes) == len(seen) and max(sizes) <= CHUNK * 34 + 120
 
 
 # ---------------------------------------------------------------- impossible sizes (issue 23 item 12)

@@ -149,6 +149,35 @@ def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
     assert report["universe_cipher"] == "pohlig-hellman"
 
 
+def released(log, cipher: str) -> tuple[list, InMemoryNetwork]:
+    """The release of one private-solve session over 3 parties (every draw replayed from seed
+    1000: the same session twice), as sorted (user, query, url, count), and its network."""
+    config = SessionOptions.create(
+        3, epsilon=EPS, delta=DELTA, objective="max-output", universe_cipher=cipher, key_bits=256, group_bits=1024,
+        session_id="stream0000000000",
+    )  # fmt: skip
+    network = InMemoryNetwork(session_hosts(split(log, 3), config, seed=1000, allow_insecure_key_bits=True))
+    out = start_session(network, config)["party-1"].output
+    coo = out.counts.tocoo()
+    return sorted([out.users[j], *out.pairs[i], int(v)] for j, i, v in zip(coo.row, coo.col, coo.data)), network
+
+
+@pytest.mark.parametrize("cipher", ["x25519", "pohlig-hellman"])
+def test_streamed_universe_gives_the_same_release(log, cipher, monkeypatch) -> None:
+    """The universe's lists in chunks of 7 ids (issue 25): the same release as in one message
+    each, and no universe message above the bound (7 ids of 32 or 128 bytes, and the names)."""
+    from cels.protocol.stages import universe
+
+    whole, network = released(log, cipher)
+    assert whole and max(n for _s, _d, step, n in network.log if step == "universe_hop") > 50 * 32
+    monkeypatch.setattr(universe, "STREAM_IDS", 7)
+    chunked, network = released(log, cipher)
+    assert chunked == whole
+    width = 32 if cipher == "x25519" else 128
+    sizes = [n for _s, _d, step, n in network.log if step in ("universe_hop", "universe_index")]
+    assert len(sizes) > 50 and max(sizes) <= 7 * (width + 3) + 120
+
+
 def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
     """Algorithm 1 (the paper's mode; the private mode masks its sums instead): P_1's CRT
     decryptions go to the party's decryption pool (threads: the exponentiations release the

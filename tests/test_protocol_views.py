@@ -55,7 +55,7 @@ def test_no_pair_or_record_travels_in_the_clear(session) -> None:
             ids = env.universe_hop.ids
             assert all(len(i) == 32 for i in ids) and not unkeyed & set(ids)
         if step == "universe_index":  # the index size and the recipient's own columns, no ids
-            assert {f.name for f, _ in env.universe_index.ListFields()} <= {"session_id", "size", "columns"}
+            assert {f.name for f, _ in env.universe_index.ListFields()} <= {"session_id", "size", "columns", "first", "more"}
 
 
 def test_every_forwarded_matrix_is_rerandomised(session) -> None:

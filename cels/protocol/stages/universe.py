@@ -4,14 +4,20 @@ Commutative hashing of the pair ids around the ring (X25519 by default, Pohlig-H
 option): every party's ids pass every party once; P_1 gets every party's fully hashed ids,
 assembles their sorted union (the index of variables) and tells every party its size and the
 columns of that party's own ids (CELS section 4.2, Algorithm 3's cipher).
+
+Every list travels in chunks of at most :data:`STREAM_IDS` (docs/protocol.md, "Universe"): a
+forwarding party applies its layer to each chunk as it arrives and sends it on, so it never
+holds a peer's whole list; the ids a party keeps are fixed-width numpy arrays, not Python bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 import numpy as np
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
-from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.protocol.options import SessionOptions
@@ -22,6 +28,62 @@ from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
 from cels.protocol.work import CommutativeHash, LocalWork
+
+
+STREAM_IDS = 16384
+"""Ids per UniverseHop, columns per UniverseIndex: every list goes as consecutive chunks of at
+most this many (issue 25).  16,384 X25519 ids are about 560 kB, within one 1 MiB transport
+frame (cels.node.framing); Pohlig-Hellman ids (the group's size each) span a few frames."""
+
+
+def chunks(n: int) -> Iterator[tuple[int, int, bool]]:
+    """(first, stop, more) of the consecutive chunks of a list of ``n``: one empty chunk if n = 0."""
+    for first in range(0, max(n, 1), STREAM_IDS):
+        stop = min(first + STREAM_IDS, n)
+        yield first, stop, stop < n
+
+
+def id_width(cipher: CommutativeHash) -> int:
+    """The fixed byte width of this cipher's hashed ids (a curve point's u, a group element)."""
+    return ELEMENT_BYTES if isinstance(cipher, X25519Hash) else cipher.group.element_bytes
+
+
+def id_array(ids: Sequence[bytes], width: int) -> np.ndarray | None:
+    """The ids as one array of ``np.void`` items of ``width`` bytes (compact; unlike ``S``, keeps
+    trailing NUL bytes), or None if one has another width."""
+    if any(len(i) != width for i in ids):
+        return None
+    return np.frombuffer(b"".join(ids), dtype=f"V{width}")
+
+
+def id_list(ids: np.ndarray) -> list[bytes]:
+    """The ids of an :func:`id_array` as bytes (for the wire and LocalWork)."""
+    raw, width = ids.tobytes(), ids.dtype.itemsize
+    return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+
+def increasing(ids: np.ndarray, before: np.ndarray) -> bool:
+    """Whether ``ids`` (after the ids ``before``, at most one) are strictly increasing as bytes
+    (the same-width ``S`` view compares as bytes do)."""
+    keys = np.concatenate([before, ids]).view(f"S{ids.dtype.itemsize}")
+    return bool(np.all(keys[1:] > keys[:-1]))
+
+
+class ChunkCursor:
+    """Where the next chunk of one streamed list must start; refuses a chunk out of place."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.position, self.done = what, 0, False
+
+    def take(self, first: int, count: int, more: bool) -> None:
+        """Chunk [first, first + count) arrived; ``more``: further chunks follow."""
+        if self.done:
+            raise fail(f"{self.what}: a chunk after the last one")
+        if first != self.position:
+            raise fail(f"{self.what}: a chunk from {first} on, expected the one from {self.position} on")
+        if count > STREAM_IDS or (more and count == 0):
+            raise malformed(f"{self.what}: a chunk of {count} items (1..{STREAM_IDS}, or an empty list's only chunk)")
+        self.position, self.done = first + count, not more
 
 
 def commutative_hash(options: SessionOptions, draws: DrawKeys, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
@@ -58,87 +120,154 @@ class Universe(Stage):
     def __init__(self, seat: Seat, work: LocalWork, cipher: CommutativeHash, loaded: LoadResult) -> None:
         super().__init__(seat)
         self.work, self.cipher, self.loaded = work, cipher, loaded
+        self.width = id_width(cipher)
         self.own_pairs = np.zeros(0, dtype=np.int64)  # own pairs in the order their ids left
-        self.full_ids: list[bytes] | None = None  # own ids, every layer applied
-        self.sets: dict[str, list[bytes]] = {}  # P_1: every party's complete ids
+        self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.width}")  # own ids, every layer applied
+        self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids")
+        self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
+        self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far
+        self.sets: dict[str, np.ndarray] = {}  # P_1: every party's complete ids
+        self.indexed = ChunkCursor(f"{seat.name}: universe_index")
+        self.size: int | None = None  # the index size the first UniverseIndex chunk gave
+        self.columns = np.zeros(len(loaded.own), dtype=np.int64)  # own columns, in the sorted order of full_ids
         self.ids_seen = len(loaded.own)  # every party's set passes this party: the union has at most this many
 
     def start(self) -> list[Outgoing]:
         own, seat = self.loaded.own, self.seat
-        first = self.work.hash_ids(self.cipher, own)
-        order = sorted(range(len(own)), key=first.__getitem__)  # ids leave sorted, not in log order
-        self.own_pairs = own[order]
-        hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=seat.name, applied=[seat.name], ids=[first[t] for t in order])
-        return seat.send(seat.successor, universe_hop=hop)
+        first = id_array(self.work.hash_ids(self.cipher, own), self.width)
+        order = np.argsort(first, kind="stable")  # ids leave sorted, not in log order
+        self.own_pairs, first = own[order], first[order]
+        return self._stream(seat.successor, seat.name, [seat.name], first)
+
+    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray) -> list[Outgoing]:
+        """``owner``'s ``ids`` (layers ``applied``) to ``recipient`` in chunks of STREAM_IDS."""
+        seat = self.seat
+        return [
+            out
+            for first, stop, more in chunks(len(ids))
+            for out in seat.send(
+                recipient,
+                universe_hop=cels_pb2.UniverseHop(
+                    session_id=seat.session_id, owner=owner, applied=applied, ids=id_list(ids[first:stop]), first=first, more=more
+                ),
+            )
+        ]
 
     def on_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         seat, applied = self.seat, list(msg.applied)
         parties, r = seat.parties, seat.r
         if msg.owner not in parties or not applied or applied[0] != msg.owner or len(set(applied)) != len(applied):
             raise malformed(f"{seat.name}: universe_hop owner/applied inconsistent")
-        if len(applied) < r:  # forward with this party's layer
+        if len(applied) < r:  # forward this chunk with this party's layer
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
             if seat.name in applied or applied != [parties[(parties.index(msg.owner) + t) % r] for t in range(len(applied))]:
                 raise fail(f"{seat.name}: universe_hop of {msg.owner} arrived out of ring order")
+            cursor = self.forwarded.setdefault(msg.owner, ChunkCursor(f"{seat.name}: universe_hop of {msg.owner}"))
+            cursor.take(msg.first, len(msg.ids), msg.more)
             self.ids_seen += len(msg.ids)
             try:
                 ids = self.work.apply_layer(self.cipher, list(msg.ids))
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
-            hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids)
+            hop = cels_pb2.UniverseHop(
+                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids, first=msg.first, more=msg.more
+            )
             return seat.send(seat.successor, universe_hop=hop)
-        if msg.owner == seat.name:  # my own ids, every layer applied, in the order I sent them
+        if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
-            if self.full_ids is not None or len(msg.ids) != len(self.own_pairs):
-                raise fail(f"{seat.name}: unexpected return of its own universe ids")
-            self.full_ids = list(msg.ids)
-            if seat.name != seat.key_holder:
-                hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=seat.name, applied=applied, ids=sorted(self.full_ids))
-                return seat.send(seat.key_holder, universe_hop=hop)
-            return self._collect(seat.name, self.full_ids)
+            return self._returned(msg)
         if seat.name != seat.key_holder or sender != msg.owner:
             raise fail(f"{seat.name}: complete universe ids of {msg.owner} from {sender}")
-        ids = list(msg.ids)
-        if any(a >= b for a, b in zip(ids, ids[1:])):
-            raise malformed(f"{seat.name}: complete universe ids of {msg.owner} are not sorted and distinct")
-        return self._collect(msg.owner, ids)
+        return self._complete(msg)
 
-    def _collect(self, owner: str, ids: list[bytes]) -> list[Outgoing]:
+    def _returned(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
+        """A chunk of this party's own ids is back; once all are, P_k sends them sorted to P_1."""
+        seat, n = self.seat, len(self.full_ids)
+        self.returned.take(msg.first, len(msg.ids), msg.more)
+        ids = self._chunk_ids(msg, self.returned)
+        if self.returned.position > n or (self.returned.done and self.returned.position != n):
+            raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
+        self.full_ids[msg.first : self.returned.position] = ids
+        if msg.more:
+            return []
+        if seat.name != seat.key_holder:
+            return self._stream(seat.key_holder, seat.name, list(msg.applied), np.sort(self.full_ids))
+        return self._collect(seat.name, self.full_ids)
+
+    def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
+        """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
+        most as many as passed P_1 on that party's ring (checked against its forwarded count)."""
+        seat, owner = self.seat, msg.owner
+        passed = self.forwarded.get(owner)
+        if passed is None or not passed.done:
+            raise fail(f"{seat.name}: complete universe ids of {owner} before its ids passed {seat.name}")
+        cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}"), []))
+        cursor.take(msg.first, len(msg.ids), msg.more)
+        ids = self._chunk_ids(msg, cursor)
+        if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
+            raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
+        if not increasing(ids, parts[-1][-1:] if parts else ids[:0]):
+            raise malformed(f"{cursor.what} are not sorted and distinct")
+        parts.append(ids)
+        if msg.more:
+            return []
+        return self._collect(owner, np.concatenate(parts))
+
+    def _chunk_ids(self, msg: cels_pb2.UniverseHop, cursor: ChunkCursor) -> np.ndarray:
+        """A chunk's ids, every one of this cipher's width."""
+        ids = id_array(msg.ids, self.width)
+        if ids is None:
+            raise malformed(f"{cursor.what}: an id not of {self.width} bytes")
+        return ids
+
+    def _collect(self, owner: str, ids: np.ndarray) -> list[Outgoing]:
         """P_1 assembles the sorted union of the fully hashed ids (the index of variables) and
-        tells every party its size and the columns of that party's own ids (docs/protocol.md)."""
+        tells every party its size and the columns of that party's own ids (docs/protocol.md).
+        Each set arrives once (its chunks' cursor refuses a second)."""
         seat = self.seat
-        if owner in self.sets:
-            raise fail(f"{seat.name}: second complete universe set of {owner}")
         self.sets[owner] = ids
         if len(self.sets) < seat.r:
             return []
-        index = sorted(set().union(*self.sets.values()))
-        position = {pid: i for i, pid in enumerate(index)}
-        out = []
-        for party in seat.parties:
-            if party != seat.name:
-                columns = [position[f] for f in self.sets[party]]
-                out += seat.send(party, universe_index=cels_pb2.UniverseIndex(session_id=seat.session_id, size=len(index), columns=columns))
-        self.sets = {}
-        self._index(len(index), np.array([position[f] for f in self.full_ids], dtype=np.int64))
+        sets = [self.sets.pop(party) for party in seat.parties]
+        union, position = np.unique(np.concatenate(sets), return_inverse=True)  # sorted as bytes
+        n, out = len(union), []
+        for party, columns in zip(seat.parties, np.split(position, np.cumsum([len(s) for s in sets])[:-1])):
+            if party == seat.name:
+                own = columns
+                continue
+            for first, stop, more in chunks(len(columns)):
+                index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
+                out += seat.send(party, universe_index=index)
+        self._index(n, own.astype(np.int64))
         return out
 
     def on_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
-        """The index size and the columns of this party's ids, in the sorted order it sent them."""
-        seat = self.seat
+        """A chunk of the index size and the columns of this party's ids, in the sorted order it
+        sent them (strictly increasing across chunks)."""
+        seat, n = self.seat, len(self.full_ids)
         seat.expect_sender(sender, seat.key_holder, "universe_index")
-        if self.full_ids is None:
+        if not self.returned.done:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
-        by_id = np.asarray(msg.columns, dtype=np.int64)
+        self.indexed.take(msg.first, len(msg.columns), msg.more)
         if msg.size > self.ids_seen:
             raise malformed(f"{seat.name}: universe_index of {msg.size} pairs, more than the {self.ids_seen} ids of all parties")
-        if len(by_id) != len(self.full_ids) or np.any(np.diff(by_id) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
+        if self.size is not None and msg.size != self.size:
+            raise malformed(f"{seat.name}: universe_index: index size {msg.size}, an earlier chunk said {self.size}")
+        self.size, stop = msg.size, self.indexed.position
+        if stop > n or (self.indexed.done and stop != n):
+            raise malformed(f"{seat.name}: universe_index: {stop} columns for {n} ids")
+        by_id = np.asarray(msg.columns, dtype=np.int64)
+        before = self.columns[msg.first - 1 : msg.first] if msg.first else np.full(1, -1)
+        if np.any(np.diff(np.concatenate([before, by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
             raise malformed(
-                f"{seat.name}: universe_index: {len(by_id)} columns for {len(self.full_ids)} ids, "
+                f"{seat.name}: universe_index: columns {msg.first}..{stop} of {n} ids "
                 f"not strictly increasing below the index size {msg.size}"
             )
-        cols = np.empty_like(by_id)
-        cols[sorted(range(len(self.full_ids)), key=self.full_ids.__getitem__)] = by_id
+        self.columns[msg.first : stop] = by_id
+        if msg.more:
+            return []
+        cols = np.empty_like(self.columns)
+        cols[np.argsort(self.full_ids, kind="stable")] = self.columns
         self._index(int(msg.size), cols)
         return []
 

@@ -13,7 +13,7 @@ import pytest
 
 from cels.cli import main
 from cels.logs import LoadOptions, LogError, SearchLog, load_log, parse_columns, synthetic_log, write_log
-from cels.logs.parquet import ParquetLog, load_shard, shard_row_groups, write_parquet
+from cels.logs.parquet import ParquetLog, load_parquet, write_parquet
 from tests.test_logs import histogram
 
 
@@ -123,9 +123,12 @@ def test_the_log_total_limit_holds_across_row_groups(tmp_path, monkeypatch) -> N
     assert load_log(path, LoadOptions("parquet", lenient=True)).source["skipped_lines"] == 3
 
 
-def test_the_shards_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
-    """Each shard reads its own row groups (of every file of a dataset); the shards' histograms
-    add up to the whole log's, whatever the number of shards."""
+def test_runs_of_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
+    """The Ray engine's reader tasks each read a run of row groups (of every file of a
+    dataset: cels.engine.log_shards.read_batches); their histograms merged are the whole log's,
+    whatever the run length."""
+    from cels.engine.log_shards import read_batches
+
     log = synthetic_log(users=80, pairs=40)
     lake = tmp_path / "lake"
     lake.mkdir()
@@ -135,13 +138,14 @@ def test_the_shards_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
     assert len(groups) > 6 and max(g.rows for g in groups) == 50 and {g.file for g in groups} == {str(lake / "part-0.parquet"), str(lake / "part-1.parquet")}
     whole = load_log(lake, LoadOptions("parquet"))
     assert histogram(whole) == histogram(log)
-    for shards in (1, 3, 7):
-        parts = [load_shard(lake, LoadOptions("parquet"), k, shards) for k in range(shards)]
+    for rows in (49, 120, 10_000):
+        batches = read_batches(groups, rows)
+        assert [g for batch in batches for g in batch] == groups
+        assert all(sum(g.rows for g in batch) <= max(rows, 50) for batch in batches)
+        assert len(batches) == {49: len(groups), 10_000: 1}.get(rows, len(batches))  # a group larger than the run goes alone
+        parts = [load_parquet(lake, LoadOptions("parquet"), batch) for batch in batches]
         assert sum(p.source["row_groups"] for p in parts) == len(groups)
-        assert merged(parts) == histogram(log)
-    assert shard_row_groups(groups, 1, 3) == groups[1::3]
-    with pytest.raises(ValueError, match="shard 3 is not one of 0..2"):
-        load_shard(lake, LoadOptions("parquet"), 3, 3)
+        assert merged(parts) == histogram(SearchLog.merge(parts)) == histogram(log)
 
 
 def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch) -> None:

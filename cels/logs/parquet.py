@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog, check_pair_totals
+from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
 
 PARQUET_COLUMNS = {"user": "user", "query": "query", "url": "url", "count": "count"}
@@ -83,14 +83,6 @@ class ParquetLog:
                 first += rows
         if not self.schemas:
             raise LogError(self.path, None, None, "no Parquet file in this directory")
-
-
-def shard_row_groups(row_groups: Sequence[RowGroup], shard: int, shards: int) -> list[RowGroup]:
-    """Shard ``shard`` of ``shards`` (0-based): every ``shards``-th row group from the
-    ``shard``-th, so that the shards together read each row group exactly once."""
-    if not 0 <= shard < shards:
-        raise ValueError(f"shard {shard} is not one of 0..{shards - 1}")
-    return list(row_groups[shard::shards])
 
 
 class ParquetReader:
@@ -209,17 +201,6 @@ def load_parquet(path: str | os.PathLike[str], options: LoadOptions, row_groups:
     reader = ParquetReader(path, options, row_groups)
     log = SearchLog.from_records(reader.records())
     log.source = reader.source
-    return log
-
-
-def load_shard(path: str | os.PathLike[str], options: LoadOptions, shard: int, shards: int) -> SearchLog:
-    """The histogram of shard ``shard`` of ``shards`` (:func:`shard_row_groups`): the shards'
-    histograms add up to the whole log's.  The rows' checks and the pair limit hold per shard;
-    the log-total and pair-total limits of the whole are the merger's to check (docs/formats.md)."""
-    if options.max_users is not None:
-        raise ValueError("max_users (the first N users in file order) cannot be applied to one shard")
-    log = load_parquet(path, options, shard_row_groups(ParquetLog(path).row_groups, shard, shards))
-    check_pair_totals(log, str(path))
     return log
 
 

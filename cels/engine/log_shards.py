@@ -26,7 +26,7 @@ import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, worker_peak_rss
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, windowed, worker_peak_rss
 from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, SearchLog, pair_total_error
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
@@ -160,8 +160,13 @@ class LogShard:
 
     def pair_names(self, columns: np.ndarray) -> dict[int, tuple[str, str]]:
         """(query, url) of the index ``columns`` this shard's users hold."""
-        where = {int(c): i for i, c in enumerate(self.column_of_pair)}
-        return {int(c): self.log.pairs[where[int(c)]] for c in columns if int(c) in where}
+        order = np.argsort(self.column_of_pair)
+        held, columns = self.column_of_pair[order], np.asarray(columns, dtype=np.int64)
+        if not len(held):
+            return {}
+        at = np.minimum(np.searchsorted(held, columns), len(held) - 1)
+        hit = held[at] == columns
+        return {int(c): self.log.pairs[order[a]] for c, a in zip(columns[hit], at[hit])}
 
     def held_pair(self, pair: int) -> tuple[str, str]:
         """(query, url) of held pair number ``pair`` (in the order of :meth:`finish`'s digests)."""
@@ -170,6 +175,15 @@ class LogShard:
     def user_names(self, rows: np.ndarray) -> list[str]:
         """The ids of this shard's users ``rows`` (its draw order)."""
         return [self.log.users[j] for j in rows]
+
+
+def on_party_rows(rows: Sequence[np.ndarray], parts: Sequence[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
+    """The shards' matrices on the party's rows (shard s's row k is the party's ``rows[s][k]``)."""
+    empty = np.zeros(0, dtype=np.int64)
+    party_rows = np.concatenate([empty, *(m[p.row] for m, p in zip(rows, parts))])
+    cols = np.concatenate([empty, *(p.col for p in parts)])
+    vals = np.concatenate([empty, *(p.data for p in parts)]).astype(np.int64)
+    return sp.csr_matrix((vals, (party_rows, cols)), shape=shape, dtype=np.int64)
 
 
 def shard_positions(digests: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -181,7 +195,6 @@ def shard_positions(digests: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.
     row[order] = np.arange(len(every))
     starts = np.cumsum([0, *(len(d) for d in digests)])
     return every[order], [row[lo:hi] for lo, hi in zip(starts[:-1], starts[1:])]
-
 
 
 class ShardedLog:
@@ -202,6 +215,10 @@ class ShardedLog:
     @property
     def n_users(self) -> int:
         return len(self.user_draws.buckets)
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
+        return self.user_draws.buckets[rows] % self.shards
 
     def get(self, refs: list) -> list:
         """The log shards' (or reader tasks') answers; a bad row's LogError as it was raised; a
@@ -243,21 +260,17 @@ class ShardedLog:
             reader = ParquetReader(given.path, given.options)
             task = read_row_groups.options(num_returns=self.shards + 1, max_retries=TASK_RETRIES, retry_exceptions=False)
             root, seeded = self.draws.root_bytes(), self.draws.seeded
-            read, added, pending = [], [], {}
+            read, added = [], []
 
-            def collect_one() -> None:
-                (done,), _ = ray.wait(list(pending), num_returns=1)
-                pieces = pending.pop(done)
+            def submit(batch: list[RowGroup]) -> tuple:
+                *pieces, source = task.remote(str(given.path), given.options, batch, root, seeded, self.shards)
+                return source, pieces
+
+            def collect(done, pieces: list) -> None:
                 read.append(self.get([done])[0])
                 added.extend(a.add.remote(piece) for a, piece in zip(self.actors, pieces))
 
-            for batch in read_batches(reader.row_groups, READ_ROWS):
-                if len(pending) >= self.max_in_flight:
-                    collect_one()
-                *pieces, source = task.remote(str(given.path), given.options, batch, root, seeded, self.shards)
-                pending[source] = pieces
-            while pending:
-                collect_one()
+            windowed(read_batches(reader.row_groups, READ_ROWS), submit, collect, self.max_in_flight)
             self.get(added)
             return merge_sources(reader.source, read), str(given.path)
         log = given() if callable(given) else given
@@ -311,10 +324,7 @@ class ShardedLog:
         if self.active_counts is None or not np.array_equal(active, self.active):
             where = ray.put(active)
             parts = self.get([a.active_counts.remote(where) for a in self.actors])
-            rows = np.concatenate([np.zeros(0, dtype=np.int64), *(r[p.row] for r, p in zip(self.rows, parts))])
-            cols = np.concatenate([np.zeros(0, dtype=np.int64), *(p.col for p in parts)])
-            vals = np.concatenate([np.zeros(0, dtype=np.int64), *(p.data for p in parts)])
-            self.active_counts = sp.csr_matrix((vals, (rows, cols)), shape=(self.n_users, len(active)), dtype=np.int64)
+            self.active_counts = on_party_rows(self.rows, parts, (self.n_users, len(active)))
             self.active = active
         return self.active_counts
 
@@ -328,7 +338,7 @@ class ShardedLog:
     def user_names(self, rows: np.ndarray) -> list[str]:
         """The ids of the users ``rows`` (the party's draw order), asked of their log shards."""
         rows = np.asarray(rows, dtype=np.int64)
-        shard = self.user_draws.buckets[rows] % self.shards
+        shard = self.shard_of(rows)
         asked = [np.searchsorted(self.rows[s], rows[shard == s]) for s in range(self.shards)]
         out = [""] * len(rows)
         for s, names in enumerate(self.get([a.user_names.remote(local) for a, local in zip(self.actors, asked)])):

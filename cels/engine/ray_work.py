@@ -66,8 +66,8 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
-from cels.engine.log_shards import ShardedLog
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, worker_peak_rss
+from cels.engine.log_shards import ShardedLog, on_party_rows
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, windowed, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
@@ -418,11 +418,8 @@ class RayWork:
         raw, group = key_material(cipher)
         key = ray.put(raw)
         out: list[list[bytes]] = [[] for _ in chunks]
-        pending: dict = {}
 
-        def collect_one() -> None:
-            (done,), _ = ray.wait(list(pending), num_returns=1)
-            t = pending.pop(done)
+        def collect(done, t: int) -> None:
             try:
                 out[t], (worker, rss), cpu = ray.get(done)
             except ray.exceptions.RayTaskError as exc:
@@ -436,12 +433,7 @@ class RayWork:
             self._pair_tasks += 1
 
         task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
-        for t, chunk in enumerate(chunks):
-            if len(pending) >= self.max_in_flight:
-                collect_one()
-            pending[task.remote(key, group, chunk, hash_first)] = t
-        while pending:
-            collect_one()
+        windowed(enumerate(chunks), lambda item: (task.remote(key, group, item[1], hash_first), item[0]), collect, self.max_in_flight)
         return out
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -466,7 +458,7 @@ class RayWork:
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
-        return self.user_draws.buckets[rows] % self.shards
+        return self.log.shard_of(rows)
 
     def shard_members(self, rows: np.ndarray) -> list[np.ndarray]:
         """Shard s -> the positions in ``rows`` whose users live on it (ascending)."""
@@ -527,10 +519,7 @@ class RayWork:
 
     def gather(self, parts: list[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
         """The shards' x_ij back on the party's rows."""
-        rows = np.concatenate([m[p.row] for m, p in zip(self._sample_members, parts)])
-        cols = np.concatenate([p.col for p in parts])
-        vals = np.concatenate([p.data for p in parts]).astype(np.int64)
-        return sp.csr_matrix((vals, (rows, cols)), shape=shape, dtype=np.int64)
+        return on_party_rows(self._sample_members, parts, shape)
 
     def sampler(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray, theta: float) -> ShardedSampler:
         """The exact staged sampling with each shard drawing for its users."""

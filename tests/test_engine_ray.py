@@ -100,8 +100,8 @@ def test_a_bad_peer_id_is_a_cipher_error_naming_its_chunk(engine, monkeypatch) -
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
-    """Tight b, many proposals per round and proposals that share users: the shards' walk
-    gives the in-process bitmap (a plain OR of the shards' own walks would not, see below)."""
+    """Tight b, many proposals per round and proposals that share users: the shards' passes
+    give the in-process bitmap (a plain OR of the shards' own walks would not, see below)."""
     local, remote = loaded_pair(shards, synthetic_log(seed=5, users=120, pairs=80))
     totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
     active = np.flatnonzero(totals)
@@ -127,7 +127,7 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     """16 gadgets: A holds p0 and p1, B holds p0 (more of it).  B cannot take p0, so the party
     rejects it; A then fits p1 (without p0's cost).  A shard holding A without B would walk p0
     in and reject p1: an OR of the shards' own walks rejects every p1 wherever some gadget is
-    split (all but 2^-15 of the keys), the shards' joint walk none."""
+    split (all but 2^-15 of the keys), the shards' passes to a fixed point none."""
     gadgets = 16
     users = [f"{who}{g}" for g in range(gadgets) for who in "AB"]
     pairs = [(f"q{g}", f"p{t}") for g in range(gadgets) for t in range(2)]
@@ -149,6 +149,9 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     expected = verdicts(rows.tocsc(), loads, proposals, b)
     assert expected.tolist() == [1, 0] * gadgets
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
+    # 16 rejections in one round, yet at most three passes of the shards: one without a veto
+    # (it also rejects the p1 of every split gadget), one with it (p1 fits), one that repeats it
+    assert remote.verdict_rounds == 1 and 2 <= remote.verdict_passes <= 3
 
 
 def test_the_shards_follow_the_session_bucket_key(engine) -> None:

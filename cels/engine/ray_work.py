@@ -19,9 +19,9 @@ another party.
   actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
   HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
   earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
-  (a shard would add a proposal another shard rejects): the shards walk the proposals
-  together, rejection by rejection (:meth:`RayWork.verdicts`), and the result is the same
-  bitmap as in one process for any P.
+  (a shard would add a proposal another shard rejects): the shards walk the proposals again
+  against the OR of their rejections until it repeats (:meth:`RayWork.verdicts`), and the
+  result is the same bitmap as in one process for any P.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
   multinomial trials -- run on P :class:`SamplingShard` actors holding their users' counts;
   every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
@@ -234,45 +234,38 @@ def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes], ha
 
 @ray.remote
 class UserShard:
-    """The constraint rows of the users whose HMAC falls on this shard, and its tentative
-    loads during one round of verdicts (cels.mechanism.greedy.verdicts, walked in steps)."""
+    """The constraint rows of the users whose HMAC falls on this shard, and one round's
+    starting loads and proposals (cels.mechanism.greedy.verdicts, walked against a veto)."""
 
     def __init__(self, rows: sp.csc_matrix) -> None:
         self.rows = rows
-        self.tentative = np.zeros(rows.shape[0])
+        self.loads = np.zeros(rows.shape[0])
         self.proposals = np.zeros(0, dtype=np.int64)
         self.limit = 0.0
-        self.start = 0
-        self.undo: list[tuple[np.ndarray, np.ndarray]] = []
 
     def peak_rss(self) -> tuple[str, int]:
         """This actor's process and its peak RSS so far (bytes)."""
         return worker_peak_rss()
 
-    def walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> int:
-        """A round begins: the first proposal this shard rejects (len if none)."""
-        self.tentative, self.proposals, self.limit = loads.copy(), proposals, limit
-        return self._walk_from(0)
+    def begin(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
+        """A round begins: the proposals this shard rejects if no other shard rejects any."""
+        self.loads, self.proposals, self.limit = loads, proposals, limit
+        return self.rejected(np.zeros(len(proposals), dtype=bool))
 
-    def settle(self, rejected: int) -> int:
-        """The party rejected proposal ``rejected`` (none of this shard's users had rejected one
-        before it): take back what this shard added from it on, and walk on after it."""
-        for users, before in reversed(self.undo[rejected - self.start :]):
-            self.tentative[users] = before
-        return self._walk_from(rejected + 1)
-
-    def _walk_from(self, start: int) -> int:
-        rows, tentative = self.rows, self.tentative
-        self.start, self.undo = start, []
-        for q in range(start, len(self.proposals)):
-            i = self.proposals[q]
+    def rejected(self, veto: np.ndarray) -> np.ndarray:
+        """The proposals this shard's users reject (bool per proposal) when the party rejects
+        the ``veto`` ones: the walk of cels.mechanism.greedy.verdicts from the round's loads,
+        adding a proposal only if it fits here and is not vetoed."""
+        rows, tentative = self.rows, self.loads.copy()
+        out = np.zeros(len(self.proposals), dtype=bool)
+        for q, i in enumerate(self.proposals):
             lo, hi = rows.indptr[i], rows.indptr[i + 1]
             users, cost = rows.indices[lo:hi], rows.data[lo:hi]
             if np.any(tentative[users] + cost > self.limit):
-                return q
-            self.undo.append((users, tentative[users]))
-            tentative[users] += cost
-        return len(self.proposals)
+                out[q] = True
+            elif not veto[q]:
+                tentative[users] += cost
+        return out
 
 
 @ray.remote
@@ -380,6 +373,7 @@ class RayWork:
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
         self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
         self.shard_restarts = 0  # user-shard actors re-created in this session
+        self.verdict_rounds = self.verdict_passes = 0  # private-solve rounds, and the shards' passes over them
         self._sampling_actors: list = []
         self._group = None  # this session's placement group of the shards (made at the first shard)
         self._pair_workers: dict[str, int] = {}  # worker process -> its peak RSS (bytes), as its tasks reported
@@ -557,14 +551,20 @@ class RayWork:
                 self._replace_lost_shards(exc)
 
     def _joint_walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
-        """Every shard walks to its first rejection; the earliest is the party's; every shard
-        takes back what it added from there and walks on after it, until no shard rejects."""
-        firsts = ray.get([a.walk.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
-        veto = np.zeros(len(proposals), dtype=np.uint64)
-        while (rejected := min(firsts)) < len(proposals):
-            veto[rejected] = 1
-            firsts = ray.get([a.settle.remote(rejected) for a in self._actors])
-        return veto
+        """The party's verdicts as a fixed point: every shard walks the round against the veto
+        so far (:meth:`UserShard.rejected`), the OR of their rejections is the next veto, until
+        it repeats.  Each pass makes the veto right through its first wrong entry (the walks
+        before it saw the party's accepted set), so it ends, with the one-process bitmap; a
+        pass costs one call per shard, however many proposals the round rejects."""
+        veto = np.logical_or.reduce(ray.get([a.begin.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)]))
+        self.verdict_rounds, self.verdict_passes = self.verdict_rounds + 1, self.verdict_passes + 1
+        while len(self._actors) > 1 and veto.any():
+            again = np.logical_or.reduce(ray.get([a.rejected.remote(veto) for a in self._actors]))
+            self.verdict_passes += 1
+            if np.array_equal(again, veto):
+                break
+            veto = again
+        return veto.astype(np.uint64)
 
     def _count_restart(self, exc: ray.exceptions.RayActorError) -> None:
         """One more shard actor re-created in this session, or "engine worker lost" past :data:`SHARD_RESTARTS`."""
@@ -590,6 +590,8 @@ class RayWork:
         return {
             # shard s: the largest peak of its log shard, user shard (private solve) and sampling actors
             "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
+            "verdict_rounds": self.verdict_rounds,
+            "verdict_passes": self.verdict_passes,
             "pair_tasks": self._pair_tasks,
             "pair_task_cpu_seconds": self._pair_cpu_seconds,
             "pair_worker_peak_rss_bytes": dict(sorted(self._pair_workers.items())),

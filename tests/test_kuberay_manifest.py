@@ -13,6 +13,7 @@ except ImportError:  # Python 3.10
 
 import yaml
 
+from cels.node.process import MALLOC_THRESHOLDS
 from cels.node.schemas import PARTY_SCHEMA, check_toml
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kuberay" / "party-1.yaml"
@@ -30,4 +31,6 @@ def test_the_kuberay_manifest_is_one_partys_cluster_and_node() -> None:
     workers = cluster["spec"]["workerGroupSpecs"][0]
     assert workers["replicas"] * int(workers["rayStartParams"]["num-cpus"]) == party["engine"]["shards"]
     assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    env = {e["name"]: e["value"] for e in workers["template"]["spec"]["containers"][0]["env"]}
+    assert env == {name: str(value) for name, (_, value) in MALLOC_THRESHOLDS.items()}  # as the node fixes its own
     assert docs["Deployment"]["spec"]["replicas"] == 1  # one node: the keys, the host, the rounds, the ledger

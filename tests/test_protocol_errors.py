@@ -313,6 +313,20 @@ def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
     assert "not sorted and distinct" in str(err)
 
 
+def test_own_universe_ids_returned_with_a_repeat_are_invalid_argument(logs) -> None:
+    """P_1's own ids come back from its predecessor in the order they left, not sorted: two
+    equal ones would be two columns of one id in P_1's merged union, so they are refused."""
+
+    def repeat(sender, env):
+        hop = env.universe_hop
+        if len(hop.applied) == 3 and hop.owner == "party-1":  # P_1's own ids, every layer applied
+            hop.ids[1] = hop.ids[0]
+
+    err = intercepted_error(logs, "party-1", "universe_hop", repeat)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "party-1: return of its own universe ids: two of its ids came back equal" in str(err)
+
+
 # ---------------------------------------------------------------- the universe's chunks (issue 25)
 
 CHUNK = 8  # ids per universe message in these tests: every party's 65..171 pairs span many chunks

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions, privacy_bound
@@ -202,3 +204,21 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
     assert lead.output is not None and lead.aborted is None
     assert CountingThreads.tasks >= -(-big.n_pairs // 6 // DECRYPT_CHUNK) == 3  # the counts sum's chunks went to the pool
     np.testing.assert_array_equal(np.sort(lead.counted.totals), np.sort(np.asarray(big.counts.sum(axis=0)).ravel()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sets(st.binary(min_size=4, max_size=4), max_size=30), min_size=1, max_size=5))
+def test_merging_each_set_into_the_union_is_np_unique(sets) -> None:
+    """P_1's union, merged set by set (cels.protocol.stages.universe.merged), is the sorted
+    union np.unique gives, and every set's positions end where np.unique's inverse puts them
+    (ids of 4 bytes, many shared, some with trailing NUL bytes)."""
+    from cels.protocol.stages.universe import merged, moved
+
+    arrays = [np.frombuffer(b"".join(sorted(s)), dtype="V4") for s in sets]
+    union, positions = np.zeros(0, dtype="V4"), []
+    for ids in arrays:
+        union, at, inserted = merged(union, ids)
+        positions = [moved(p, inserted) for p in positions] + [at]
+    expected, inverse = np.unique(np.concatenate(arrays), return_inverse=True)
+    assert union.tobytes() == expected.tobytes()
+    assert np.array_equal(np.concatenate(positions), inverse.ravel())

@@ -10,6 +10,7 @@ imported inside :func:`node_main`, so that a Ctrl-C while they load is caught to
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -28,10 +29,32 @@ EXIT_BAD_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
 
+MALLOC_THRESHOLDS = {"MALLOC_MMAP_THRESHOLD_": (-3, 131072), "MALLOC_TRIM_THRESHOLD_": (-1, 131072)}
+"""glibc malloc's mmap and trim thresholds (environment variable -> mallopt parameter, bytes),
+fixed at glibc's initial 128 KiB in a node and in the processes it starts (its Ray instance's):
+by default glibc raises the mmap threshold to the largest block freed, so the chunk-sized
+buffers of a session then come from heaps that are never given back (docs/deployment.md,
+"Memory of a node").  A value already in the environment is the operator's and stays."""
+
+
+def fix_malloc_thresholds() -> None:
+    """Fix :data:`MALLOC_THRESHOLDS` for this process (mallopt) and its children (environment),
+    where the operator set none; nothing where malloc is not glibc's."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    for name, (parameter, value) in MALLOC_THRESHOLDS.items():
+        if name not in os.environ and mallopt(parameter, value) == 1:  # mallopt returns 1 on success
+            os.environ[name] = str(value)
+
+
 def node_main(prog: str, start: Callable[[], Node]) -> int:
     """``start()`` imports, reads the configuration and builds the node; then serve it.  A
     ValueError (bad configuration), an OSError (cannot serve) or a Ctrl-C during start-up is
-    one line on stderr and its exit code, never a traceback."""
+    one line on stderr and its exit code, never a traceback.  Malloc's thresholds are fixed
+    first (:func:`fix_malloc_thresholds`)."""
+    fix_malloc_thresholds()
     try:
         node = start()
         return serve(node)

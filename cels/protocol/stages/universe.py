@@ -69,6 +69,26 @@ def increasing(ids: np.ndarray, before: np.ndarray) -> bool:
     return bool(np.all(keys[1:] > keys[:-1]))
 
 
+def merged(union: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sorted union of ``union`` and ``ids`` (each sorted and distinct, same width), where
+    each of ``ids`` sits in it, and where the ids new to it were inserted (positions in
+    ``union``, ascending): an old position p moves to p + (insertions at or before p)."""
+    width = union.dtype.itemsize
+    keys, asked = union.view(f"S{width}"), ids.view(f"S{width}")
+    at = np.searchsorted(keys, asked)
+    found = keys[np.minimum(at, max(len(union) - 1, 0))] == asked if len(union) else np.zeros(len(ids), dtype=bool)
+    inserted = at[~found]
+    positions = np.empty(len(ids), dtype=np.int64)
+    positions[found] = moved(at[found], inserted)
+    positions[~found] = inserted + np.arange(len(inserted))  # np.insert keeps equal points in order
+    return np.insert(union, inserted, ids[~found]), positions, inserted
+
+
+def moved(positions: np.ndarray, inserted: np.ndarray) -> np.ndarray:
+    """Positions in a union after :func:`merged` inserted ids at ``inserted``."""
+    return positions + np.searchsorted(inserted, positions, side="right")
+
+
 class ChunkCursor:
     """Where the next chunk of one streamed list must start; refuses a chunk out of place."""
 
@@ -126,7 +146,8 @@ class Universe(Stage):
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids")
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far
-        self.sets: dict[str, np.ndarray] = {}  # P_1: every party's complete ids
+        self.union = np.zeros(0, dtype=f"V{self.width}")  # P_1: the sorted union of the complete id sets so far
+        self.positions: dict[str, np.ndarray] = {}  # P_1: where each set's ids sit in it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index")
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
         self.columns = np.zeros(len(loaded.own), dtype=np.int64)  # own columns, in the sorted order of full_ids
@@ -221,24 +242,37 @@ class Universe(Stage):
         return ids
 
     def _collect(self, owner: str, ids: np.ndarray) -> list[Outgoing]:
-        """P_1 assembles the sorted union of the fully hashed ids (the index of variables) and
-        tells every party its size and the columns of that party's own ids (docs/protocol.md).
-        Each set arrives once (its chunks' cursor refuses a second)."""
+        """P_1 merges each party's fully hashed ids into the sorted union (the index of
+        variables) as they complete, keeping only where each set's ids sit; with every set in,
+        it tells every party the index size and the columns of that party's own ids
+        (docs/protocol.md).  Each set arrives once (its chunks' cursor refuses a second); P_1's
+        own come in the order they left, the others' sorted."""
         seat = self.seat
-        self.sets[owner] = ids
-        if len(self.sets) < seat.r:
+        if owner == seat.name:
+            order = np.argsort(ids, kind="stable")
+            if not increasing(ids[order], ids[:0]):
+                raise malformed(f"{self.returned.what}: two of its ids came back equal")
+            self.union, sorted_at, inserted = merged(self.union, ids[order])
+            at = np.empty_like(sorted_at)
+            at[order] = sorted_at
+        else:
+            self.union, at, inserted = merged(self.union, ids)
+        for party, before in self.positions.items():
+            self.positions[party] = moved(before, inserted)
+        self.positions[owner] = at
+        if len(self.positions) < seat.r:
             return []
-        sets = [self.sets.pop(party) for party in seat.parties]
-        union, position = np.unique(np.concatenate(sets), return_inverse=True)  # sorted as bytes
-        n, out = len(union), []
-        for party, columns in zip(seat.parties, np.split(position, np.cumsum([len(s) for s in sets])[:-1])):
+        n, out = len(self.union), []
+        self.union = self.union[:0]
+        for party in seat.parties:
+            columns = self.positions.pop(party)
             if party == seat.name:
                 own = columns
                 continue
             for first, stop, more in chunks(len(columns)):
                 index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
                 out += seat.send(party, universe_index=index)
-        self._index(n, own.astype(np.int64))
+        self._index(n, own)
         return out
 
     def on_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:

@@ -225,4 +225,5 @@ def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, m
     assert x.sum() == release.size == session["solver"]["integer_total"] > 0
     party_nodes = work_nodes(this_job, this_job=False, wait=3.0)  # where Ray's default policy put it: one raylet or both
     assert party_nodes and party_nodes <= node_ids
-    assert time.monotonic() - t0 < 90
+    assert time.monotonic() - t0 < 400  # a hang bound, not a speed target (about 40 s quiet, 108 s beside a benchmark): the
+    # deadlock this test found (shard actors holding CPU slivers) never ended

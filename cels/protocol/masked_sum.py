@@ -50,7 +50,8 @@ class MaskedSum(RingMember):
         self.values = np.asarray(values, dtype=np.int64).ravel()
         self.result: np.ndarray | None = None
         self.started = False
-        self._shares: dict[str, np.ndarray] = {}
+        self._received: set[str] = set()  # P_1: the parties whose share is in the running total
+        self._running = np.zeros(0, dtype=np.uint64)  # P_1: the shares so far, added mod 2^64
         outside = (self.values < 0) | (self.values > bound)
         if np.any(outside):
             index = int(np.flatnonzero(outside)[0])
@@ -67,8 +68,7 @@ class MaskedSum(RingMember):
         self.started = True
         share = self.masks.masked_values(self.values, SUMS, self.round_number)
         if self.name == self.aggregator:
-            self._shares[self.name] = share
-            return self._total()
+            return self._add(self.name, share)
         msg = cels_pb2.MaskedSumShare(session_id=self.session_id, sum_id=self.sum_id, words=share.astype("<u8").tobytes())
         return [(self.aggregator, self.envelope(masked_sum_share=msg))]
 
@@ -82,25 +82,27 @@ class MaskedSum(RingMember):
         raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"masked sum cannot take {step}")
 
     def _on_share(self, sender: str, msg: cels_pb2.MaskedSumShare) -> list[Outgoing]:
-        if self.name != self.aggregator or sender == self.name or sender not in self.ring or sender in self._shares:
+        if self.name != self.aggregator or sender == self.name or sender not in self.ring or sender in self._received:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
         if len(msg.words) != 8 * len(self.values):
             raise ProtocolError(
                 ProtocolError.INVALID_ARGUMENT,
                 f"MaskedSumShare of {self.sum_id!r} from {sender!r}: {len(msg.words)} bytes, expected {8 * len(self.values)}",
             )
-        self._shares[sender] = np.frombuffer(msg.words, dtype="<u8").astype(np.uint64)
-        return self._total()
+        return self._add(sender, np.frombuffer(msg.words, dtype="<u8"))
 
-    def _total(self) -> list[Outgoing]:
-        """P_1, once every share is in: the masks cancel; the total goes to every other party."""
-        if len(self._shares) < self.r:
+    def _add(self, party: str, share: np.ndarray) -> list[Outgoing]:
+        """P_1 adds ``party``'s share to the running total as it arrives (it keeps no share);
+        once every share is in, the masks cancel and the total goes to every other party."""
+        if self._received:
+            self._running += share  # wraps mod 2^64
+        else:
+            self._running = share.astype(np.uint64)  # a copy: a received share is a message's buffer
+        self._received.add(party)
+        if len(self._received) < self.r:
             return []
-        total = np.zeros(len(self.values), dtype=np.uint64)
-        for share in self._shares.values():
-            total += share  # wraps mod 2^64
-        self._finish(signed(total).copy(), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
-        self._shares = {}
+        total, self._running = self._running, self._running[:0]
+        self._finish(signed(total), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
         result = cels_pb2.SumResult(session_id=self.session_id, sum_id=self.sum_id, values=self.result.tolist(), rows=len(total), cols=1)
         return [(p, self.envelope(sum_result=result)) for p in self.others()]
 

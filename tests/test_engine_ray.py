@@ -150,8 +150,9 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     assert expected.tolist() == [1, 0] * gadgets
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
     # 16 rejections in one round, yet at most three passes of the shards: one without a veto
-    # (it also rejects the p1 of every split gadget), one with it (p1 fits), one that repeats it
-    assert remote.verdict_rounds == 1 and 2 <= remote.verdict_passes <= 3
+    # (it also rejects the p1 of every split gadget), one with it (p1 fits), one that repeats
+    # it (one pass if no gadget is split: no vetoed proposal touches another shard)
+    assert remote.verdict_rounds == 1 and 1 <= remote.verdict_passes <= 3
 
 
 def test_the_shards_follow_the_session_bucket_key(engine) -> None:

@@ -20,7 +20,7 @@ another party.
   HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
   earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
   (a shard would add a proposal another shard rejects): the shards walk the proposals again
-  against the OR of their rejections until it repeats (:meth:`RayWork.verdicts`), and the
+  against the OR of their rejections until it is settled (:meth:`RayWork.verdicts`), and the
   result is the same bitmap as in one process for any P.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
   multinomial trials -- run on P :class:`SamplingShard` actors holding their users' counts;
@@ -232,6 +232,14 @@ def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes], ha
     return out, worker_peak_rss(), time.process_time() - cpu
 
 
+def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], touched: list[np.ndarray]) -> bool:
+    """Whether ``veto`` (the OR of the shards' ``rejected`` when they walked against ``walked``)
+    is the party's verdict: no shard added, or would now add, a proposal touching its users
+    whose veto changed, so a pass against ``veto`` would walk as this one did and repeat it."""
+    changed = walked != veto
+    return not any(np.any(changed & hit & ~own) for own, hit in zip(rejected, touched))
+
+
 @ray.remote
 class UserShard:
     """The constraint rows of the users whose HMAC falls on this shard, and one round's
@@ -247,10 +255,11 @@ class UserShard:
         """This actor's process and its peak RSS so far (bytes)."""
         return worker_peak_rss()
 
-    def begin(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
-        """A round begins: the proposals this shard rejects if no other shard rejects any."""
+    def begin(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        """A round begins: the proposals this shard rejects if no other shard rejects any, and
+        those that touch its users (the others change none of its loads)."""
         self.loads, self.proposals, self.limit = loads, proposals, limit
-        return self.rejected(np.zeros(len(proposals), dtype=bool))
+        return self.rejected(np.zeros(len(proposals), dtype=bool)), np.diff(self.rows.indptr)[proposals] > 0
 
     def rejected(self, veto: np.ndarray) -> np.ndarray:
         """The proposals this shard's users reject (bool per proposal) when the party rejects
@@ -553,17 +562,18 @@ class RayWork:
     def _joint_walk(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> np.ndarray:
         """The party's verdicts as a fixed point: every shard walks the round against the veto
         so far (:meth:`UserShard.rejected`), the OR of their rejections is the next veto, until
-        it repeats.  Each pass makes the veto right through its first wrong entry (the walks
+        it is settled.  Each pass makes the veto right through its first wrong entry (the walks
         before it saw the party's accepted set), so it ends, with the one-process bitmap; a
         pass costs one call per shard, however many proposals the round rejects."""
-        veto = np.logical_or.reduce(ray.get([a.begin.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)]))
+        answers = ray.get([a.begin.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
+        touched = [t for _, t in answers]
+        rejected = [r for r, _ in answers]
+        walked, veto = np.zeros(len(proposals), dtype=bool), np.logical_or.reduce(rejected)
         self.verdict_rounds, self.verdict_passes = self.verdict_rounds + 1, self.verdict_passes + 1
-        while len(self._actors) > 1 and veto.any():
-            again = np.logical_or.reduce(ray.get([a.rejected.remote(veto) for a in self._actors]))
+        while not settled(walked, veto, rejected, touched):
+            rejected = ray.get([a.rejected.remote(veto) for a in self._actors])
+            walked, veto = veto, np.logical_or.reduce(rejected)
             self.verdict_passes += 1
-            if np.array_equal(again, veto):
-                break
-            veto = again
         return veto.astype(np.uint64)
 
     def _count_restart(self, exc: ray.exceptions.RayActorError) -> None:

@@ -5,6 +5,7 @@ session on Ray, and the ``[engine]`` options' checks."""
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 import time
 
@@ -20,7 +21,8 @@ from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
 from cels.engine.log_shards import read_batches  # noqa: E402
-from cels.engine.ray_work import RayEngine, RayWork  # noqa: E402
+from cels.engine.log_shards import LogShard  # noqa: E402
+from cels.engine.ray_work import RayEngine, RayWork, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
 from cels.logs.model import LogError, SearchLog  # noqa: E402
@@ -304,17 +306,21 @@ def seeded_release(log: SearchLog | list[LogFile], config: SessionOptions, engin
     shares = log if isinstance(log, list) else log.split_by_user(len(config.parties))
     nodes = session_hosts(shares, config, seed=seed, allow_insecure_key_bits=True)
 
+    works = []
+
     def party(name: str, part):
         def role(opts: SessionOptions) -> PartyRole:
             draws = DrawKeys.replay(seed, name)
-            work = engine.work(part, opts.cap, draws)
-            return PartyRole(name, opts, part, draws=draws, work=work, allow_insecure_key_bits=True, session_report=session_report)
+            works.append(engine.work(part, opts.cap, draws))
+            return PartyRole(name, opts, part, draws=draws, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
 
         return MemoryNode(SessionHost(name, role, time.perf_counter))
 
     if engine is not None:
         nodes.update({name: party(name, part) for name, part in zip(config.parties, shares)})
     roles = start_session(InMemoryNetwork(nodes), config)
+    for work in works:  # as a party node does at a session's end
+        engine.release(work)
     assert all(role.aborted is None for role in roles.values()), [r.aborted for r in roles.values()]
     privacy = roles[config.initiator].report["privacy"]  # a replayed session says it is not private
     assert privacy["reproducible_seed"] is True and privacy["private"] is False
@@ -340,6 +346,32 @@ def test_a_seeded_release_is_the_same_in_process_and_on_any_number_of_shards(eng
     assert released(seeded_release(log, config, seed=12)) != local  # another seed, other draws
     for shards in shard_counts:
         assert released(seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=shards)))) == local, shards
+
+
+def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) -> None:
+    """The node's warm shard actors (ShardPool: a log, user and sampling shard per shard) serve
+    a session, are reset and serve the next: the same seeded release as in process each time
+    (a log shard that kept the first session's pieces would count every row twice), from the
+    same actor processes.  Of the session's two parties on one node's engine, the first takes
+    the warm actors and the second, finding them busy, makes its own six; an actor that died
+    idle is replaced when it is next asked for."""
+    gc.collect()  # works of earlier tests give their warm actors back when collected
+    log = synthetic_log(seed=4, users=90)
+    config = SessionOptions.create(2, epsilon=8.0, delta=0.9, round_batch=8, **TEST_KEYS)
+    local = released(seeded_release(log, config))
+    pool = engine.pool
+    warm = {slot: actor._actor_id for slot, (actor, _) in pool._idle.items()}
+    assert len(warm) == 3 * pool.shards == 6
+    made = []
+    monkeypatch.setattr("cels.engine.ray_work.in_bundle", lambda *args: made.append(args) or in_bundle(*args))
+    for session in range(2):
+        assert released(seeded_release(log, config, engine)) == local, session
+        assert len(made) == 6 * (session + 1)  # the second party's; the first's were warm
+        assert {slot: actor._actor_id for slot, (actor, _) in pool._idle.items()} == warm
+    lost = (LogShard, 1)
+    ray.kill(pool._idle[lost][0])
+    assert released(seeded_release(log, config, engine)) == local
+    assert pool._idle[lost][0]._actor_id != warm[lost] and len(made) == 6 * 2 + 1 + 6
 
 
 def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monkeypatch) -> None:

@@ -26,7 +26,7 @@ import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, windowed, worker_peak_rss
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, windowed
 from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, SearchLog, pair_total_error
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
@@ -94,7 +94,7 @@ def read_row_groups(path: str, options: LoadOptions, groups: list[RowGroup], roo
 
 
 @ray.remote
-class LogShard:
+class LogShard(ShardState):
     """One shard's users and their rows c_ij (capped), in draw order, over the pairs they hold;
     from the universe on, over the index's columns (the counts c^k restricted to its users)."""
 
@@ -106,10 +106,6 @@ class LogShard:
         self.hashed = np.zeros(0, dtype=np.int64)  # the held pairs this shard hashes, by own index
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
-
-    def peak_rss(self) -> tuple[str, int]:
-        """This actor's process and its peak RSS so far (bytes)."""
-        return worker_peak_rss()
 
     def add(self, piece: SearchLog) -> int:
         """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
@@ -199,13 +195,13 @@ def shard_positions(digests: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.
 
 class ShardedLog:
     """The node's side of its log shards: it places the log on them (:meth:`load`) and asks
-    them for what the protocol needs over the rows, holding no row itself.  ``place(cls, s)``
-    is ``cls``'s actor options in shard s's bundle (cels.engine.ray_work)."""
+    them for what the protocol needs over the rows, holding no row itself.  ``shard(cls, s)``
+    is an empty actor of ``cls`` for shard s (cels.engine.ray_work.RayWork)."""
 
-    def __init__(self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, place: Callable) -> None:
+    def __init__(self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, shard: Callable) -> None:
         self.source, self.cap, self.draws = source, cap, draws
         self.shards, self.max_in_flight = shards, max_in_flight
-        self.actors = [place(LogShard, s).remote() for s in range(shards)]
+        self.actors = [shard(LogShard, s) for s in range(shards)]
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
         self.rows: list[np.ndarray] = []  # log shard -> its users' rows in the party's draw order (ascending)
         self.hasher = np.zeros(0, dtype=np.int64)  # own pair -> the log shard that hashes its id

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -66,11 +67,12 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
-from cels.engine.log_shards import ShardedLog, on_party_rows
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, windowed, worker_peak_rss
+from cels.engine.log_shards import LogShard, ShardedLog, on_party_rows
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, windowed, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
+from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK
 from cels.protocol.sampling import StagedSampler, paper_trials
@@ -97,6 +99,9 @@ SHARD_ACTORS = 3
 """Actors in a shard's bundle: its log shard, user shard (private solve) and sampling shard."""
 PLACE_SECONDS = 60.0
 """How long a session waits for its shards' placement group before it gives up."""
+WARM_SECONDS = 0.5
+"""How long a warm-up task holds its CPU (:func:`warm_task_workers`): long enough that the tasks
+of all the cluster's CPUs run at once, on as many workers."""
 STRICT_SECONDS = 2.0
 """How long a session waits for its shards on as many nodes before it takes best-effort spreading."""
 JOIN_ATTEMPTS = 3
@@ -150,6 +155,12 @@ def spread_group(bundles: int) -> PlacementGroup | None:
     return None
 
 
+def in_bundle(kind, group: PlacementGroup, shard: int):
+    """A new, empty actor of ``kind`` in bundle ``shard`` of ``group``: no CPU, :data:`SHARD_MEMORY`."""
+    where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=shard)
+    return kind.options(num_cpus=0, memory=SHARD_MEMORY, scheduling_strategy=where).remote()
+
+
 def _remove_group(group) -> None:
     """Remove a session's placement group (nothing to do once Ray is down)."""
     if ray.is_initialized():
@@ -158,22 +169,27 @@ def _remove_group(group) -> None:
 
 class RayEngine:
     """The node's connection to its Ray cluster, made once per node process; ``reaper``: the
-    watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper)."""
+    watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper);
+    ``pool``: the node's warm shard actors (:class:`ShardPool`), if it keeps any."""
 
-    def __init__(self, options: EngineOptions, reaper: subprocess.Popen | None = None) -> None:
-        self.options, self.reaper = options, reaper
+    def __init__(self, options: EngineOptions, reaper: subprocess.Popen | None = None, pool: ShardPool | None = None) -> None:
+        self.options, self.reaper, self.pool = options, reaper, pool
 
     @classmethod
     def start(cls, options: EngineOptions) -> RayEngine:
         """Start a local Ray instance (``address = "local"``), watched by a reaper, or join the
-        cluster at ``address``."""
+        cluster at ``address``; then start the node's warm shard actors."""
+        reaper = None
         if not ray.is_initialized():
             if options.address == LOCAL_RAY:
                 context = ray.init(include_dashboard=False, log_to_driver=False)
-                return cls(options, watch(context.address_info["session_dir"]))
-            check_reachable(options.address)
-            join(options.address)
-        return cls(options)
+                reaper = watch(context.address_info["session_dir"])
+            else:
+                check_reachable(options.address)
+                join(options.address)
+        pool = ShardPool.start(options.shards)
+        warm_task_workers()
+        return cls(options, reaper, pool)
 
     def check(self) -> None:
         """A StartSession: the cluster this node joined still answers (within
@@ -187,7 +203,7 @@ class RayEngine:
                 raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys) -> RayWork:
-        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight)
+        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight, self.pool)
 
     def usage(self, work: RayWork) -> dict[str, Any]:
         """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
@@ -208,10 +224,30 @@ class RayEngine:
     def close(self) -> None:
         """Shut the Ray instance this node started down (its raylet, GCS and agents), or leave
         the cluster it joined: no Ray process outlives a stopped node."""
+        if self.pool is not None:
+            self.pool.close()
         ray.shutdown()
         if self.reaper is not None:  # it ends what shutdown left (and then itself)
             self.reaper.stdin.close()
             self.reaper.wait(SETTLE_SECONDS + 5)
+
+
+@ray.remote
+def _warm_worker() -> None:
+    """A task worker's imports, done before a session needs them (:func:`warm_task_workers`)."""
+    try:
+        pyarrow_modules()  # the reader tasks' Parquet
+    except ValueError:
+        pass  # no Parquet extra, so no Parquet log to read
+    time.sleep(WARM_SECONDS)
+
+
+def warm_task_workers() -> None:
+    """One warm-up task per CPU of the cluster, all at once, so that each lands on a worker of
+    its own: every idle task worker has imported this module (numpy, scipy, the curve's
+    library) and pyarrow before a session's first reader or pair-work task, which would
+    otherwise pay for it (docs/deployment.md, "Warm shards")."""
+    ray.get([_warm_worker.remote() for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1))))])
 
 
 def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]:
@@ -241,19 +277,19 @@ def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], to
 
 
 @ray.remote
-class UserShard:
+class UserShard(ShardState):
     """The constraint rows of the users whose HMAC falls on this shard, and one round's
     starting loads and proposals (cels.mechanism.greedy.verdicts, walked against a veto)."""
 
-    def __init__(self, rows: sp.csc_matrix) -> None:
+    def __init__(self) -> None:
+        self.place(sp.csc_matrix((0, 0)))
+
+    def place(self, rows: sp.csc_matrix) -> None:
+        """This shard's users' constraint rows, for the session's rounds."""
         self.rows = rows
         self.loads = np.zeros(rows.shape[0])
         self.proposals = np.zeros(0, dtype=np.int64)
         self.limit = 0.0
-
-    def peak_rss(self) -> tuple[str, int]:
-        """This actor's process and its peak RSS so far (bytes)."""
-        return worker_peak_rss()
 
     def begin(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
         """A round begins: the proposals this shard rejects if no other shard rejects any, and
@@ -278,19 +314,21 @@ class UserShard:
 
 
 @ray.remote
-class SamplingShard:
+class SamplingShard(ShardState):
     """One shard's users during the sampling (docs/protocol.md, "Sampling"): their counts over
     the active pairs, in draw order, and their draws, bucket by bucket from the party's keys
     (cels.protocol.user_draws), so the shards draw what the party would in one process."""
 
-    def __init__(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
-        self.counts = counts.copy()  # Ray hands numpy arrays over read-only
-        self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
+    def __init__(self) -> None:
+        self.counts: sp.csr_matrix | None = None
+        self.user_draws: BucketDraws | None = None
         self.sampler: StagedSampler | None = None
 
-    def peak_rss(self) -> tuple[str, int]:
-        """This actor's process and its peak RSS so far (bytes)."""
-        return worker_peak_rss()
+    def place(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
+        """This shard's users' counts over the active pairs, and their buckets' draw keys."""
+        self.counts = counts.copy()  # Ray hands numpy arrays over read-only
+        self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
+        self.sampler = None
 
     def begin(self, totals: np.ndarray, x: np.ndarray, theta: float) -> bool:
         """The exact staged sampling starts; whether it is already done (x = 0)."""
@@ -317,6 +355,75 @@ class SamplingShard:
     def sampled(self) -> sp.coo_matrix:
         """The exact mode's x_ij of this shard's users."""
         return self.sampler.result().tocoo()
+
+
+class ShardPool:
+    """A node's warm shard actors (docs/deployment.md, "Warm shards"): one of each kind -- log
+    shard, user shard, sampling shard -- per shard, started with the node in a placement group
+    of its own (spread as a session's would be), so that a session starts no actor process:
+    each costs about 1 s of CPU to start and import numpy, scipy and pyarrow (measured:
+    docs/deployment.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
+    when it ends (:meth:`give_back`): each is reset (:meth:`cels.engine.workers.ShardState.reset`)
+    before the next session gets it.  One that another session holds is not waited for: the
+    session makes its own, in its own group, as a node without a pool does."""
+
+    KINDS = (LogShard, UserShard, SamplingShard)
+
+    def __init__(self, shards: int, group: PlacementGroup) -> None:
+        self.shards, self.group = shards, group
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[Any, int], tuple[Any, Any]] = {}  # (kind, shard) -> its actor and when it is ready
+
+    @classmethod
+    def start(cls, shards: int) -> ShardPool | None:
+        """Every kind's actor on every shard, started and answering; None (no pool: every
+        session makes its own) if the cluster cannot place the group."""
+        group = spread_group(shards)
+        if group is None:
+            return None
+        pool = cls(shards, group)
+        for kind in cls.KINDS:
+            for shard in range(shards):
+                actor = in_bundle(kind, group, shard)
+                pool._idle[(kind, shard)] = actor, actor.peak_rss.remote()
+        ray.get([ready for _, ready in pool._idle.values()])
+        return pool
+
+    def borrow(self, kind, shard: int):
+        """The idle actor of ``kind`` on ``shard``, reset; None if a session holds it.  One that
+        died idle is replaced (its place in the bundle is free)."""
+        with self._lock:
+            slot = self._idle.pop((kind, shard), None)
+        if slot is None:
+            return None
+        actor, ready = slot
+        try:
+            ray.get(ready, timeout=USAGE_SECONDS)
+        except ray.exceptions.RayError:
+            ray.kill(actor)
+            actor = in_bundle(kind, self.group, shard)
+        return actor
+
+    def give_back(self, kind, shard: int, actor) -> None:
+        """A session is done with ``actor``: it is reset and waits for the next one (does not
+        block: a dead one is found, and replaced, when it is next borrowed)."""
+        if ray.is_initialized():
+            with self._lock:
+                self._idle[(kind, shard)] = actor, actor.reset.remote()
+
+    def close(self) -> None:
+        """The node stops: its idle actors and their group go."""
+        with self._lock:
+            idle, self._idle = list(self._idle.values()), {}
+        for actor, _ in idle:
+            ray.kill(actor)
+        _remove_group(self.group)
+
+
+def _give_back(pool: ShardPool, borrowed: list) -> None:
+    """A session's borrowed warm actors back to ``pool`` (at its release, or when its work is dropped)."""
+    while borrowed:
+        pool.give_back(*borrowed.pop())
 
 
 class ShardedSampler:
@@ -370,11 +477,17 @@ class RayWork:
     log shards (cels.engine.log_shards), the universe's pair work on tasks, the private solve's
     verdicts on user-shard actors and the sampling on sampling shards (module docstring).
     ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is read
-    by reader tasks, row group by row group; any other is read by the node and split)."""
+    by reader tasks, row group by row group; any other is read by the node and split).  Its shard
+    actors are the node's warm ones where ``pool`` has them idle (:class:`ShardPool`)."""
 
-    def __init__(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int) -> None:
+    def __init__(
+        self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, pool: ShardPool | None = None
+    ) -> None:
         self._source, self._cap, self.draws = log, cap, draws
         self.shards, self.max_in_flight = shards, max_in_flight
+        self._pool, self._borrowed = pool, []  # the warm actors this session holds: (kind, shard, actor)
+        if pool is not None:
+            self._give_back = weakref.finalize(self, _give_back, pool, self._borrowed)  # at release, or when the work is dropped
         self.log: ShardedLog | None = None  # made at load (the shards' placement group with it)
         self.row_users = np.zeros(0, dtype=np.int64)  # the user (row) of each constraint row
         self._placed: sp.spmatrix | None = None  # the rows the actors hold
@@ -398,7 +511,7 @@ class RayWork:
         return self.log.user_draws
 
     def load(self) -> LoadResult:
-        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._on_bundle)
+        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard)
         return self.log.load()
 
     def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
@@ -468,25 +581,34 @@ class RayWork:
         shard = self.shard_of(rows)
         return [np.flatnonzero(shard == s) for s in range(self.shards)]
 
-    def _on_bundle(self, actor_class, shard: int):
-        """``actor_class`` placed in shard ``shard``'s bundle of this session's placement group:
-        P bundles spread (:func:`spread_group`), so the shards go to as many of the
-        cluster's nodes as it has (Ray's default placement may put them all on one).  A shard's log, user-shard and
-        sampling actors share its bundle.  The group is made at the first shard and removed by
-        :meth:`release`."""
+    def _shard(self, kind, shard: int):
+        """Shard ``shard``'s actor of ``kind``, empty: the node's warm one if it is idle
+        (:class:`ShardPool`), else a new one in shard ``shard``'s bundle of this session's
+        placement group: P bundles spread (:func:`spread_group`), so the shards go to as many of
+        the cluster's nodes as it has (Ray's default placement may put them all on one).  A
+        shard's log, user-shard and sampling actors share its bundle.  The group is made at the
+        first shard made here and removed by :meth:`release`."""
+        actor = self._pool.borrow(kind, shard) if self._pool is not None else None
+        if actor is not None:
+            self._borrowed.append((kind, shard, actor))
+            return actor
         if self._group is None:
             group = spread_group(self.shards)
             if group is None:
                 raise RoleFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s")
             self._group = group
             self._drop_group = weakref.finalize(self, _remove_group, group)  # at release, or when the work is dropped
-        where = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=shard)
-        return actor_class.options(num_cpus=0, memory=SHARD_MEMORY, scheduling_strategy=where)
+        return in_bundle(kind, self._group, shard)
 
     def release(self) -> None:
-        """The session ended here: its shard actors end and its placement group goes."""
+        """The session ended here: the warm actors it borrowed go back to the node's pool, the
+        shard actors it made end and its placement group goes."""
+        warm = {actor._actor_id for _, _, actor in self._borrowed}
         for actor in [*(self.log.actors if self.log else []), *self._actors, *self._sampling_actors]:
-            ray.kill(actor)
+            if actor._actor_id not in warm:
+                ray.kill(actor)
+        if self._pool is not None:
+            self._give_back()
         self.log, self._actors, self._sampling_actors = None, [], []
         if self._group is not None:
             self._drop_group()
@@ -498,7 +620,9 @@ class RayWork:
         self._sample_members = self.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
-        self._sampling_actors = [self._on_bundle(SamplingShard, s).remote(*args) for s, args in enumerate(self._sampling_args)]
+        self._sampling_actors = self._sampling_actors or [self._shard(SamplingShard, s) for s in range(self.shards)]
+        for actor, args in zip(self._sampling_actors, self._sampling_args):
+            actor.place.remote(*args)
         return self._sampling_actors  # a lost one is replaced in this list (sampling_call)
 
     def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:
@@ -514,7 +638,8 @@ class RayWork:
                     break
                 except ray.exceptions.RayActorError as exc:
                     self._count_restart(exc)
-                    actors[s] = self._on_bundle(SamplingShard, s).remote(*self._sampling_args[s])
+                    actors[s] = self._shard(SamplingShard, s)
+                    actors[s].place.remote(*self._sampling_args[s])
                     if replay is not None:
                         replay(actors[s])
                     ref = call(actors[s])
@@ -545,7 +670,9 @@ class RayWork:
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = self.shard_members(self.row_users)
         self._shard_rows = [csr[members].tocsc() for members in self._members]
-        self._actors = [self._on_bundle(UserShard, s).remote(held) for s, held in enumerate(self._shard_rows)]
+        self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
+        for actor, held in zip(self._actors, self._shard_rows):
+            actor.place.remote(held)
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
@@ -588,7 +715,8 @@ class RayWork:
         self._count_restart(exc)
         named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
         for s in named or range(self.shards):  # an actor dropped here ends with its last handle
-            self._actors[s] = self._on_bundle(UserShard, s).remote(self._shard_rows[s])
+            self._actors[s] = self._shard(UserShard, s)
+            self._actors[s].place.remote(self._shard_rows[s])
 
     def usage(self) -> dict[str, Any]:
         """What this session's workers used so far: every shard's peak RSS (asked of its actors

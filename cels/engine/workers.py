@@ -4,6 +4,7 @@ peers are told when it loses a worker, how a worker reports its memory and the w
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import socket
@@ -20,8 +21,39 @@ WORKER_LOST = "engine worker lost"
 
 
 def worker_peak_rss() -> tuple[str, int]:
-    """This worker process (host:pid) and its peak resident memory in bytes (``ru_maxrss``, KiB on Linux)."""
-    return f"{socket.gethostname()}:{os.getpid()}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This worker process (host:pid) and its peak resident memory in bytes: Linux's ``VmHWM``
+    (which :meth:`ShardState.reset` clears for a warm shard's next session), else ``ru_maxrss``
+    (KiB on Linux, the process's whole life)."""
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return where, int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return where, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class ShardState:
+    """What every shard actor kind shares: its process's peak RSS, and :meth:`reset`, which a
+    node's warm pool (cels.engine.ray_work.ShardPool) calls when a session hands the actor
+    back, so the next session finds it as new (``__init__`` again, no argument)."""
+
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS since it started or was last reset (bytes)."""
+        return worker_peak_rss()
+
+    def reset(self) -> None:
+        """Drop the session's state (the rows, counts or draws it held) and clear the peak RSS
+        (``/proc/self/clear_refs``: 5 resets VmHWM; a kernel that refuses keeps the old peak)."""
+        self.__init__()
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+                refs.write("5")
+        except OSError:
+            pass
 
 
 def windowed(items: Iterable, submit: Callable[[Any], tuple[Any, Any]], collect: Callable[[Any, Any], None], limit: int) -> None:

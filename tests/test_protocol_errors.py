@@ -553,3 +553,20 @@ def test_a_solution_count_past_int64_is_refused_and_aborts(logs) -> None:
     error, (state, notice) = refused_at(logs, "party-3", "nlp_solution", lambda env: env.nlp_solution.x.__setitem__(0, 2**64 - 1))
     assert error.code == ProtocolError.INVALID_ARGUMENT and "holds a count 18446744073709551615 above 9007199254740992" in str(error)
     assert (state, notice.origin) == ("aborted", "party-3")
+
+
+def test_complete_universe_ids_sharing_their_first_16_bytes_are_invalid_argument(logs) -> None:
+    """P_1 keeps each fully hashed id's first 16 bytes for the union (union_keys): two ids of
+    one party's complete set that differ only after them would be one column, so the set is
+    refused (for honest X25519 ids this happens with probability about n^2 / 2^129)."""
+
+    def twin(sender, env):
+        hop = env.universe_hop
+        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:  # its complete, sorted ids to P_1
+            hop.ids[1] = hop.ids[0][:16] + bytes([hop.ids[0][16] ^ 1]) + hop.ids[0][17:]
+            if hop.ids[1] < hop.ids[0]:
+                hop.ids[0], hop.ids[1] = hop.ids[1], hop.ids[0]
+
+    err = intercepted_error(logs, "party-1", "universe_hop", twin)
+    assert err.code == ProtocolError.INVALID_ARGUMENT
+    assert "complete universe ids of party-2 are not sorted and distinct" in str(err)

@@ -222,3 +222,20 @@ def test_merging_each_set_into_the_union_is_np_unique(sets) -> None:
     expected, inverse = np.unique(np.concatenate(arrays), return_inverse=True)
     assert union.tobytes() == expected.tobytes()
     assert np.array_equal(np.concatenate(positions), inverse.ravel())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=32, max_size=32), unique=True, max_size=40), st.integers(1, 40))
+def test_the_union_keys_sort_as_the_ids_and_keep_their_first_16_bytes(ids, width_cut) -> None:
+    """P_1's union holds each fully hashed id's first 16 bytes (union_keys): for 32-byte
+    ids (X25519) the keys sort in the ids' order; ids of 16 bytes or fewer are kept whole."""
+    from cels.protocol.stages.universe import UNION_KEY_BYTES, union_keys
+
+    full = np.frombuffer(b"".join(ids), dtype="V32")
+    keys = union_keys(full)
+    assert keys.dtype.itemsize == UNION_KEY_BYTES == 16
+    assert [k.tobytes() for k in keys] == [i[:16] for i in ids]
+    order = np.argsort(full, kind="stable")
+    assert np.array_equal(np.argsort(keys, kind="stable"), order) or len({i[:16] for i in ids}) < len(ids)
+    short = np.frombuffer(b"".join(i[: min(width_cut, 16)] for i in ids), dtype=f"V{min(width_cut, 16)}")
+    assert union_keys(short) is short

@@ -82,8 +82,10 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
 from cels.protocol.work import CommutativeHash, encode_records, pruned_constraint_rows
 
-CHUNK_IDS = 2048
-"""Ids per pair-work task: about 0.1 s of X25519 multiplications (docs/crypto.md)."""
+CHUNK_IDS = 8192
+"""Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
+cost 3-7 % more CPU in all for the same ids (each task's submission, pickled ids and result:
+docs/deployment.md), and a forwarded universe chunk of STREAM_IDS is still two tasks."""
 USAGE_SECONDS = 10.0
 """How long a session's end waits for its shards' peak RSS (GetTimeoutError past it: the figure is lost)."""
 CONNECT_SECONDS = 5.0

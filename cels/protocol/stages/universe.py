@@ -36,6 +36,22 @@ most this many (issue 25).  16,384 X25519 ids are about 560 kB, within one 1 MiB
 frame (cels.node.framing); Pohlig-Hellman ids (the group's size each) span a few frames."""
 
 
+UNION_KEY_BYTES = 16
+"""Bytes of a fully hashed id that P_1 keeps for the union (its first ones): two distinct ids
+of a session share them with probability about n^2 / 2^129, the bet the Ray engine's pair
+digests make too (cels.engine.log_shards.PAIR_DIGEST_BYTES); the union then takes half the
+memory of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
+
+
+def union_keys(ids: np.ndarray) -> np.ndarray:
+    """The first :data:`UNION_KEY_BYTES` of each of the :func:`id_array` ``ids`` (all of a
+    shorter id), as a fixed-width array that sorts as the ids do."""
+    width = ids.dtype.itemsize
+    if width <= UNION_KEY_BYTES:
+        return ids
+    return np.ascontiguousarray(ids.view(np.uint8).reshape(-1, width)[:, :UNION_KEY_BYTES]).view(f"V{UNION_KEY_BYTES}").ravel()
+
+
 def chunks(n: int) -> Iterator[tuple[int, int, bool]]:
     """(first, stop, more) of the consecutive chunks of a list of ``n``: one empty chunk if n = 0."""
     for first in range(0, max(n, 1), STREAM_IDS):
@@ -145,8 +161,8 @@ class Universe(Stage):
         self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.width}")  # own ids, every layer applied
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids")
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
-        self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far
-        self.union = np.zeros(0, dtype=f"V{self.width}")  # P_1: the sorted union of the complete id sets so far
+        self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far (union_keys)
+        self.union = union_keys(np.zeros(0, dtype=f"V{self.width}"))  # P_1: the sorted union of the complete id sets so far (union_keys)
         self.positions: dict[str, np.ndarray] = {}  # P_1: where each set's ids sit in it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index")
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
@@ -227,9 +243,10 @@ class Universe(Stage):
         ids = self._chunk_ids(msg, cursor)
         if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
             raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
-        if not increasing(ids, parts[-1][-1:] if parts else ids[:0]):
+        keys = union_keys(ids)
+        if not increasing(keys, parts[-1][-1:] if parts else keys[:0]):
             raise malformed(f"{cursor.what} are not sorted and distinct")
-        parts.append(ids)
+        parts.append(keys)
         if msg.more:
             return []
         return self._collect(owner, np.concatenate(parts))
@@ -241,22 +258,23 @@ class Universe(Stage):
             raise malformed(f"{cursor.what}: an id not of {self.width} bytes")
         return ids
 
-    def _collect(self, owner: str, ids: np.ndarray) -> list[Outgoing]:
-        """P_1 merges each party's fully hashed ids into the sorted union (the index of
-        variables) as they complete, keeping only where each set's ids sit; with every set in,
-        it tells every party the index size and the columns of that party's own ids
-        (docs/protocol.md).  Each set arrives once (its chunks' cursor refuses a second); P_1's
-        own come in the order they left, the others' sorted."""
+    def _collect(self, owner: str, keys: np.ndarray) -> list[Outgoing]:
+        """P_1 merges each party's fully hashed ids (their :func:`union_keys`) into the sorted
+        union (the index of variables) as they complete, keeping only where each set's ids sit;
+        with every set in, it tells every party the index size and the columns of that party's
+        own ids (docs/protocol.md).  Each set arrives once (its chunks' cursor refuses a
+        second); P_1's own come in the order they left, the others' sorted."""
         seat = self.seat
         if owner == seat.name:
-            order = np.argsort(ids, kind="stable")
-            if not increasing(ids[order], ids[:0]):
+            keys = union_keys(keys)
+            order = np.argsort(keys, kind="stable")
+            if not increasing(keys[order], keys[:0]):
                 raise malformed(f"{self.returned.what}: two of its ids came back equal")
-            self.union, sorted_at, inserted = merged(self.union, ids[order])
+            self.union, sorted_at, inserted = merged(self.union, keys[order])
             at = np.empty_like(sorted_at)
             at[order] = sorted_at
         else:
-            self.union, at, inserted = merged(self.union, ids)
+            self.union, at, inserted = merged(self.union, keys)
         for party, before in self.positions.items():
             self.positions[party] = moved(before, inserted)
         self.positions[owner] = at

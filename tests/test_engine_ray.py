@@ -31,7 +31,7 @@ from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.protocol.work import InProcessWork  # noqa: E402
+from cels.protocol.work import InProcessWork, id_array, id_list  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -55,7 +55,7 @@ def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork
     works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
         own = work.load().own
-        ids = work.hash_ids(INDEX_KEY, own)
+        ids = id_list(work.hash_ids(INDEX_KEY, own))
         columns = np.empty(len(own), dtype=np.int64)
         columns[sorted(range(len(own)), key=ids.__getitem__)] = np.arange(len(own))
         work.index(len(own), own, columns)
@@ -69,10 +69,11 @@ def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) 
     local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
     cipher = X25519Hash(bytes(range(1, 33)))
     first = local.hash_ids(cipher, local.load().own)
-    assert len(first) > 300
-    assert sorted(remote.hash_ids(cipher, np.arange(len(first)))) == sorted(first)  # each numbers its own pairs its own way
+    assert len(first) > 300 and first.dtype == np.dtype("V32")
+    assert sorted(id_list(remote.hash_ids(cipher, np.arange(len(first))))) == sorted(id_list(first))  # each numbers its own pairs its own way
     peer = X25519Hash(bytes(range(2, 34)))
-    assert remote.apply_layer(peer, first) == local.apply_layer(peer, first) == peer.apply(first)
+    layered = remote.apply_layer(peer, first)
+    assert layered.dtype == np.dtype("V32") and id_list(layered) == id_list(local.apply_layer(peer, first)) == peer.apply(id_list(first))
 
 
 def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkeypatch) -> None:
@@ -85,9 +86,9 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
     assert PohligHellmanHash.from_exponent(group, cipher.exponent_bytes()).exponent_bytes() == cipher.exponent_bytes()
     own = local.load().own
     first = local.hash_ids(cipher, own)
-    assert len(first) == len(own) > 80 and sorted(remote.hash_ids(cipher, own)) == sorted(first)
+    assert len(first) == len(own) > 80 and sorted(id_list(remote.hash_ids(cipher, own))) == sorted(id_list(first))
     peer = PohligHellmanHash(group)
-    assert remote.apply_layer(peer, first) == peer.apply(first)
+    assert id_list(remote.apply_layer(peer, first)) == peer.apply(id_list(first))
     with pytest.raises(ValueError, match="not a Pohlig-Hellman exponent"):
         PohligHellmanHash.from_exponent(group, (2).to_bytes(128, "big"))
 
@@ -95,8 +96,8 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
 def test_a_bad_peer_id_is_a_cipher_error_naming_its_chunk(engine, monkeypatch) -> None:
     monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 4)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
-    ids = [bytes([9]) * 32] * 9 + [b"short"]
-    with pytest.raises(CommutativeCipherError, match=r"ids from 8 on: x25519 element 1: 5 bytes"):
+    ids = id_array([bytes([9]) * 32] * 9 + [bytes(32)], 32)  # u = 0: a point of small order
+    with pytest.raises(CommutativeCipherError, match=r"ids from 8 on: x25519 element 1: "):
         remote.apply_layer(X25519Hash(), ids)
 
 

@@ -34,6 +34,7 @@ from cels.engine import EngineOptions, open_engine  # noqa: E402
 from cels.logs import LoadOptions, load_log, synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.node.cluster import LOOPBACK, free_port  # noqa: E402
+from cels.protocol.work import id_list  # noqa: E402
 from test_engine_ray import loaded_pair, ray_processes  # noqa: E402
 from test_private_solve import audit  # noqa: E402
 
@@ -162,7 +163,7 @@ class CpuHolder:
 def same_as_in_process(local, remote) -> None:
     """RayWork's universe pair work and private-solve verdicts equal the in-process ones."""
     cipher, own = X25519Hash(bytes(range(32))), local.load().own
-    assert sorted(remote.hash_ids(cipher, own)) == sorted(local.hash_ids(cipher, own))  # each numbers its own pairs its own way
+    assert sorted(id_list(remote.hash_ids(cipher, own))) == sorted(id_list(local.hash_ids(cipher, own)))  # each numbers its own pairs its own way
     totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals).tocsc()

@@ -80,7 +80,7 @@ from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
-from cels.protocol.work import CommutativeHash, encode_records, pruned_constraint_rows
+from cels.protocol.work import CommutativeHash, encode_records, id_list, id_width, pruned_constraint_rows
 
 CHUNK_IDS = 8192
 """Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
@@ -261,13 +261,15 @@ def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]
 
 
 @ray.remote
-def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes], hash_first: bool) -> tuple[list[bytes], tuple[str, int], float]:
-    """One chunk of pair work with the party's key rebuilt from ``key`` (:func:`key_material`);
-    its worker's peak RSS and the chunk's CPU seconds come back with it."""
+def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes] | np.ndarray, hash_first: bool) -> tuple[bytes, tuple[str, int], float]:
+    """One chunk of pair work with the party's key rebuilt from ``key`` (:func:`key_material`):
+    encoded pair ids to hash, or an :func:`id_array` of ids to layer; the ids out as one
+    string of fixed-width ids (one object to pickle, not one per id), with its worker's peak
+    RSS and the chunk's CPU seconds."""
     cpu = time.process_time()
     cipher = X25519Hash(key) if group is None else PohligHellmanHash.from_exponent(group, key)
-    out = cipher.hash(items) if hash_first else cipher.apply(items)
-    return out, worker_peak_rss(), time.process_time() - cpu
+    out = cipher.hash(items) if hash_first else cipher.apply(id_list(items))
+    return b"".join(out), worker_peak_rss(), time.process_time() - cpu
 
 
 def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], touched: list[np.ndarray]) -> bool:
@@ -516,30 +518,31 @@ class RayWork:
         self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard)
         return self.log.load()
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
         """The own pairs' ids hashed on tasks, each by the first log shard holding it (its
         chunks go from the shard to the tasks through the object store)."""
         chunks, where = self.log.id_chunks(CHUNK_IDS)
-        ids: list[bytes] = [b""] * len(self.log.hasher)
+        ids = np.zeros(len(self.log.hasher), dtype=f"V{id_width(cipher)}")
         for positions, out in zip(where, self._pair_work(cipher, chunks, hash_first=True)):
-            for t, item in zip(positions.tolist(), out):
-                ids[t] = item
-        return [ids[t] for t in own]
+            ids[positions] = out
+        return ids[own]
 
-    def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
+    def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         chunks = [ids[lo : lo + CHUNK_IDS] for lo in range(0, len(ids), CHUNK_IDS)]
-        return [e for chunk in self._pair_work(cipher, chunks, hash_first=False) for e in chunk]
+        return np.concatenate([ids[:0], *self._pair_work(cipher, chunks, hash_first=False)])
 
-    def _pair_work(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[list[bytes]]:
-        """Each chunk's result (a chunk: ids, or an object reference to them), with at most
-        ``max_in_flight`` tasks running."""
+    def _pair_work(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[np.ndarray]:
+        """Each chunk's result as an :func:`id_array` (a chunk: ids, or an object reference to
+        them), with at most ``max_in_flight`` tasks running."""
         raw, group = key_material(cipher)
         key = ray.put(raw)
-        out: list[list[bytes]] = [[] for _ in chunks]
+        dtype = f"V{id_width(cipher)}"
+        out: list[np.ndarray] = [np.zeros(0, dtype=dtype) for _ in chunks]
 
         def collect(done, t: int) -> None:
             try:
-                out[t], (worker, rss), cpu = ray.get(done)
+                ids, (worker, rss), cpu = ray.get(done)
+                out[t] = np.frombuffer(ids, dtype=dtype)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {t * CHUNK_IDS} on: {exc.cause}") from None

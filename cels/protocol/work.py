@@ -13,14 +13,14 @@ process, exactly as CELS section 4.2 describes one party's computation.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto.commutative_cipher import PohligHellmanHash
-from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
@@ -31,6 +31,25 @@ from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_
 
 CommutativeHash = X25519Hash | PohligHellmanHash
 _ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
+
+
+def id_width(cipher: CommutativeHash) -> int:
+    """The fixed byte width of this cipher's hashed ids (a curve point's u, a group element)."""
+    return ELEMENT_BYTES if isinstance(cipher, X25519Hash) else cipher.group.element_bytes
+
+
+def id_array(ids: Sequence[bytes], width: int) -> np.ndarray | None:
+    """The ids as one array of ``np.void`` items of ``width`` bytes (compact; unlike ``S``, keeps
+    trailing NUL bytes), or None if one has another width."""
+    if any(len(i) != width for i in ids):
+        return None
+    return np.frombuffer(b"".join(ids), dtype=f"V{width}")
+
+
+def id_list(ids: np.ndarray) -> list[bytes]:
+    """The ids of an :func:`id_array` as bytes (for the wire and the ciphers)."""
+    raw, width = ids.tobytes(), ids.dtype.itemsize
+    return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
 def encode_item(*fields) -> bytes:
@@ -68,12 +87,14 @@ class LocalWork(Protocol):
         """Load and cap the log: the indices of the pairs this party holds (ascending), its source."""
         ...
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
-        """This party's layer on its own pair ids ``own`` (universe phase, first hop)."""
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
+        """This party's layer on its own pair ids ``own`` (universe phase, first hop), as an
+        :func:`id_array` of the cipher's width."""
         ...
 
-    def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
-        """This party's layer on a peer's ids (universe phase, later hops)."""
+    def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
+        """This party's layer on a peer's ids (universe phase, later hops), an :func:`id_array` of
+        the cipher's width in and out."""
         ...
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -136,11 +157,11 @@ class InProcessWork:
         pairs = self.log.pairs
         return [encode_item(*pairs[i]) for i in own]
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> list[bytes]:
-        return cipher.hash(self.pair_ids(own))
+    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
+        return id_array(cipher.hash(self.pair_ids(own)), id_width(cipher))
 
-    def apply_layer(self, cipher: CommutativeHash, ids: list[bytes]) -> list[bytes]:
-        return cipher.apply(ids)
+    def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
+        return id_array(cipher.apply(id_list(ids)), id_width(cipher))
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
         select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))

@@ -46,6 +46,7 @@ from cels.protocol.phases import Phase  # noqa: E402
 from cels.protocol.rolebase import RoleFailure  # noqa: E402
 from cels.protocol.wire.codec import phase_from_wire  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
+from cels.protocol.work import id_array, id_list  # noqa: E402
 from fault_harness import CONTROLLER, PARTIES, FaultCluster, session_members  # noqa: E402
 from test_engine_ray import loaded_pair  # noqa: E402
 from test_engine_raylets import RAY_CLI, cluster_processes, descendants, end_processes, ray_cli, zombie  # noqa: E402
@@ -108,9 +109,9 @@ class Killer(threading.Thread):
         self.join(5)
 
 
-def peer_ids(n: int) -> list[bytes]:
-    """``n`` distinct 32-byte curve points, as a peer's layer would send them."""
-    return [hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(n)]
+def peer_ids(n: int) -> np.ndarray:
+    """``n`` distinct 32-byte curve points, as a peer's layer would send them (an id array)."""
+    return id_array([hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(n)], 32)
 
 
 # -- 1. pair-work tasks -------------------------------------------------------------------
@@ -122,11 +123,11 @@ def test_a_pair_task_whose_worker_dies_runs_again_with_the_same_ids(engine, monk
     monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 6000)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     cipher, ids = X25519Hash(bytes(range(32))), peer_ids(18000)
-    expected = cipher.apply(ids)
+    expected = id_array(cipher.apply(id_list(ids)), 32)
     killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
     killer.start()
     try:
-        assert remote.apply_layer(cipher, ids) == expected
+        assert remote.apply_layer(cipher, ids).tobytes() == expected.tobytes()
     finally:
         killer.stop()
     assert killer.killed is not None, "no worker was seen running _pair_chunk"

@@ -12,12 +12,12 @@ holds a peer's whole list; the ids a party keeps are fixed-width numpy arrays, n
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
-from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
+from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.protocol.options import SessionOptions
@@ -27,7 +27,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork
+from cels.protocol.work import CommutativeHash, LocalWork, id_array, id_list, id_width
 
 
 STREAM_IDS = 16384
@@ -57,25 +57,6 @@ def chunks(n: int) -> Iterator[tuple[int, int, bool]]:
     for first in range(0, max(n, 1), STREAM_IDS):
         stop = min(first + STREAM_IDS, n)
         yield first, stop, stop < n
-
-
-def id_width(cipher: CommutativeHash) -> int:
-    """The fixed byte width of this cipher's hashed ids (a curve point's u, a group element)."""
-    return ELEMENT_BYTES if isinstance(cipher, X25519Hash) else cipher.group.element_bytes
-
-
-def id_array(ids: Sequence[bytes], width: int) -> np.ndarray | None:
-    """The ids as one array of ``np.void`` items of ``width`` bytes (compact; unlike ``S``, keeps
-    trailing NUL bytes), or None if one has another width."""
-    if any(len(i) != width for i in ids):
-        return None
-    return np.frombuffer(b"".join(ids), dtype=f"V{width}")
-
-
-def id_list(ids: np.ndarray) -> list[bytes]:
-    """The ids of an :func:`id_array` as bytes (for the wire and LocalWork)."""
-    raw, width = ids.tobytes(), ids.dtype.itemsize
-    return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
 def increasing(ids: np.ndarray, before: np.ndarray) -> bool:
@@ -171,7 +152,7 @@ class Universe(Stage):
 
     def start(self) -> list[Outgoing]:
         own, seat = self.loaded.own, self.seat
-        first = id_array(self.work.hash_ids(self.cipher, own), self.width)
+        first = self.work.hash_ids(self.cipher, own)
         order = np.argsort(first, kind="stable")  # ids leave sorted, not in log order
         self.own_pairs, first = own[order], first[order]
         return self._stream(seat.successor, seat.name, [seat.name], first)
@@ -203,11 +184,11 @@ class Universe(Stage):
             cursor.take(msg.first, len(msg.ids), msg.more)
             self.ids_seen += len(msg.ids)
             try:
-                ids = self.work.apply_layer(self.cipher, list(msg.ids))
+                ids = self.work.apply_layer(self.cipher, self._chunk_ids(msg, cursor))
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
             hop = cels_pb2.UniverseHop(
-                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids, first=msg.first, more=msg.more
+                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=id_list(ids), first=msg.first, more=msg.more
             )
             return seat.send(seat.successor, universe_hop=hop)
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them

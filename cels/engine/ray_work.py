@@ -37,6 +37,10 @@ again would keep a second copy of the log in the object store), the session abor
 LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log has which worker and
 why).
 
+The node starts its shard actors (P of each kind) and warms its task workers once, when it
+starts, not per session (:class:`ShardPool`, docs/deployment.md "Warm shards"): a session
+borrows the idle actors and hands them back, reset, when it ends.
+
 What stays in the node's process: no row of the log; every user's draw bucket (the party's
 draw order), per own pair the log shard that hashes it, the vectors over the index the
 protocol sends, the users' counts over the active pairs (the constraint rows and the
@@ -101,6 +105,9 @@ SHARD_ACTORS = 3
 """Actors in a shard's bundle: its log shard, user shard (private solve) and sampling shard."""
 PLACE_SECONDS = 60.0
 """How long a session waits for its shards' placement group before it gives up."""
+READY_SECONDS = 10.0
+"""How long a session waits for a warm shard actor's reset (:meth:`ShardPool.borrow`) before it
+takes the actor for lost and starts another in its place."""
 WARM_SECONDS = 0.5
 """How long a warm-up task holds its CPU (:func:`warm_task_workers`): long enough that the tasks
 of all the cluster's CPUs run at once, on as many workers."""
@@ -402,7 +409,7 @@ class ShardPool:
             return None
         actor, ready = slot
         try:
-            ray.get(ready, timeout=USAGE_SECONDS)
+            ray.get(ready, timeout=READY_SECONDS)
         except ray.exceptions.RayError:
             ray.kill(actor)
             actor = in_bundle(kind, self.group, shard)

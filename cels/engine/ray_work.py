@@ -368,6 +368,44 @@ class SamplingShard(ShardState):
         return self.sampler.result().tocoo()
 
 
+class PairTasks:
+    """A session's pair work on stateless tasks (:func:`_pair_chunk`), at most ``max_in_flight``
+    at once, and what they reported: tasks run, their CPU seconds, and each worker process's
+    peak RSS (bytes)."""
+
+    def __init__(self, max_in_flight: int) -> None:
+        self.max_in_flight = max_in_flight
+        self.workers: dict[str, int] = {}
+        self.cpu_seconds = 0.0
+        self.tasks = 0
+
+    def run(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[np.ndarray]:
+        """Each chunk's result as an :func:`id_array` (a chunk: ids, or an object reference to
+        them)."""
+        raw, group = key_material(cipher)
+        key = ray.put(raw)
+        dtype = f"V{id_width(cipher)}"
+        out: list[np.ndarray] = [np.zeros(0, dtype=dtype) for _ in chunks]
+
+        def collect(done, t: int) -> None:
+            try:
+                ids, (worker, rss), cpu = ray.get(done)
+                out[t] = np.frombuffer(ids, dtype=dtype)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
+                    raise CommutativeCipherError(f"in the ids from {t * CHUNK_IDS} on: {exc.cause}") from None
+                raise
+            except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * CHUNK_IDS} on is lost after {TASK_RETRIES} retries: {exc}") from None
+            self.workers[worker] = max(rss, self.workers.get(worker, 0))
+            self.cpu_seconds += cpu
+            self.tasks += 1
+
+        task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
+        windowed(enumerate(chunks), lambda item: (task.remote(key, group, item[1], hash_first), item[0]), collect, self.max_in_flight)
+        return out
+
+
 class ShardPool:
     """A node's warm shard actors (docs/deployment.md, "Warm shards"): one of each kind -- log
     shard, user shard, sampling shard -- per shard, started with the node in a placement group
@@ -509,9 +547,7 @@ class RayWork:
         self.verdict_rounds = self.verdict_passes = 0  # private-solve rounds, and the shards' passes over them
         self._sampling_actors: list = []
         self._group = None  # this session's placement group of the shards (made at the first shard)
-        self._pair_workers: dict[str, int] = {}  # worker process -> its peak RSS (bytes), as its tasks reported
-        self._pair_cpu_seconds = 0.0
-        self._pair_tasks = 0
+        self.pair_tasks = PairTasks(max_in_flight)
 
     @property
     def n_users(self) -> int:
@@ -530,39 +566,13 @@ class RayWork:
         chunks go from the shard to the tasks through the object store)."""
         chunks, where = self.log.id_chunks(CHUNK_IDS)
         ids = np.zeros(len(self.log.hasher), dtype=f"V{id_width(cipher)}")
-        for positions, out in zip(where, self._pair_work(cipher, chunks, hash_first=True)):
+        for positions, out in zip(where, self.pair_tasks.run(cipher, chunks, hash_first=True)):
             ids[positions] = out
         return ids[own]
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         chunks = [ids[lo : lo + CHUNK_IDS] for lo in range(0, len(ids), CHUNK_IDS)]
-        return np.concatenate([ids[:0], *self._pair_work(cipher, chunks, hash_first=False)])
-
-    def _pair_work(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[np.ndarray]:
-        """Each chunk's result as an :func:`id_array` (a chunk: ids, or an object reference to
-        them), with at most ``max_in_flight`` tasks running."""
-        raw, group = key_material(cipher)
-        key = ray.put(raw)
-        dtype = f"V{id_width(cipher)}"
-        out: list[np.ndarray] = [np.zeros(0, dtype=dtype) for _ in chunks]
-
-        def collect(done, t: int) -> None:
-            try:
-                ids, (worker, rss), cpu = ray.get(done)
-                out[t] = np.frombuffer(ids, dtype=dtype)
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
-                    raise CommutativeCipherError(f"in the ids from {t * CHUNK_IDS} on: {exc.cause}") from None
-                raise
-            except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
-                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * CHUNK_IDS} on is lost after {TASK_RETRIES} retries: {exc}") from None
-            self._pair_workers[worker] = max(rss, self._pair_workers.get(worker, 0))
-            self._pair_cpu_seconds += cpu
-            self._pair_tasks += 1
-
-        task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
-        windowed(enumerate(chunks), lambda item: (task.remote(key, group, item[1], hash_first), item[0]), collect, self.max_in_flight)
-        return out
+        return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False)])
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
         return self.log.index(n, own, columns)
@@ -742,7 +752,7 @@ class RayWork:
             "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
             "verdict_rounds": self.verdict_rounds,
             "verdict_passes": self.verdict_passes,
-            "pair_tasks": self._pair_tasks,
-            "pair_task_cpu_seconds": self._pair_cpu_seconds,
-            "pair_worker_peak_rss_bytes": dict(sorted(self._pair_workers.items())),
+            "pair_tasks": self.pair_tasks.tasks,
+            "pair_task_cpu_seconds": self.pair_tasks.cpu_seconds,
+            "pair_worker_peak_rss_bytes": dict(sorted(self.pair_tasks.workers.items())),
         }

@@ -625,9 +625,9 @@ class RayWork:
     def release(self) -> None:
         """The session ended here: the warm actors it borrowed go back to the node's pool, the
         shard actors it made end and its placement group goes."""
-        warm = {actor._actor_id for _, _, actor in self._borrowed}
+        warm = {id(actor) for _, _, actor in self._borrowed}  # the very handles _shard lent out
         for actor in [*(self.log.actors if self.log else []), *self._actors, *self._sampling_actors]:
-            if actor._actor_id not in warm:
+            if id(actor) not in warm:
                 ray.kill(actor)
         if self._pool is not None:
             self._give_back()

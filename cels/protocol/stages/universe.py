@@ -239,15 +239,15 @@ class Universe(Stage):
             raise malformed(f"{cursor.what}: an id not of {self.width} bytes")
         return ids
 
-    def _collect(self, owner: str, keys: np.ndarray) -> list[Outgoing]:
-        """P_1 merges each party's fully hashed ids (their :func:`union_keys`) into the sorted
-        union (the index of variables) as they complete, keeping only where each set's ids sit;
-        with every set in, it tells every party the index size and the columns of that party's
-        own ids (docs/protocol.md).  Each set arrives once (its chunks' cursor refuses a
-        second); P_1's own come in the order they left, the others' sorted."""
-        seat = self.seat
+    def _collect(self, owner: str, ids: np.ndarray) -> list[Outgoing]:
+        """P_1 merges each party's fully hashed ids (as their :func:`union_keys`, which the
+        others' already are) into the sorted union (the index of variables) as they complete,
+        keeping only where each set's ids sit; with every set in, it tells every party the index
+        size and the columns of that party's own ids (docs/protocol.md).  Each set arrives once
+        (its chunks' cursor refuses a second); P_1's own come in the order they left, the
+        others' sorted."""
+        seat, keys = self.seat, union_keys(ids)
         if owner == seat.name:
-            keys = union_keys(keys)
             order = np.argsort(keys, kind="stable")
             if not increasing(keys[order], keys[:0]):
                 raise malformed(f"{self.returned.what}: two of its ids came back equal")

@@ -9,6 +9,7 @@ import pytest
 from cels.crypto.paillier import PackingOverflowError
 from cels.crypto.secure_aggregation import PairwiseMasks
 from cels.inprocess import InMemoryNetwork
+from cels.protocol import masked_sum
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.roles import ProtocolError
 
@@ -87,3 +88,69 @@ def test_refusals() -> None:
     with pytest.raises(ProtocolError) as err:
         roles["a"].receive("c", env_c)
     assert err.value.code == ProtocolError.INVALID_ARGUMENT and "outside [0, r * bound]" in str(err.value)
+
+
+def test_a_sum_streams_in_chunks_and_totals_as_whole(monkeypatch) -> None:
+    """With chunks of 16 entries, a 50-entry sum of 3 parties goes as 4 MaskedSumShares per
+    party and 4 SumResults per receiver, each chunk at its place (first, more); P_1 sends a
+    chunk of the total once all three shares of it are in; the totals are the whole vectors'."""
+    monkeypatch.setattr(masked_sum, "SUM_CHUNK", 16)
+    ring = ["a", "b", "c"]
+    rng = np.random.default_rng(5)
+    values = {p: rng.integers(0, 1000, size=50) for p in ring}
+    roles = make(ring, values)
+    sent, queue = [], [(p, dst, env) for p in ring for dst, env in roles[p].start()]
+    while queue:  # delivered in the order sent (one sender's chunks stay in order)
+        src, dst, env = queue.pop(0)
+        sent.append((src, dst, env.WhichOneof("step"), env))
+        queue += [(dst, to, out) for to, out in roles[dst].receive(src, env)]
+    for p in ring:
+        np.testing.assert_array_equal(roles[p].result, sum(values.values()))
+    shares = [env.masked_sum_share for src, dst, step, env in sent if step == "masked_sum_share" and src == "b"]
+    assert [(m.first, len(m.words) // 8, m.more) for m in shares] == [(0, 16, True), (16, 16, True), (32, 16, True), (48, 2, False)]
+    np.testing.assert_array_equal(
+        np.frombuffer(b"".join(m.words for m in shares), dtype="<u8"), roles["b"].masks.masked_values(values["b"], 2, 0)
+    )
+    results = [env.sum_result for src, dst, step, env in sent if step == "sum_result" and dst == "c"]
+    assert [(m.first, m.more, m.rows, len(m.values)) for m in results] == [(0, True, 50, 0), (16, True, 50, 0), (32, True, 50, 0), (48, False, 50, 0)]
+
+
+def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
+    """A chunk that skips one, repeats one, has the wrong length or says more after the end is
+    refused (FAILED_PRECONDITION out of place, INVALID_ARGUMENT malformed), and a SumResult of
+    a masked sum must carry its total in words."""
+    monkeypatch.setattr(masked_sum, "SUM_CHUNK", 16)
+    ring = ["a", "b", "c"]
+    values = {p: np.arange(40) for p in ring}
+    roles = make(ring, values)
+    roles["a"].start()
+    chunks_b = roles["b"].start()
+    assert len(chunks_b) == 3
+    with pytest.raises(ProtocolError) as err:  # skips the first chunk
+        roles["a"].receive("b", chunks_b[1][1])
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
+    roles["a"].receive("b", chunks_b[0][1])
+    with pytest.raises(ProtocolError) as err:  # the same chunk again
+        roles["a"].receive("b", chunks_b[0][1])
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
+    bad = type(chunks_b[2][1])()
+    bad.CopyFrom(chunks_b[2][1])
+    bad.masked_sum_share.more = True  # the last chunk claims more
+    with pytest.raises(ProtocolError) as err:
+        roles["a"].receive("b", bad)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    roles["a"].receive("b", chunks_b[1][1])
+    roles["a"].receive("b", chunks_b[2][1])
+    out = [o for _, env in roles["c"].start() for o in roles["a"].receive("c", env)]
+    to_b = [env for dst, env in out if dst == "b"]
+    assert len(to_b) == 3 and roles["a"].done
+    as_values = type(to_b[0])()
+    as_values.CopyFrom(to_b[0])
+    as_values.sum_result.words = b""
+    as_values.sum_result.values.extend([3] * 16)
+    with pytest.raises(ProtocolError) as err:
+        roles["b"].receive("a", as_values)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    for env in to_b:
+        roles["b"].receive("a", env)
+    np.testing.assert_array_equal(roles["b"].result, 3 * np.arange(40))

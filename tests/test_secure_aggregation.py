@@ -51,6 +51,22 @@ def test_a_masked_vector_looks_uniform() -> None:
         assert abs(bits.mean() - 0.5) < 4 * 0.5 / np.sqrt(bits.size)  # 4 sigma
 
 
+def test_a_vector_made_in_pieces_is_the_vector_made_whole() -> None:
+    """The masked sums mask each chunk from its own position (cels.protocol.masked_sum): words
+    from an offset (a multiple of the 8-word ChaCha20 block) are the whole vector's there, and
+    a party's masked pieces are its whole masked vector's; an offset inside a block is refused."""
+    seed = bytes(range(32))
+    whole = prg_words(seed, 3, 200, SUMS)
+    for offset, length in ((0, 8), (8, 24), (64, 136), (192, 8)):
+        np.testing.assert_array_equal(prg_words(seed, 3, length, SUMS, offset), whole[offset : offset + length])
+    masks = parties_with_keys(3)["party-2"]
+    values = np.arange(200, dtype=np.int64)
+    pieces = [masks.masked_values(values[lo : lo + 16], SUMS, 2, offset=lo) for lo in range(0, 200, 16)]
+    np.testing.assert_array_equal(np.concatenate(pieces), masks.masked_values(values, SUMS, 2))
+    with pytest.raises(MaskError, match="multiple of 8"):
+        prg_words(seed, 3, 8, SUMS, offset=4)
+
+
 def test_rounds_and_streams_use_independent_words() -> None:
     seed = bytes(range(32))
     a, b, c = prg_words(seed, 0, 64), prg_words(seed, 1, 64), prg_words(seed, 0, 64, NOISE)

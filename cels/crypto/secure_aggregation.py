@@ -51,10 +51,18 @@ class MaskError(ValueError):
     """A peer's public key or a vector the aggregation cannot take."""
 
 
-def prg_words(seed: bytes, round_number: int, length: int, stream: int = VERDICTS) -> np.ndarray:
-    """``length`` uint64 words of ChaCha20(seed) with (stream, round number) as the nonce."""
-    # `cryptography`: a 4-byte block counter, then the 12-byte nonce: stream (4 bytes), round (8 bytes)
-    nonce = bytes(4) + stream.to_bytes(4, "little") + round_number.to_bytes(8, "little")
+PRG_BLOCK_WORDS = 8
+"""uint64 words of one ChaCha20 block (64 bytes): a PRG vector can start at any multiple."""
+
+
+def prg_words(seed: bytes, round_number: int, length: int, stream: int = VERDICTS, offset: int = 0) -> np.ndarray:
+    """Words ``offset`` .. ``offset + length`` of the uint64 vector ChaCha20(seed) with (stream,
+    round number) as the nonce; ``offset`` is a multiple of :data:`PRG_BLOCK_WORDS` (the block
+    counter starts there), so a vector made in pieces equals the vector made whole."""
+    if offset % PRG_BLOCK_WORDS or not 0 <= offset // PRG_BLOCK_WORDS < 2**32:
+        raise MaskError(f"PRG offset {offset}: not a multiple of {PRG_BLOCK_WORDS} words below 2^35")
+    # `cryptography`: a 4-byte little-endian block counter, then the 12-byte nonce: stream (4 bytes), round (8 bytes)
+    nonce = (offset // PRG_BLOCK_WORDS).to_bytes(4, "little") + stream.to_bytes(4, "little") + round_number.to_bytes(8, "little")
     encryptor = Cipher(algorithms.ChaCha20(seed, nonce), mode=None).encryptor()
     return np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
 
@@ -95,13 +103,14 @@ class PairwiseMasks:
         info = SEED_LABEL + self.context
         self._seeds[peer] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
-    def mask(self, round_number: int, length: int, stream: int = VERDICTS) -> np.ndarray:
-        """mask_index for one round: + PRG of every later party, - PRG of every earlier one."""
+    def mask(self, round_number: int, length: int, stream: int = VERDICTS, offset: int = 0) -> np.ndarray:
+        """mask_index for one round (its entries ``offset`` .. ``offset + length``: :func:`prg_words`):
+        + PRG of every later party, - PRG of every earlier one."""
         if not self.complete:
             raise MaskError("mask keys of some parties are missing")
         total = np.zeros(length, dtype=np.uint64)
         for peer, seed in self._seeds.items():
-            words = prg_words(seed, round_number, length, stream)
+            words = prg_words(seed, round_number, length, stream, offset)
             total = total + words if peer > self.index else total - words  # wraps mod 2^64
         return total
 
@@ -113,11 +122,12 @@ class PairwiseMasks:
         rho = uniform_nonzero(len(v))
         return rho * v + self.mask(round_number, len(v))
 
-    def masked_values(self, values: Sequence[int], stream: int = NOISE, round_number: int = 0) -> np.ndarray:
+    def masked_values(self, values: Sequence[int], stream: int = NOISE, round_number: int = 0, offset: int = 0) -> np.ndarray:
         """w = values + mask (mod 2^64, two's complement): a signed integer vector whose sum over
-        the parties is read back with :func:`signed`."""
+        the parties is read back with :func:`signed`; ``values`` are the entries from ``offset``
+        on of a longer vector (its masks: :meth:`mask`)."""
         v = np.asarray(values, dtype=np.int64).view(np.uint64)
-        return v + self.mask(round_number, len(v), stream)
+        return v + self.mask(round_number, len(v), stream, offset)
 
 
 def uniform_nonzero(length: int) -> np.ndarray:

@@ -6,7 +6,9 @@ nothing else -- but without Paillier.  Each party P_k sends P_1 (``ring[0]``, th
 holds Algorithm 1's key in the paper's mode) its vector plus its pairwise masks mod 2^64
 (``MaskedSumShare``; :class:`cels.crypto.secure_aggregation.PairwiseMasks`, stream SUMS, one
 round number per sum of the session); P_1 adds the r vectors, the masks cancel, and it sends
-the total to every other party as a ``SumResult``.
+the total to every other party as a ``SumResult``.  Every vector goes in chunks of
+:data:`SUM_CHUNK` entries, each masked from its own position in the mask streams, so the
+totals are those of whole vectors and no message or mask is ever built for a whole vector.
 
 What each party sees (semi-honest, non-colluding): P_1 sees every other party's masked
 vector, which is uniform without the seed that party shares with a third (r >= 3; with
@@ -24,9 +26,18 @@ import numpy as np
 
 from cels.crypto.secure_aggregation import SUMS, PairwiseMasks, signed
 from cels.crypto.paillier import PackingOverflowError
+from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_sum import RingMember
 from cels.protocol.wire import cels_pb2
+
+
+SUM_CHUNK = 65_536
+"""Entries per MaskedSumShare and per SumResult of a masked sum: every vector goes as
+consecutive chunks of at most this many (512 KiB of words, within one transport frame), so no
+party builds a whole masked vector or total message at once, and P_1 sends each chunk of the
+total as soon as all r shares of it are in.  A multiple of the PRG's block
+(cels.crypto.secure_aggregation.PRG_BLOCK_WORDS): a chunk's masks start at its first entry."""
 
 
 class MaskedSum(RingMember):
@@ -50,8 +61,10 @@ class MaskedSum(RingMember):
         self.values = np.asarray(values, dtype=np.int64).ravel()
         self.result: np.ndarray | None = None
         self.started = False
-        self._received: set[str] = set()  # P_1: the parties whose share is in the running total
-        self._running = np.zeros(0, dtype=np.uint64)  # P_1: the shares so far, added mod 2^64
+        n = len(self.values)
+        self._total = np.zeros(n, dtype=np.uint64)  # P_1: the shares so far, added mod 2^64; elsewhere: the total's chunks so far
+        self._shares = np.zeros(len(range(0, max(n, 1), SUM_CHUNK)), dtype=np.int64)  # P_1: shares in, per chunk
+        self._cursors: dict[str, ChunkCursor] = {}  # P_1: each party's share so far; elsewhere: P_1's total
         outside = (self.values < 0) | (self.values > bound)
         if np.any(outside):
             index = int(np.flatnonzero(outside)[0])
@@ -62,18 +75,22 @@ class MaskedSum(RingMember):
         return self.ring[0]
 
     def start(self) -> list[Outgoing]:
-        """Mask this party's vector; P_1 keeps its own, the others send theirs to P_1."""
+        """Mask this party's vector chunk by chunk; P_1 adds its own, the others send theirs to P_1."""
         if self.started:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"sum {self.sum_id!r} started twice")
         self.started = True
-        share = self.masks.masked_values(self.values, SUMS, self.round_number)
-        if self.name == self.aggregator:
-            return self._add(self.name, share)
-        msg = cels_pb2.MaskedSumShare(session_id=self.session_id, sum_id=self.sum_id, words=share.astype("<u8").tobytes())
-        return [(self.aggregator, self.envelope(masked_sum_share=msg))]
+        out: list[Outgoing] = []
+        for first, stop, more in chunks(len(self.values), SUM_CHUNK):
+            share = self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first)
+            if self.name == self.aggregator:
+                out += self._add(first, share)
+                continue
+            msg = cels_pb2.MaskedSumShare(session_id=self.session_id, sum_id=self.sum_id, words=share.astype("<u8").tobytes(), first=first, more=more)
+            out.append((self.aggregator, self.envelope(masked_sum_share=msg)))
+        return out
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
-        """Take a MaskedSumShare (at P_1) or the SumResult (elsewhere)."""
+        """Take a chunk of a MaskedSumShare (at P_1) or of the SumResult (elsewhere)."""
         step = self.check(envelope, sender)
         if step == "masked_sum_share":
             return self._on_share(sender, envelope.masked_sum_share)
@@ -81,42 +98,68 @@ class MaskedSum(RingMember):
             return self._on_result(sender, envelope.sum_result)
         raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"masked sum cannot take {step}")
 
-    def _on_share(self, sender: str, msg: cels_pb2.MaskedSumShare) -> list[Outgoing]:
-        if self.name != self.aggregator or sender == self.name or sender not in self.ring or sender in self._received:
-            raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
-        if len(msg.words) != 8 * len(self.values):
+    def _words(self, what: str, cursor: ChunkCursor, first: int, words: bytes, more: bool, dtype: str) -> np.ndarray:
+        """A chunk's entries: whole 8-byte words, as many as the chunk at ``first`` of this sum's
+        vector has, and ``more`` unless it ends the vector (INVALID_ARGUMENT otherwise); then
+        taken in place by ``cursor`` (FAILED_PRECONDITION if out of place)."""
+        n = len(self.values)
+        expected = min(SUM_CHUNK, n - first) if first < n else 0
+        if len(words) != 8 * expected or more != (first + expected < n):
             raise ProtocolError(
                 ProtocolError.INVALID_ARGUMENT,
-                f"MaskedSumShare of {self.sum_id!r} from {sender!r}: {len(msg.words)} bytes, expected {8 * len(self.values)}",
+                f"{what}: {len(words)} bytes from entry {first} on (more = {more}), expected {expected} entries of the {n}",
             )
-        return self._add(sender, np.frombuffer(msg.words, dtype="<u8"))
+        cursor.take(first, expected, more)
+        return np.frombuffer(words, dtype=dtype)
 
-    def _add(self, party: str, share: np.ndarray) -> list[Outgoing]:
-        """P_1 adds ``party``'s share to the running total as it arrives (it keeps no share);
-        once every share is in, the masks cancel and the total goes to every other party."""
-        if self._received:
-            self._running += share  # wraps mod 2^64
-        else:
-            self._running = share.astype(np.uint64)  # a copy: a received share is a message's buffer
-        self._received.add(party)
-        if len(self._received) < self.r:
+    def _on_share(self, sender: str, msg: cels_pb2.MaskedSumShare) -> list[Outgoing]:
+        if self.name != self.aggregator or sender == self.name or sender not in self.ring:
+            raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
+        what = f"MaskedSumShare of {self.sum_id!r} from {sender!r}"
+        cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
+        return self._add(msg.first, self._words(what, cursor, msg.first, msg.words, msg.more, "<u8"))
+
+    def _add(self, first: int, share: np.ndarray) -> list[Outgoing]:
+        """P_1 adds a chunk of one party's share to the running total as it arrives (it keeps
+        no share); once all r shares of a chunk are in, its masks cancel and that chunk of the
+        total goes to every other party (the last one ends the sum)."""
+        stop = first + len(share)
+        self._total[first:stop] += share  # wraps mod 2^64
+        chunk = first // SUM_CHUNK
+        self._shares[chunk] += 1
+        if self._shares[chunk] < self.r:
             return []
-        total, self._running = self._running, self._running[:0]
-        self._finish(signed(total), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
-        result = cels_pb2.SumResult(session_id=self.session_id, sum_id=self.sum_id, values=self.result.tolist(), rows=len(total), cols=1)
-        return [(p, self.envelope(sum_result=result)) for p in self.others()]
+        total = signed(self._total[first:stop])
+        self._check(total, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
+        more = stop < len(self.values)  # chunks complete in order: every party sends its chunks in order
+        result = cels_pb2.SumResult(
+            session_id=self.session_id, sum_id=self.sum_id, rows=len(self.values), cols=1, words=total.astype("<i8").tobytes(), first=first, more=more
+        )
+        out = [(p, self.envelope(sum_result=result)) for p in self.others()]
+        if np.all(self._shares == self.r):
+            self._finish()
+        return out
 
     def _on_result(self, sender: str, msg: cels_pb2.SumResult) -> list[Outgoing]:
         if sender != self.aggregator or self.name == self.aggregator:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumResult from {sender!r}")
-        if (msg.rows, msg.cols, msg.scale_bits) != (len(self.values), 1, 0) or len(msg.values) != len(self.values):
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumResult of {self.sum_id!r}: {len(msg.values)} values for {len(self.values)}")
-        self._finish(np.array(msg.values, dtype=np.int64), f"SumResult of {self.sum_id!r} outside [0, r * bound]")
+        what = f"SumResult of {self.sum_id!r}"
+        if (msg.rows, msg.cols, msg.scale_bits, len(msg.values)) != (len(self.values), 1, 0, 0):
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what}: not a masked sum's total of {len(self.values)} entries")
+        cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
+        total = self._words(what, cursor, msg.first, msg.words, msg.more, "<i8")
+        self._check(total, f"{what} outside [0, r * bound]")
+        self._total[msg.first : cursor.position] = total.view(np.uint64)
+        if cursor.done:
+            self._finish()
         return []
 
-    def _finish(self, total: np.ndarray, refusal: str) -> None:
-        """Keep the total, refused (INVALID_ARGUMENT, ``refusal``) outside [0, r * bound]."""
+    def _check(self, total: np.ndarray, refusal: str) -> None:
+        """Refuse (INVALID_ARGUMENT, ``refusal``) a total outside [0, r * bound]."""
         if np.any((total < 0) | (total > self.r * self.bound)):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, refusal)
-        self.result = total
+
+    def _finish(self) -> None:
+        """Every chunk of the total is in: it is the result."""
+        self.result = signed(self._total)
         self.done = True

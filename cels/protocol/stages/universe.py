@@ -12,14 +12,13 @@ holds a peer's whole list; the ids a party keeps are fixed-width numpy arrays, n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys
+from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, fail, malformed
@@ -52,13 +51,6 @@ def union_keys(ids: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(ids.view(np.uint8).reshape(-1, width)[:, :UNION_KEY_BYTES]).view(f"V{UNION_KEY_BYTES}").ravel()
 
 
-def chunks(n: int) -> Iterator[tuple[int, int, bool]]:
-    """(first, stop, more) of the consecutive chunks of a list of ``n``: one empty chunk if n = 0."""
-    for first in range(0, max(n, 1), STREAM_IDS):
-        stop = min(first + STREAM_IDS, n)
-        yield first, stop, stop < n
-
-
 def increasing(ids: np.ndarray, before: np.ndarray) -> bool:
     """Whether ``ids`` (after the ids ``before``, at most one) are strictly increasing as bytes
     (the same-width ``S`` view compares as bytes do)."""
@@ -84,23 +76,6 @@ def merged(union: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 def moved(positions: np.ndarray, inserted: np.ndarray) -> np.ndarray:
     """Positions in a union after :func:`merged` inserted ids at ``inserted``."""
     return positions + np.searchsorted(inserted, positions, side="right")
-
-
-class ChunkCursor:
-    """Where the next chunk of one streamed list must start; refuses a chunk out of place."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.position, self.done = what, 0, False
-
-    def take(self, first: int, count: int, more: bool) -> None:
-        """Chunk [first, first + count) arrived; ``more``: further chunks follow."""
-        if self.done:
-            raise fail(f"{self.what}: a chunk after the last one")
-        if first != self.position:
-            raise fail(f"{self.what}: a chunk from {first} on, expected the one from {self.position} on")
-        if count > STREAM_IDS or (more and count == 0):
-            raise malformed(f"{self.what}: a chunk of {count} items (1..{STREAM_IDS}, or an empty list's only chunk)")
-        self.position, self.done = first + count, not more
 
 
 def commutative_hash(options: SessionOptions, draws: DrawKeys, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
@@ -140,12 +115,12 @@ class Universe(Stage):
         self.width = id_width(cipher)
         self.own_pairs = np.zeros(0, dtype=np.int64)  # own pairs in the order their ids left
         self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.width}")  # own ids, every layer applied
-        self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids")
+        self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far (union_keys)
         self.union = union_keys(np.zeros(0, dtype=f"V{self.width}"))  # P_1: the sorted union of the complete id sets so far (union_keys)
         self.positions: dict[str, np.ndarray] = {}  # P_1: where each set's ids sit in it
-        self.indexed = ChunkCursor(f"{seat.name}: universe_index")
+        self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
         self.columns = np.zeros(len(loaded.own), dtype=np.int64)  # own columns, in the sorted order of full_ids
         self.ids_seen = len(loaded.own)  # every party's set passes this party: the union has at most this many
@@ -162,7 +137,7 @@ class Universe(Stage):
         seat = self.seat
         return [
             out
-            for first, stop, more in chunks(len(ids))
+            for first, stop, more in chunks(len(ids), STREAM_IDS)
             for out in seat.send(
                 recipient,
                 universe_hop=cels_pb2.UniverseHop(
@@ -180,7 +155,7 @@ class Universe(Stage):
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
             if seat.name in applied or applied != [parties[(parties.index(msg.owner) + t) % r] for t in range(len(applied))]:
                 raise fail(f"{seat.name}: universe_hop of {msg.owner} arrived out of ring order")
-            cursor = self.forwarded.setdefault(msg.owner, ChunkCursor(f"{seat.name}: universe_hop of {msg.owner}"))
+            cursor = self.forwarded.setdefault(msg.owner, ChunkCursor(f"{seat.name}: universe_hop of {msg.owner}", STREAM_IDS))
             cursor.take(msg.first, len(msg.ids), msg.more)
             self.ids_seen += len(msg.ids)
             try:
@@ -219,7 +194,7 @@ class Universe(Stage):
         passed = self.forwarded.get(owner)
         if passed is None or not passed.done:
             raise fail(f"{seat.name}: complete universe ids of {owner} before its ids passed {seat.name}")
-        cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}"), []))
+        cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}", STREAM_IDS), []))
         cursor.take(msg.first, len(msg.ids), msg.more)
         ids = self._chunk_ids(msg, cursor)
         if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
@@ -268,7 +243,7 @@ class Universe(Stage):
             if party == seat.name:
                 own = columns
                 continue
-            for first, stop, more in chunks(len(columns)):
+            for first, stop, more in chunks(len(columns), STREAM_IDS):
                 index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
                 out += seat.send(party, universe_index=index)
         self._index(n, own)

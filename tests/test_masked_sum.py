@@ -112,13 +112,13 @@ def test_a_sum_streams_in_chunks_and_totals_as_whole(monkeypatch) -> None:
         np.frombuffer(b"".join(m.words for m in shares), dtype="<u8"), roles["b"].masks.masked_values(values["b"], 2, 0)
     )
     results = [env.sum_result for src, dst, step, env in sent if step == "sum_result" and dst == "c"]
-    assert [(m.first, m.more, m.rows, len(m.values)) for m in results] == [(0, True, 50, 0), (16, True, 50, 0), (32, True, 50, 0), (48, False, 50, 0)]
+    assert [(m.first, m.more, m.rows, len(m.values)) for m in results] == [(0, True, 50, 16), (16, True, 50, 16), (32, True, 50, 16), (48, False, 50, 2)]
 
 
 def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     """A chunk that skips one, repeats one, has the wrong length or says more after the end is
-    refused (FAILED_PRECONDITION out of place, INVALID_ARGUMENT malformed), and a SumResult of
-    a masked sum must carry its total in words."""
+    refused (FAILED_PRECONDITION out of place, INVALID_ARGUMENT malformed), at P_1 and at the
+    receivers of the total."""
     monkeypatch.setattr(masked_sum, "SUM_CHUNK", 16)
     ring = ["a", "b", "c"]
     values = {p: np.arange(40) for p in ring}
@@ -144,13 +144,15 @@ def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     out = [o for _, env in roles["c"].start() for o in roles["a"].receive("c", env)]
     to_b = [env for dst, env in out if dst == "b"]
     assert len(to_b) == 3 and roles["a"].done
-    as_values = type(to_b[0])()
-    as_values.CopyFrom(to_b[0])
-    as_values.sum_result.words = b""
-    as_values.sum_result.values.extend([3] * 16)
+    short = type(to_b[0])()
+    short.CopyFrom(to_b[0])
+    del short.sum_result.values[-1]
     with pytest.raises(ProtocolError) as err:
-        roles["b"].receive("a", as_values)
+        roles["b"].receive("a", short)
     assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    with pytest.raises(ProtocolError) as err:  # the second chunk first
+        roles["b"].receive("a", to_b[1])
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
     for env in to_b:
         roles["b"].receive("a", env)
     np.testing.assert_array_equal(roles["b"].result, 3 * np.arange(40))

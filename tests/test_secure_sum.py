@@ -176,6 +176,17 @@ def test_a_sum_result_outside_what_the_shares_can_sum_to_is_refused(nonnegative:
     assert err.value.code == "invalid_argument" and not roles["b"].done
 
 
+@pytest.mark.parametrize("chunk", [{"more": True}, {"first": 1}])
+def test_algorithm_1s_sum_result_is_one_message(chunk: dict) -> None:
+    """A masked sum's total comes in chunks (cels.protocol.masked_sum); Algorithm 1's is one
+    message, so a SumResult that says it is a chunk is malformed, even with the right values."""
+    roles = make(["a", "b"], {"a": np.array([0]), "b": np.array([5])}, bound=1000, nonnegative=True)
+    msg = cels_pb2.SumResult(session_id="s1", sum_id="counts", values=[7], rows=1, cols=1, **chunk)
+    with pytest.raises(ProtocolError) as err:
+        roles["b"].receive("a", cels_pb2.Envelope(session_id="s1", sender="a", sum_result=msg))
+    assert err.value.code == "invalid_argument" and not roles["b"].done
+
+
 def test_weak_key_is_refused_by_default() -> None:
     ring = ["a", "b"]
     secure_b = SecureSum(name="b", session_id="s1", sum_id="counts", ring=ring, values=np.arange(3), bound=10)

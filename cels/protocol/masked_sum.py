@@ -98,26 +98,25 @@ class MaskedSum(RingMember):
             return self._on_result(sender, envelope.sum_result)
         raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"masked sum cannot take {step}")
 
-    def _words(self, what: str, cursor: ChunkCursor, first: int, words: bytes, more: bool, dtype: str) -> np.ndarray:
-        """A chunk's entries: whole 8-byte words, as many as the chunk at ``first`` of this sum's
-        vector has, and ``more`` unless it ends the vector (INVALID_ARGUMENT otherwise); then
-        taken in place by ``cursor`` (FAILED_PRECONDITION if out of place)."""
+    def _take(self, what: str, cursor: ChunkCursor, first: int, count: int, more: bool) -> None:
+        """A chunk of ``count`` entries from ``first`` on: as many as that chunk of this sum's
+        vector has, and ``more`` unless it ends the vector (INVALID_ARGUMENT otherwise), taken
+        in place by ``cursor`` (FAILED_PRECONDITION out of place)."""
         n = len(self.values)
         expected = min(SUM_CHUNK, n - first) if first < n else 0
-        if len(words) != 8 * expected or more != (first + expected < n):
+        if count != expected or more != (first + expected < n):
             raise ProtocolError(
-                ProtocolError.INVALID_ARGUMENT,
-                f"{what}: {len(words)} bytes from entry {first} on (more = {more}), expected {expected} entries of the {n}",
+                ProtocolError.INVALID_ARGUMENT, f"{what}: {count} entries from {first} on (more = {more}), expected {expected} of the {n}"
             )
-        cursor.take(first, expected, more)
-        return np.frombuffer(words, dtype=dtype)
+        cursor.take(first, count, more)
 
     def _on_share(self, sender: str, msg: cels_pb2.MaskedSumShare) -> list[Outgoing]:
         if self.name != self.aggregator or sender == self.name or sender not in self.ring:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
         what = f"MaskedSumShare of {self.sum_id!r} from {sender!r}"
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
-        return self._add(msg.first, self._words(what, cursor, msg.first, msg.words, msg.more, "<u8"))
+        self._take(what, cursor, msg.first, len(msg.words) // 8 if len(msg.words) % 8 == 0 else -1, msg.more)
+        return self._add(msg.first, np.frombuffer(msg.words, dtype="<u8"))
 
     def _add(self, first: int, share: np.ndarray) -> list[Outgoing]:
         """P_1 adds a chunk of one party's share to the running total as it arrives (it keeps
@@ -133,7 +132,7 @@ class MaskedSum(RingMember):
         self._check(total, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
         more = stop < len(self.values)  # chunks complete in order: every party sends its chunks in order
         result = cels_pb2.SumResult(
-            session_id=self.session_id, sum_id=self.sum_id, rows=len(self.values), cols=1, words=total.astype("<i8").tobytes(), first=first, more=more
+            session_id=self.session_id, sum_id=self.sum_id, values=total.tolist(), rows=len(self.values), cols=1, first=first, more=more
         )
         out = [(p, self.envelope(sum_result=result)) for p in self.others()]
         if np.all(self._shares == self.r):
@@ -144,10 +143,11 @@ class MaskedSum(RingMember):
         if sender != self.aggregator or self.name == self.aggregator:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumResult from {sender!r}")
         what = f"SumResult of {self.sum_id!r}"
-        if (msg.rows, msg.cols, msg.scale_bits, len(msg.values)) != (len(self.values), 1, 0, 0):
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what}: not a masked sum's total of {len(self.values)} entries")
+        if (msg.rows, msg.cols, msg.scale_bits) != (len(self.values), 1, 0):
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what}: a {msg.rows}x{msg.cols} total, not {len(self.values)}x1")
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
-        total = self._words(what, cursor, msg.first, msg.words, msg.more, "<i8")
+        self._take(what, cursor, msg.first, len(msg.values), msg.more)
+        total = np.array(msg.values, dtype=np.int64)  # one chunk's Python ints at a time
         self._check(total, f"{what} outside [0, r * bound]")
         self._total[msg.first : cursor.position] = total.view(np.uint64)
         if cursor.done:

@@ -266,7 +266,7 @@ class SecureSum(RingMember):
         rows, cols = self._matrix().shape
         if sender != self.key_holder or self.name == self.key_holder:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected SumResult from {sender!r}")
-        chunked = message.words or message.first or message.more  # a masked sum's total (cels.protocol.masked_sum)
+        chunked = message.first or message.more  # a masked sum's total (cels.protocol.masked_sum)
         if (message.rows, message.cols, message.scale_bits) != (rows, cols, self.scale_bits) or len(message.values) != rows * cols or chunked:
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"SumResult shape {message.rows}x{message.cols} differs from {rows}x{cols}")
         fixed = np.array(message.values, dtype=np.int64).reshape(rows, cols)

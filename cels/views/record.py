@@ -119,8 +119,7 @@ def describe(role: object, direction: str, envelope: Envelope) -> tuple[dict, di
     content = _summary(msg)
     arrays: dict[str, np.ndarray] = {}
     if step == "sum_result":
-        # Algorithm 1's total in values; a masked sum's, a chunk at a time, in words
-        arrays["values"] = np.frombuffer(msg.words, dtype="<i8").astype(np.int64) if msg.words else np.asarray(msg.values, dtype=np.int64)
+        arrays["values"] = np.asarray(msg.values, dtype=np.int64)  # a masked sum's: one chunk
     elif step == "nlp_solution":
         arrays["x"] = np.asarray(msg.x, dtype=np.int64)
     if step in PLAINTEXT_STEPS:

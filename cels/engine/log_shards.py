@@ -308,10 +308,13 @@ class ShardedLog:
         return local
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
-        top = np.zeros(len(totals), dtype=np.int64)
+        """One of the party's users holds all of pair i iff one shard's largest count there does
+        (no vector of the largest counts over the index)."""
+        held = np.zeros(len(totals), dtype=np.uint8)
         for cols, most in self.get([a.column_max.remote() for a in self.actors]):
-            top[cols] = np.maximum(top[cols], most)
-        return ((top >= totals) & (totals > 0)).astype(np.int64)
+            held[cols[most >= totals[cols]]] = 1
+        held[totals <= 0] = 0
+        return held
 
     def counts_over(self, active: np.ndarray) -> sp.csr_matrix:
         """The users' counts over the ``active`` pairs (users x active: few pairs, the rest being

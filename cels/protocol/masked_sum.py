@@ -58,7 +58,7 @@ class MaskedSum(RingMember):
     ) -> None:
         super().__init__(name, session_id, ring)
         self.sum_id, self.bound, self.masks, self.round_number = sum_id, bound, masks, round_number
-        self.values = np.asarray(values, dtype=np.int64).ravel()
+        self.values = np.asarray(values).ravel()  # its own integer type (an indicator: one byte each), int64 a chunk at a time
         self.result: np.ndarray | None = None
         self.started = False
         n = len(self.values)

@@ -29,7 +29,7 @@ from cels.protocol.rolebase import SessionRole
 from cels.protocol.stages.counts import Counts
 from cels.protocol.stages.private import PrivateSolve
 from cels.protocol.stages.results import (
-    CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult, UniverseResult,
+    CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult,
 )  # fmt: skip
 from cels.protocol.stages.sampling import Sampling
 from cels.protocol.stages.seat import Seat, Stage
@@ -96,7 +96,6 @@ class PartyRole(SessionRole):
         self.sums = self._solve_class.sum_ring(self.seat, self._on_sum_total, setup)
         self.stage: Stage = Stage(self.seat)  # the running phase machine (none before begin)
         self.loaded: LoadResult | None = None
-        self.indexed: UniverseResult | None = None
         self.counted: CountsResult | None = None
         self.solve: Solve | None = None
         self.solved: SolveResult | None = None
@@ -129,9 +128,10 @@ class PartyRole(SessionRole):
 
     def _next(self, result) -> Stage | None:
         """The phase machine after the running one (:data:`NEXT`), built from its ``result``,
-        which the role keeps; none after the union (the initiator keeps the output)."""
+        which the role keeps (as NEXT says); none after the union (the initiator keeps the output)."""
         keep, then, build = NEXT[self.phase]
-        setattr(self, keep, result)
+        if keep is not None:
+            setattr(self, keep, result)
         if build is None:
             if self.name == self.initiator:
                 self.output = output_log(result, self.loaded)
@@ -213,9 +213,9 @@ def _solve(role: PartyRole, counted: CountsResult) -> Solve:
 
 
 SOLVE_PHASES = (Phase.SOLVE, Phase.NLP)
-NEXT: dict[Phase, tuple[str, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
+NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
     Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r)),
-    Phase.UNIVERSE: ("indexed", Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),
+    Phase.UNIVERSE: (None, Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),  # c^k: to the counts' sum only
     Phase.COUNTS: ("counted", None, _solve),  # the solve mode's phase 3: SOLVE or NLP (SOLVES)
     Phase.SOLVE: ("solved", Phase.SAMPLING, _sampling),  # either solve's result starts the same sampling
     Phase.NLP: ("solved", Phase.SAMPLING, _sampling),
@@ -223,5 +223,5 @@ NEXT: dict[Phase, tuple[str, Phase | None, Callable[[PartyRole, object], Stage] 
     Phase.UNION: ("united", None, None),  # this party's part is over: OVER
 }
 """The party's phases in order: when the running phase machine has its result, the role keeps
-it (the attribute named), and builds the next phase's machine from it.  With ``ACCEPTS`` (which
+it (the attribute named; none: only the next phase needs it), and builds the next phase's machine from it.  With ``ACCEPTS`` (which
 step message each phase takes) this is the whole machine."""

@@ -102,7 +102,8 @@ class LocalWork(Protocol):
         ...
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
-        """The indicator "one of my users holds all of pair i" (the unique pairs' secure sum)."""
+        """The indicator "one of my users holds all of pair i" (the unique pairs' secure sum),
+        one byte per pair."""
         ...
 
     def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
@@ -171,7 +172,7 @@ class InProcessWork:
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         col_max = np.asarray(self.local.max(axis=0).todense()).ravel() if self.local.shape[0] else np.zeros(len(totals))
-        return ((col_max >= totals) & (totals > 0)).astype(np.int64)
+        return ((col_max >= totals) & (totals > 0)).astype(np.uint8)
 
     def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
         rows, self.row_users = pruned_constraint_rows(self.local[:, active], totals)

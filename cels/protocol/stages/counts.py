@@ -25,11 +25,14 @@ class Counts(Stage):
 
     def __init__(self, seat: Seat, work: LocalWork, sums: SumRing, universe: UniverseResult) -> None:
         super().__init__(seat)
-        self.work, self.sums, self.universe = work, sums, universe
+        self.work, self.sums, self.n = work, sums, universe.n
+        self.local_counts: np.ndarray | None = universe.local_counts  # c^k, until its sum takes it
         self.totals: np.ndarray | None = None  # c, once the counts sum is over
 
     def start(self) -> list[Outgoing]:
-        return self.sums.start(COUNTS_SUM, self.universe.local_counts)
+        """The counts' secure sum, which holds c^k until its total is in (nothing else does)."""
+        local_counts, self.local_counts = self.local_counts, None
+        return self.sums.start(COUNTS_SUM, local_counts)
 
     def on_sum_total(self, sum_id: str, total: np.ndarray) -> list[Outgoing]:
         if sum_id == COUNTS_SUM:
@@ -38,5 +41,5 @@ class Counts(Stage):
         unique, c = total > 0, self.totals
         active = np.flatnonzero((c > 0) & ~unique & (c >= self.seat.options.min_count))
         rows = self.work.constraint_rows(active, c[active])
-        self.result = CountsResult(self.universe.n, c, active, int(np.count_nonzero(unique)), rows)
+        self.result = CountsResult(self.n, c, active, int(np.count_nonzero(unique)), rows)
         return []

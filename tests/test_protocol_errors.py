@@ -431,7 +431,7 @@ def test_a_complete_set_longer_than_the_list_that_passed_is_invalid_argument(log
         hop.more = True
         out = host.receive(sender, env)
         hop.first, hop.more = hop.first + len(hop.ids), False
-        hop.ids[:] = [b"\xff" * 32]
+        hop.ids[:] = [b"\xff" * 16]  # a union key (a complete set's ids)
         return out + host.receive(sender, env)
 
     err = refused(logs, "party-1", "universe_hop", extra)
@@ -555,18 +555,23 @@ def test_a_solution_count_past_int64_is_refused_and_aborts(logs) -> None:
     assert (state, notice.origin) == ("aborted", "party-3")
 
 
-def test_complete_universe_ids_sharing_their_first_16_bytes_are_invalid_argument(logs) -> None:
-    """P_1 keeps each fully hashed id's first 16 bytes for the union (union_keys): two ids of
-    one party's complete set that differ only after them would be one column, so the set is
-    refused (for honest X25519 ids this happens with probability about n^2 / 2^129)."""
+def test_complete_universe_ids_as_union_keys_are_checked(logs) -> None:
+    """An owner sends P_1 its complete set as each id's first 16 bytes (union_keys): a repeated
+    key (two ids that differ only after them would be one column; for honest X25519 ids this
+    happens with probability about n^2 / 2^129) or a key of another width is refused."""
 
     def twin(sender, env):
         hop = env.universe_hop
-        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:  # its complete, sorted ids to P_1
-            hop.ids[1] = hop.ids[0][:16] + bytes([hop.ids[0][16] ^ 1]) + hop.ids[0][17:]
-            if hop.ids[1] < hop.ids[0]:
-                hop.ids[0], hop.ids[1] = hop.ids[1], hop.ids[0]
+        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:  # its complete, sorted keys to P_1
+            hop.ids[1] = hop.ids[0]
 
+    def whole(sender, env):
+        hop = env.universe_hop
+        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:
+            hop.ids[0] = hop.ids[0] + bytes(16)  # a whole X25519 id, not its key
+
+    err = intercepted_error(logs, "party-1", "universe_hop", whole)
+    assert err.code == ProtocolError.INVALID_ARGUMENT and "an id not of 16 bytes" in str(err)
     err = intercepted_error(logs, "party-1", "universe_hop", twin)
     assert err.code == ProtocolError.INVALID_ARGUMENT
     assert "complete universe ids of party-2 are not sorted and distinct" in str(err)

@@ -36,10 +36,11 @@ frame (cels.node.framing); Pohlig-Hellman ids (the group's size each) span a few
 
 
 UNION_KEY_BYTES = 16
-"""Bytes of a fully hashed id that P_1 keeps for the union (its first ones): two distinct ids
-of a session share them with probability about n^2 / 2^129, the bet the Ray engine's pair
-digests make too (cels.engine.log_shards.PAIR_DIGEST_BYTES); the union then takes half the
-memory of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
+"""Bytes of a fully hashed id that its owner keeps and sends P_1, and P_1 keeps for the union
+(its first ones): two distinct ids of a session share them with probability about
+n^2 / 2^129, the bet the Ray engine's pair digests make too
+(cels.engine.log_shards.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
+bytes of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
 
 
 def union_keys(ids: np.ndarray) -> np.ndarray:
@@ -114,11 +115,12 @@ class Universe(Stage):
         self.work, self.cipher, self.loaded = work, cipher, loaded
         self.width = id_width(cipher)
         self.own_pairs = np.zeros(0, dtype=np.int64)  # own pairs in the order their ids left
-        self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.width}")  # own ids, every layer applied
+        self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
+        self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.key_width}")  # own ids, every layer applied (union_keys)
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far (union_keys)
-        self.union = union_keys(np.zeros(0, dtype=f"V{self.width}"))  # P_1: the sorted union of the complete id sets so far (union_keys)
+        self.union = np.zeros(0, dtype=f"V{self.key_width}")  # P_1: the sorted union of the complete id sets so far (union_keys)
         self.positions: dict[str, np.ndarray] = {}  # P_1: where each set's ids sit in it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
@@ -159,7 +161,7 @@ class Universe(Stage):
             cursor.take(msg.first, len(msg.ids), msg.more)
             self.ids_seen += len(msg.ids)
             try:
-                ids = self.work.apply_layer(self.cipher, self._chunk_ids(msg, cursor))
+                ids = self.work.apply_layer(self.cipher, self._chunk_ids(msg, cursor, self.width))
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
             hop = cels_pb2.UniverseHop(
@@ -174,10 +176,11 @@ class Universe(Stage):
         return self._complete(msg)
 
     def _returned(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
-        """A chunk of this party's own ids is back; once all are, P_k sends them sorted to P_1."""
+        """A chunk of this party's own ids is back (it keeps their :func:`union_keys`); once all
+        are, P_k sends the keys sorted to P_1."""
         seat, n = self.seat, len(self.full_ids)
         self.returned.take(msg.first, len(msg.ids), msg.more)
-        ids = self._chunk_ids(msg, self.returned)
+        ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
         self.full_ids[msg.first : self.returned.position] = ids
@@ -196,10 +199,9 @@ class Universe(Stage):
             raise fail(f"{seat.name}: complete universe ids of {owner} before its ids passed {seat.name}")
         cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}", STREAM_IDS), []))
         cursor.take(msg.first, len(msg.ids), msg.more)
-        ids = self._chunk_ids(msg, cursor)
+        keys = self._chunk_ids(msg, cursor, self.key_width)
         if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
             raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
-        keys = union_keys(ids)
         if not increasing(keys, parts[-1][-1:] if parts else keys[:0]):
             raise malformed(f"{cursor.what} are not sorted and distinct")
         parts.append(keys)
@@ -207,21 +209,21 @@ class Universe(Stage):
             return []
         return self._collect(owner, np.concatenate(parts))
 
-    def _chunk_ids(self, msg: cels_pb2.UniverseHop, cursor: ChunkCursor) -> np.ndarray:
-        """A chunk's ids, every one of this cipher's width."""
-        ids = id_array(msg.ids, self.width)
+    def _chunk_ids(self, msg: cels_pb2.UniverseHop, cursor: ChunkCursor, width: int) -> np.ndarray:
+        """A chunk's ids, every one of ``width`` bytes (the cipher's; a complete set's union keys)."""
+        ids = id_array(msg.ids, width)
         if ids is None:
-            raise malformed(f"{cursor.what}: an id not of {self.width} bytes")
+            raise malformed(f"{cursor.what}: an id not of {width} bytes")
         return ids
 
-    def _collect(self, owner: str, ids: np.ndarray) -> list[Outgoing]:
-        """P_1 merges each party's fully hashed ids (as their :func:`union_keys`, which the
-        others' already are) into the sorted union (the index of variables) as they complete,
+    def _collect(self, owner: str, keys: np.ndarray) -> list[Outgoing]:
+        """P_1 merges each party's fully hashed ids (their :func:`union_keys`, as every owner
+        keeps and sends them) into the sorted union (the index of variables) as they complete,
         keeping only where each set's ids sit; with every set in, it tells every party the index
         size and the columns of that party's own ids (docs/protocol.md).  Each set arrives once
         (its chunks' cursor refuses a second); P_1's own come in the order they left, the
         others' sorted."""
-        seat, keys = self.seat, union_keys(ids)
+        seat = self.seat
         if owner == seat.name:
             order = np.argsort(keys, kind="stable")
             if not increasing(keys[order], keys[:0]):

@@ -76,6 +76,27 @@ def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) 
     assert layered.dtype == np.dtype("V32") and id_list(layered) == id_list(local.apply_layer(peer, first)) == peer.apply(id_list(first))
 
 
+def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) -> None:
+    """A party layers one forwarded chunk at a time: on 2 CPUs a chunk of 16,384 ids is two tasks
+    of 8192, on 128 CPUs (and a window of as many) sixteen of 1024; on a larger cluster the
+    tasks are smaller and the ids the same, in order."""
+    from cels.engine.ray_work import layer_task_ids
+
+    assert [layer_task_ids(16384, p) for p in (1, 2, 4, 128, 1024)] == [8192, 8192, 4096, 1024, 1024]
+    assert layer_task_ids(100, 2) == 1024  # a short chunk: one task
+    monkeypatch.setattr("cels.engine.ray_work.STREAM_IDS", 256)
+    monkeypatch.setattr("cels.engine.ray_work.MIN_TASK_IDS", 16)
+    log = synthetic_log(seed=3, users=200, pairs=450)
+    local = InProcessWork(log, 4, DrawKeys.replay(1, "party-1"))
+    first = local.hash_ids(X25519Hash(bytes(range(1, 33))), local.load().own)
+    remote = RayWork(log, 4, DrawKeys.replay(1, "party-1"), 2, 8, cpus=8)
+    assert remote.layer_ids == 32
+    peer = X25519Hash(bytes(range(2, 34)))
+    assert id_list(remote.apply_layer(peer, first)) == id_list(local.apply_layer(peer, first))
+    assert remote.pair_tasks.tasks == -(-len(first) // 32)
+    remote.release()
+
+
 def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkeypatch) -> None:
     """The Pohlig-Hellman universe cipher on tasks too: the exponent travels as raw bytes and
     the ids are those of the key in process (chunks of 40, 2 in flight)."""

@@ -12,7 +12,8 @@ another party.
 - Pair work -- hashing the own pair ids into the group (the curve, or Pohlig-Hellman's
   group) and applying the party's key, and the party's layer on a peer's ids (CELS section
   4.2, docs/protocol.md "Universe") -- runs as stateless tasks over chunks of
-  :data:`CHUNK_IDS` ids, at most ``max_in_flight`` at once (``ray.wait``).  A task gets the
+  :data:`CHUNK_IDS` ids (a forwarded chunk finer on a larger cluster: :func:`layer_task_ids`),
+  at most ``max_in_flight`` at once (``ray.wait``).  A task gets the
   key as raw bytes (:func:`key_material`) and rebuilds it: no key object is pickled.  The own
   ids go from the log shards to the tasks through the object store.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
@@ -84,12 +85,16 @@ from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
+from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.work import CommutativeHash, encode_records, id_list, id_width, pruned_constraint_rows
 
 CHUNK_IDS = 8192
 """Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
 cost 3-7 % more CPU in all for the same ids (each task's submission, pickled ids and result:
-docs/deployment.md), and a forwarded universe chunk of STREAM_IDS is still two tasks."""
+docs/deployment.md).  A forwarded universe chunk is split finer where the cluster has the
+cores for it (:func:`layer_task_ids`)."""
+MIN_TASK_IDS = 1024
+"""The fewest ids per pair-work task when a forwarded chunk is split over more cores."""
 USAGE_SECONDS = 10.0
 """How long a session's end waits for its shards' peak RSS (GetTimeoutError past it: the figure is lost)."""
 CONNECT_SECONDS = 5.0
@@ -212,7 +217,10 @@ class RayEngine:
                 raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys) -> RayWork:
-        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight, self.pool)
+        """A session's work, sized to the cluster's CPUs as it is now (one that scales up is
+        counted at the next session)."""
+        cpus = cluster_cpus()
+        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight, self.pool, cpus)
 
     def usage(self, work: RayWork) -> dict[str, Any]:
         """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
@@ -251,12 +259,26 @@ def _warm_worker() -> None:
     time.sleep(WARM_SECONDS)
 
 
+def cluster_cpus() -> int:
+    """The CPUs of the Ray cluster this process is connected to (at least one)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def warm_task_workers() -> None:
     """One warm-up task per CPU of the cluster, all at once, so that each lands on a worker of
     its own: every idle task worker has imported this module (numpy, scipy, the curve's
     library) and pyarrow before a session's first reader or pair-work task, which would
     otherwise pay for it (docs/deployment.md, "Warm shards")."""
-    ray.get([_warm_worker.remote() for _ in range(max(1, int(ray.cluster_resources().get("CPU", 1))))])
+    ray.get([_warm_worker.remote() for _ in range(cluster_cpus())])
+
+
+def layer_task_ids(ids: int, parallel: int) -> int:
+    """Ids per pair-work task for one forwarded universe chunk of ``ids``: spread over
+    ``parallel`` tasks at once (the cluster's CPUs, at most the task window), between
+    :data:`MIN_TASK_IDS` and :data:`CHUNK_IDS` each.  A party handles one forwarded chunk at a
+    time, so on 128 cores a chunk of 16,384 ids in two tasks of CHUNK_IDS would keep two busy;
+    in 16 tasks of 1024 it keeps 16.  On two CPUs it is two tasks of 8192, as before."""
+    return min(CHUNK_IDS, max(MIN_TASK_IDS, -(-ids // max(1, parallel))))
 
 
 def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]:
@@ -379,9 +401,9 @@ class PairTasks:
         self.cpu_seconds = 0.0
         self.tasks = 0
 
-    def run(self, cipher: CommutativeHash, chunks: list, hash_first: bool) -> list[np.ndarray]:
-        """Each chunk's result as an :func:`id_array` (a chunk: ids, or an object reference to
-        them)."""
+    def run(self, cipher: CommutativeHash, chunks: list, hash_first: bool, size: int) -> list[np.ndarray]:
+        """Each chunk's result as an :func:`id_array` (a chunk: ``size`` ids, the last maybe
+        fewer, or an object reference to them)."""
         raw, group = key_material(cipher)
         key = ray.put(raw)
         dtype = f"V{id_width(cipher)}"
@@ -393,10 +415,10 @@ class PairTasks:
                 out[t] = np.frombuffer(ids, dtype=dtype)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
-                    raise CommutativeCipherError(f"in the ids from {t * CHUNK_IDS} on: {exc.cause}") from None
+                    raise CommutativeCipherError(f"in the ids from {t * size} on: {exc.cause}") from None
                 raise
             except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
-                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * CHUNK_IDS} on is lost after {TASK_RETRIES} retries: {exc}") from None
+                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * size} on is lost after {TASK_RETRIES} retries: {exc}") from None
             self.workers[worker] = max(rss, self.workers.get(worker, 0))
             self.cpu_seconds += cpu
             self.tasks += 1
@@ -530,10 +552,12 @@ class RayWork:
     actors are the node's warm ones where ``pool`` has them idle (:class:`ShardPool`)."""
 
     def __init__(
-        self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, pool: ShardPool | None = None
+        self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int,
+        pool: ShardPool | None = None, cpus: int = 1,
     ) -> None:
         self._source, self._cap, self.draws = log, cap, draws
         self.shards, self.max_in_flight = shards, max_in_flight
+        self.layer_ids = layer_task_ids(STREAM_IDS, min(cpus, max_in_flight))  # ids per task of a forwarded chunk
         self._pool, self._borrowed = pool, []  # the warm actors this session holds: (kind, shard, actor)
         if pool is not None:
             self._give_back = weakref.finalize(self, _give_back, pool, self._borrowed)  # at release, or when the work is dropped
@@ -566,13 +590,13 @@ class RayWork:
         chunks go from the shard to the tasks through the object store)."""
         chunks, where = self.log.id_chunks(CHUNK_IDS)
         ids = np.zeros(len(self.log.hasher), dtype=f"V{id_width(cipher)}")
-        for positions, out in zip(where, self.pair_tasks.run(cipher, chunks, hash_first=True)):
+        for positions, out in zip(where, self.pair_tasks.run(cipher, chunks, hash_first=True, size=CHUNK_IDS)):
             ids[positions] = out
         return ids[own]
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
-        chunks = [ids[lo : lo + CHUNK_IDS] for lo in range(0, len(ids), CHUNK_IDS)]
-        return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False)])
+        chunks = [ids[lo : lo + self.layer_ids] for lo in range(0, len(ids), self.layer_ids)]
+        return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False, size=self.layer_ids)])
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
         return self.log.index(n, own, columns)

@@ -115,7 +115,7 @@ def next_markdown() -> str:
     rows = ["| when the machine of | has its result, the party keeps it as | and enters |", "| --- | --- | --- |"]
     for phase, (keep, then, build) in NEXT.items():
         entered = then.value if then is not None else ("solve or nlp (the solve mode)" if build is not None else "over")
-        rows.append(f"| {phase.value} | `{keep}` | {entered} |")
+        rows.append(f"| {phase.value} | {f'`{keep}`' if keep else '-'} | {entered} |")
     return "\n".join(rows)
 
 

@@ -135,7 +135,7 @@ class MaskedSum(RingMember):
             session_id=self.session_id, sum_id=self.sum_id, values=total.tolist(), rows=len(self.values), cols=1, first=first, more=more
         )
         out = [(p, self.envelope(sum_result=result)) for p in self.others()]
-        if np.all(self._shares == self.r):
+        if not more:  # the last chunk completes last
             self._finish()
         return out
 

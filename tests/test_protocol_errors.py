@@ -77,7 +77,7 @@ def test_out_of_order_and_unexpected_sender_are_failed_precondition(logs) -> Non
     shape = envelope(sid, constraint_shape=cels_pb2.ConstraintShape(session_id=sid, party="party-1", rows=3))
     assert code_of(lambda: hosts["party-2"].receive("party-1", shape)) == ProtocolError.FAILED_PRECONDITION
     # party-2's predecessor is party-1: a hop from party-3 is refused, so is a stranger
-    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-3", applied=["party-3"], ids=[bytes(32)])
+    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-3", applied=["party-3"], ids=bytes(32))
     assert code_of(lambda: hosts["party-2"].receive("party-3", envelope(sid, "party-3", universe_hop=hop))) == (
         ProtocolError.FAILED_PRECONDITION
     )
@@ -97,8 +97,8 @@ def test_malformed_messages_are_invalid_argument(logs) -> None:
     bad.session_id, bad.sampling = "other", "bogus"
     start = envelope("other", start_session=cels_pb2.StartSession(config=bad))
     assert code_of(lambda: hosts["party-1"].receive("party-1", start)) == ProtocolError.INVALID_ARGUMENT
-    # an x25519 element of the wrong length in a universe hop from the right sender
-    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-1", applied=["party-1"], ids=[b"short"])
+    # ids that are not a whole number of x25519 elements in a universe hop from the right sender
+    hop = cels_pb2.UniverseHop(session_id=sid, owner="party-1", applied=["party-1"], ids=b"short")
     assert code_of(lambda: hosts["party-2"].receive("party-1", envelope(sid, universe_hop=hop))) == (
         ProtocolError.INVALID_ARGUMENT
     )
@@ -306,7 +306,7 @@ def test_unsorted_complete_universe_set_is_invalid_argument(logs) -> None:
     def unsort(sender, env):
         hop = env.universe_hop
         if len(hop.applied) == 3 and hop.owner == sender:  # a complete set on its way to P_1
-            hop.ids.reverse()
+            hop.ids = b"".join(reversed(hop_ids(hop, UNION_KEY)))
 
     err = intercepted_error(logs, "party-1", "universe_hop", unsort)
     assert err.code == ProtocolError.INVALID_ARGUMENT
@@ -320,7 +320,8 @@ def test_own_universe_ids_returned_with_a_repeat_are_invalid_argument(logs) -> N
     def repeat(sender, env):
         hop = env.universe_hop
         if len(hop.applied) == 3 and hop.owner == "party-1":  # P_1's own ids, every layer applied
-            hop.ids[1] = hop.ids[0]
+            ids = hop_ids(hop, X25519_ID)
+            hop.ids = b"".join([ids[0], ids[0], *ids[2:]])
 
     err = intercepted_error(logs, "party-1", "universe_hop", repeat)
     assert err.code == ProtocolError.INVALID_ARGUMENT
@@ -335,6 +336,14 @@ CHUNK = 8  # ids per universe message in these tests: every party's 65..171 pair
 @pytest.fixture
 def small_chunks(monkeypatch):
     monkeypatch.setattr(universe, "STREAM_IDS", CHUNK)
+
+
+X25519_ID, UNION_KEY = 32, 16  # bytes of an id on a ring hop, of a complete set's id (universe.union_keys)
+
+
+def hop_ids(hop: cels_pb2.UniverseHop, width: int) -> list[bytes]:
+    """A UniverseHop's packed ids, one by one."""
+    return [hop.ids[i : i + width] for i in range(0, len(hop.ids), width)]
 
 
 def complete_set(sender, env) -> bool:
@@ -393,8 +402,8 @@ def test_a_chunk_after_the_last_is_failed_precondition(logs, small_chunks) -> No
 @pytest.mark.parametrize(
     "tamper, detail",
     [
-        (lambda hop: hop.ids.extend(hop.ids[:1]), f"a chunk of {CHUNK + 1} items"),
-        (lambda hop: setattr(hop, "more", True) or hop.ids.__delitem__(slice(None)), "a chunk of 0 items"),
+        (lambda hop: setattr(hop, "ids", hop.ids + hop.ids[:X25519_ID]), f"a chunk of {CHUNK + 1} items"),
+        (lambda hop: setattr(hop, "more", True) or setattr(hop, "ids", b""), "a chunk of 0 items"),
     ],
 )
 def test_a_chunk_of_a_wrong_size_is_invalid_argument(logs, small_chunks, tamper, detail) -> None:
@@ -411,9 +420,9 @@ def test_a_complete_set_unsorted_across_chunks_is_invalid_argument(logs, small_c
         hop = env.universe_hop
         if complete_set(sender, env):
             if hop.first == 0:
-                first_chunk[sender] = list(hop.ids)
+                first_chunk[sender] = hop.ids
             elif hop.first == CHUNK:
-                hop.ids[:] = first_chunk[sender]
+                hop.ids = first_chunk[sender]
 
     err = intercepted_error(logs, "party-1", "universe_hop", repeat_first)
     assert err.code == ProtocolError.INVALID_ARGUMENT
@@ -430,8 +439,8 @@ def test_a_complete_set_longer_than_the_list_that_passed_is_invalid_argument(log
             return host.receive(sender, env)
         hop.more = True
         out = host.receive(sender, env)
-        hop.first, hop.more = hop.first + len(hop.ids), False
-        hop.ids[:] = [b"\xff" * 16]  # a union key (a complete set's ids)
+        hop.first, hop.more = hop.first + len(hop.ids) // UNION_KEY, False
+        hop.ids = b"\xff" * UNION_KEY  # a union key (a complete set's ids)
         return out + host.receive(sender, env)
 
     err = refused(logs, "party-1", "universe_hop", extra)
@@ -460,7 +469,10 @@ def test_every_universe_message_is_within_the_chunk_bound(logs, small_chunks) ->
     seen = []
 
     def watch(host, sender, env):
-        seen.append(len(env.universe_hop.ids) if env.HasField("universe_hop") else len(env.universe_index.columns))
+        if env.HasField("universe_hop"):
+            seen.append(len(env.universe_hop.ids) // (UNION_KEY if complete_set(sender, env) else X25519_ID))
+        else:
+            seen.append(len(env.universe_index.columns))
         return host.receive(sender, env)
 
     for name in cfg.parties:
@@ -558,20 +570,22 @@ def test_a_solution_count_past_int64_is_refused_and_aborts(logs) -> None:
 def test_complete_universe_ids_as_union_keys_are_checked(logs) -> None:
     """An owner sends P_1 its complete set as each id's first 16 bytes (union_keys): a repeated
     key (two ids that differ only after them would be one column; for honest X25519 ids this
-    happens with probability about n^2 / 2^129) or a key of another width is refused."""
+    happens with probability about n^2 / 2^129) or bytes that are not a whole number of keys
+    are refused."""
 
     def twin(sender, env):
         hop = env.universe_hop
-        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:  # its complete, sorted keys to P_1
-            hop.ids[1] = hop.ids[0]
+        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > UNION_KEY:  # its complete, sorted keys to P_1
+            keys = hop_ids(hop, UNION_KEY)
+            hop.ids = b"".join([keys[0], keys[0], *keys[2:]])
 
-    def whole(sender, env):
+    def torn(sender, env):
         hop = env.universe_hop
-        if hop.owner == "party-2" and sender == "party-2" and len(hop.ids) > 1:
-            hop.ids[0] = hop.ids[0] + bytes(16)  # a whole X25519 id, not its key
+        if hop.owner == "party-2" and sender == "party-2":
+            hop.ids += bytes(UNION_KEY // 2)  # half a key more
 
-    err = intercepted_error(logs, "party-1", "universe_hop", whole)
-    assert err.code == ProtocolError.INVALID_ARGUMENT and "an id not of 16 bytes" in str(err)
+    err = intercepted_error(logs, "party-1", "universe_hop", torn)
+    assert err.code == ProtocolError.INVALID_ARGUMENT and "not a whole number of 16-byte ids" in str(err)
     err = intercepted_error(logs, "party-1", "universe_hop", twin)
     assert err.code == ProtocolError.INVALID_ARGUMENT
     assert "complete universe ids of party-2 are not sorted and distinct" in str(err)

@@ -26,13 +26,14 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork, id_array, id_list, id_width
+from cels.protocol.work import CommutativeHash, LocalWork, id_width
 
 
 STREAM_IDS = 16384
 """Ids per UniverseHop, columns per UniverseIndex: every list goes as consecutive chunks of at
-most this many (issue 25).  16,384 X25519 ids are about 560 kB, within one 1 MiB transport
-frame (cels.node.framing); Pohlig-Hellman ids (the group's size each) span a few frames."""
+most this many (issue 25), a hop's ids packed in one bytes field.  16,384 X25519 ids are
+512 KiB, within one 1 MiB transport frame (cels.node.framing); Pohlig-Hellman ids (the
+group's size each) span a few frames."""
 
 
 UNION_KEY_BYTES = 16
@@ -143,7 +144,7 @@ class Universe(Stage):
             for out in seat.send(
                 recipient,
                 universe_hop=cels_pb2.UniverseHop(
-                    session_id=seat.session_id, owner=owner, applied=applied, ids=id_list(ids[first:stop]), first=first, more=more
+                    session_id=seat.session_id, owner=owner, applied=applied, ids=ids[first:stop].tobytes(), first=first, more=more
                 ),
             )
         ]
@@ -158,14 +159,14 @@ class Universe(Stage):
             if seat.name in applied or applied != [parties[(parties.index(msg.owner) + t) % r] for t in range(len(applied))]:
                 raise fail(f"{seat.name}: universe_hop of {msg.owner} arrived out of ring order")
             cursor = self.forwarded.setdefault(msg.owner, ChunkCursor(f"{seat.name}: universe_hop of {msg.owner}", STREAM_IDS))
-            cursor.take(msg.first, len(msg.ids), msg.more)
-            self.ids_seen += len(msg.ids)
+            ids = self._chunk_ids(msg, cursor, self.width)
+            self.ids_seen += len(ids)
             try:
-                ids = self.work.apply_layer(self.cipher, self._chunk_ids(msg, cursor, self.width))
+                ids = self.work.apply_layer(self.cipher, ids)
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
             hop = cels_pb2.UniverseHop(
-                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=id_list(ids), first=msg.first, more=msg.more
+                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids.tobytes(), first=msg.first, more=msg.more
             )
             return seat.send(seat.successor, universe_hop=hop)
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
@@ -179,7 +180,6 @@ class Universe(Stage):
         """A chunk of this party's own ids is back (it keeps their :func:`union_keys`); once all
         are, P_k sends the keys sorted to P_1."""
         seat, n = self.seat, len(self.full_ids)
-        self.returned.take(msg.first, len(msg.ids), msg.more)
         ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
@@ -198,7 +198,6 @@ class Universe(Stage):
         if passed is None or not passed.done:
             raise fail(f"{seat.name}: complete universe ids of {owner} before its ids passed {seat.name}")
         cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}", STREAM_IDS), []))
-        cursor.take(msg.first, len(msg.ids), msg.more)
         keys = self._chunk_ids(msg, cursor, self.key_width)
         if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
             raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
@@ -210,10 +209,12 @@ class Universe(Stage):
         return self._collect(owner, np.concatenate(parts))
 
     def _chunk_ids(self, msg: cels_pb2.UniverseHop, cursor: ChunkCursor, width: int) -> np.ndarray:
-        """A chunk's ids, every one of ``width`` bytes (the cipher's; a complete set's union keys)."""
-        ids = id_array(msg.ids, width)
-        if ids is None:
-            raise malformed(f"{cursor.what}: an id not of {width} bytes")
+        """A chunk's ids, each of ``width`` bytes (the cipher's; a complete set's union keys),
+        packed in ``msg.ids``, taken in place by ``cursor``."""
+        if len(msg.ids) % width:
+            raise malformed(f"{cursor.what}: {len(msg.ids)} bytes of ids, not a whole number of {width}-byte ids")
+        ids = np.frombuffer(msg.ids, dtype=f"V{width}")
+        cursor.take(msg.first, len(ids), msg.more)
         return ids
 
     def _collect(self, owner: str, keys: np.ndarray) -> list[Outgoing]:

@@ -207,21 +207,32 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sets(st.binary(min_size=4, max_size=4), max_size=30), min_size=1, max_size=5))
-def test_merging_each_set_into_the_union_is_np_unique(sets) -> None:
-    """P_1's union, merged set by set (cels.protocol.stages.universe.merged), is the sorted
-    union np.unique gives, and every set's positions end where np.unique's inverse puts them
-    (ids of 4 bytes, many shared, some with trailing NUL bytes)."""
-    from cels.protocol.stages.universe import merged, moved
+@given(st.lists(st.sets(st.binary(min_size=4, max_size=4), max_size=30), min_size=1, max_size=5), st.integers(1, 5), st.integers(1, 7))
+def test_the_union_merged_set_by_set_in_key_ranges_is_np_unique(sets, parts, chunk) -> None:
+    """P_1's union (cels.protocol.sorted_union), merged set by set, whole or split by key range
+    over ``parts`` parts, each set in chunks of ``chunk`` keys: its size is np.unique's and every
+    set's columns are where np.unique's inverse puts its keys (keys of 4 bytes, many shared,
+    some with trailing NUL bytes; the first byte is often in one part's range)."""
+    from cels.protocol.chunked import chunks
+    from cels.protocol.sorted_union import RangedUnion, UnionPart
 
     arrays = [np.frombuffer(b"".join(sorted(s)), dtype="V4") for s in sets]
-    union, positions = np.zeros(0, dtype="V4"), []
-    for ids in arrays:
-        union, at, inserted = merged(union, ids)
-        positions = [moved(p, inserted) for p in positions] + [at]
-    expected, inverse = np.unique(np.concatenate(arrays), return_inverse=True)
-    assert union.tobytes() == expected.tobytes()
-    assert np.array_equal(np.concatenate(positions), inverse.ravel())
+    local = [UnionPart(4) for _ in range(parts)]
+    ranged = RangedUnion(lambda calls: [getattr(local[p], method)(*args) for p, method, args in calls], parts)
+    for union in (UnionPart(4), ranged):
+        for owner, keys in enumerate(arrays):
+            for first, stop, _more in chunks(len(keys), chunk):
+                union.add(str(owner), keys[first:stop])
+            union.complete(str(owner))
+        expected, inverse = np.unique(np.concatenate(arrays), return_inverse=True)
+        assert union.size() == len(expected)
+        columns = [union.columns(str(owner), 0, len(keys)) for owner, keys in enumerate(arrays)]
+        assert np.array_equal(np.concatenate(columns), inverse.ravel())
+        for owner, keys in enumerate(arrays):  # any slice of a set's columns, as P_1 sends them in chunks
+            lo, hi = len(keys) // 3, len(keys) - len(keys) // 4
+            assert np.array_equal(union.columns(str(owner), lo, hi), columns[owner][lo:hi])
+        union.close()
+    assert all(part.size() == 0 for part in local)
 
 
 @settings(max_examples=60, deadline=None)

@@ -33,6 +33,7 @@ from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
 from cels.logs.readers import LogFile
 from cels.mechanism.conditions import apply_cap
 from cels.protocol.rolebase import RoleFailure
+from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
 from cels.protocol.work import encode_item
@@ -106,6 +107,7 @@ class LogShard(ShardState):
         self.hashed = np.zeros(0, dtype=np.int64)  # the held pairs this shard hashes, by own index
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
+        self.union_part: UnionPart | None = None  # P_1: its key range of the sorted union (cels.protocol.sorted_union)
 
     def add(self, piece: SearchLog) -> int:
         """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
@@ -171,6 +173,16 @@ class LogShard(ShardState):
     def user_names(self, rows: np.ndarray) -> list[str]:
         """The ids of this shard's users ``rows`` (its draw order)."""
         return [self.log.users[j] for j in rows]
+
+    def begin_union(self, width: int) -> None:
+        """P_1: an empty part of the sorted union, for ``width``-byte union keys."""
+        self.union_part = UnionPart(width)
+
+    def union(self, method: str, args: tuple):
+        """P_1: ``method`` of this shard's :class:`UnionPart` (one of cels.protocol.sorted_union.PART_CALLS)."""
+        if method not in PART_CALLS:
+            raise ValueError(f"not a union part's call: {method!r}")
+        return getattr(self.union_part, method)(*args)
 
 
 def on_party_rows(rows: Sequence[np.ndarray], parts: Sequence[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
@@ -315,6 +327,12 @@ class ShardedLog:
             held[cols[most >= totals[cols]]] = 1
         held[totals <= 0] = 0
         return held
+
+    def union(self, width: int) -> RangedUnion:
+        """P_1's sorted union split by key range over the log shards (cels.protocol.sorted_union):
+        the node holds none of its keys."""
+        self.get([a.begin_union.remote(width) for a in self.actors])
+        return RangedUnion(lambda calls: self.get([self.actors[s].union.remote(method, args) for s, method, args in calls]), self.shards)
 
     def counts_over(self, active: np.ndarray) -> sp.csr_matrix:
         """The users' counts over the ``active`` pairs (users x active: few pairs, the rest being

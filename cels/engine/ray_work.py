@@ -81,6 +81,7 @@ from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK
 from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.sorted_union import RangedUnion
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
@@ -597,6 +598,9 @@ class RayWork:
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         chunks = [ids[lo : lo + self.layer_ids] for lo in range(0, len(ids), self.layer_ids)]
         return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False, size=self.layer_ids)])
+
+    def union(self, width: int) -> RangedUnion:
+        return self.log.union(width)
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
         return self.log.index(n, own, columns)

@@ -26,6 +26,7 @@ from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.greedy import verdicts
 from cels.protocol.sampling import StagedSampler, paper_trials
+from cels.protocol.sorted_union import UnionPart
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 
@@ -80,6 +81,17 @@ def encode_records(sampled: sp.spmatrix, names: Callable[[np.ndarray], list[str]
     return out
 
 
+class UnionIndex(Protocol):
+    """P_1's sorted union of the complete id sets (cels.protocol.sorted_union): a
+    :class:`UnionPart` in this process, or a ``RangedUnion`` over a cluster's shards."""
+
+    def add(self, owner: str, keys: np.ndarray) -> None: ...
+    def complete(self, owner: str) -> None: ...
+    def size(self) -> int: ...
+    def columns(self, owner: str, first: int, stop: int) -> np.ndarray: ...
+    def close(self) -> None: ...
+
+
 class LocalWork(Protocol):
     """What a phase machine asks of the party's rows (users x pairs, c_ij capped)."""
 
@@ -95,6 +107,11 @@ class LocalWork(Protocol):
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         """This party's layer on a peer's ids (universe phase, later hops), an :func:`id_array` of
         the cipher's width in and out."""
+        ...
+
+    def union(self, width: int) -> UnionIndex:
+        """P_1: an empty sorted union of complete sets of ``width``-byte union keys (the index),
+        held where the work runs."""
         ...
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
@@ -163,6 +180,9 @@ class InProcessWork:
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         return id_array(cipher.apply(id_list(ids)), id_width(cipher))
+
+    def union(self, width: int) -> UnionPart:
+        return UnionPart(width)
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
         select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))

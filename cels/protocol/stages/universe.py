@@ -22,6 +22,7 @@ from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, fail, malformed
+from cels.protocol.sorted_union import increasing
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
@@ -51,33 +52,6 @@ def union_keys(ids: np.ndarray) -> np.ndarray:
     if width <= UNION_KEY_BYTES:
         return ids
     return np.ascontiguousarray(ids.view(np.uint8).reshape(-1, width)[:, :UNION_KEY_BYTES]).view(f"V{UNION_KEY_BYTES}").ravel()
-
-
-def increasing(ids: np.ndarray, before: np.ndarray) -> bool:
-    """Whether ``ids`` (after the ids ``before``, at most one) are strictly increasing as bytes
-    (the same-width ``S`` view compares as bytes do)."""
-    keys = np.concatenate([before, ids]).view(f"S{ids.dtype.itemsize}")
-    return bool(np.all(keys[1:] > keys[:-1]))
-
-
-def merged(union: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The sorted union of ``union`` and ``ids`` (each sorted and distinct, same width), where
-    each of ``ids`` sits in it, and where the ids new to it were inserted (positions in
-    ``union``, ascending): an old position p moves to p + (insertions at or before p)."""
-    width = union.dtype.itemsize
-    keys, asked = union.view(f"S{width}"), ids.view(f"S{width}")
-    at = np.searchsorted(keys, asked)
-    found = keys[np.minimum(at, max(len(union) - 1, 0))] == asked if len(union) else np.zeros(len(ids), dtype=bool)
-    inserted = at[~found]
-    positions = np.empty(len(ids), dtype=np.int64)
-    positions[found] = moved(at[found], inserted)
-    positions[~found] = inserted + np.arange(len(inserted))  # np.insert keeps equal points in order
-    return np.insert(union, inserted, ids[~found]), positions, inserted
-
-
-def moved(positions: np.ndarray, inserted: np.ndarray) -> np.ndarray:
-    """Positions in a union after :func:`merged` inserted ids at ``inserted``."""
-    return positions + np.searchsorted(inserted, positions, side="right")
 
 
 def commutative_hash(options: SessionOptions, draws: DrawKeys, allow_paper_bits: bool = False) -> X25519Hash | PohligHellmanHash:
@@ -120,9 +94,9 @@ class Universe(Stage):
         self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.key_width}")  # own ids, every layer applied (union_keys)
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
-        self.complete: dict[str, tuple[ChunkCursor, list[np.ndarray]]] = {}  # P_1: each party's complete ids so far (union_keys)
-        self.union = np.zeros(0, dtype=f"V{self.key_width}")  # P_1: the sorted union of the complete id sets so far (union_keys)
-        self.positions: dict[str, np.ndarray] = {}  # P_1: where each set's ids sit in it
+        self.complete: dict[str, tuple[ChunkCursor, np.ndarray]] = {}  # P_1: each party's complete ids so far, and the last one
+        self.union = work.union(self.key_width) if seat.name == seat.key_holder else None  # P_1: the index, where the work runs
+        self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
         self.columns = np.zeros(len(loaded.own), dtype=np.int64)  # own columns, in the sorted order of full_ids
@@ -186,9 +160,14 @@ class Universe(Stage):
         self.full_ids[msg.first : self.returned.position] = ids
         if msg.more:
             return []
+        keys = np.sort(self.full_ids)
         if seat.name != seat.key_holder:
-            return self._stream(seat.key_holder, seat.name, list(msg.applied), np.sort(self.full_ids))
-        return self._collect(seat.name, self.full_ids)
+            return self._stream(seat.key_holder, seat.name, list(msg.applied), keys)
+        if not increasing(keys, keys[:0]):  # P_1's own come back in the order they left, not sorted
+            raise malformed(f"{self.returned.what}: two of its ids came back equal")
+        for first, stop, _more in chunks(len(keys), STREAM_IDS):
+            self.union.add(seat.name, keys[first:stop])
+        return self._collect(seat.name)
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -197,16 +176,17 @@ class Universe(Stage):
         passed = self.forwarded.get(owner)
         if passed is None or not passed.done:
             raise fail(f"{seat.name}: complete universe ids of {owner} before its ids passed {seat.name}")
-        cursor, parts = self.complete.setdefault(owner, (ChunkCursor(f"{seat.name}: complete universe ids of {owner}", STREAM_IDS), []))
+        cursor, last = self.complete.get(owner) or (ChunkCursor(f"{seat.name}: complete universe ids of {owner}", STREAM_IDS), None)
         keys = self._chunk_ids(msg, cursor, self.key_width)
         if cursor.position > passed.position or (cursor.done and cursor.position != passed.position):
             raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
-        if not increasing(keys, parts[-1][-1:] if parts else keys[:0]):
+        if not increasing(keys, last if last is not None else keys[:0]):
             raise malformed(f"{cursor.what} are not sorted and distinct")
-        parts.append(keys)
+        self.complete[owner] = cursor, (keys[-1:] if len(keys) else last)
+        self.union.add(owner, keys)
         if msg.more:
             return []
-        return self._collect(owner, np.concatenate(parts))
+        return self._collect(owner)
 
     def _chunk_ids(self, msg: cels_pb2.UniverseHop, cursor: ChunkCursor, width: int) -> np.ndarray:
         """A chunk's ids, each of ``width`` bytes (the cipher's; a complete set's union keys),
@@ -217,39 +197,28 @@ class Universe(Stage):
         cursor.take(msg.first, len(ids), msg.more)
         return ids
 
-    def _collect(self, owner: str, keys: np.ndarray) -> list[Outgoing]:
-        """P_1 merges each party's fully hashed ids (their :func:`union_keys`, as every owner
-        keeps and sends them) into the sorted union (the index of variables) as they complete,
-        keeping only where each set's ids sit; with every set in, it tells every party the index
-        size and the columns of that party's own ids (docs/protocol.md).  Each set arrives once
-        (its chunks' cursor refuses a second); P_1's own come in the order they left, the
-        others' sorted."""
+    def _collect(self, owner: str) -> list[Outgoing]:
+        """P_1: ``owner``'s set of fully hashed ids (their :func:`union_keys`, sorted, as every
+        owner keeps and sends them; P_1's own sorted here) is whole, and merged into the sorted
+        union (the index of variables) where the work runs (cels.protocol.sorted_union); with
+        every set in, P_1 tells every party the index size and the columns of that party's own
+        ids, in the sorted order it sent them (docs/protocol.md).  Each set arrives once (its
+        chunks' cursor refuses a second)."""
         seat = self.seat
-        if owner == seat.name:
-            order = np.argsort(keys, kind="stable")
-            if not increasing(keys[order], keys[:0]):
-                raise malformed(f"{self.returned.what}: two of its ids came back equal")
-            self.union, sorted_at, inserted = merged(self.union, keys[order])
-            at = np.empty_like(sorted_at)
-            at[order] = sorted_at
-        else:
-            self.union, at, inserted = merged(self.union, keys)
-        for party, before in self.positions.items():
-            self.positions[party] = moved(before, inserted)
-        self.positions[owner] = at
-        if len(self.positions) < seat.r:
+        self.union.complete(owner)
+        self.sets_in += 1
+        if self.sets_in < seat.r:
             return []
-        n, out = len(self.union), []
-        self.union = self.union[:0]
+        n, out = self.union.size(), []
         for party in seat.parties:
-            columns = self.positions.pop(party)
             if party == seat.name:
-                own = columns
                 continue
-            for first, stop, more in chunks(len(columns), STREAM_IDS):
-                index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
+            for first, stop, more in chunks(self.complete[party][0].position, STREAM_IDS):
+                columns = self.union.columns(party, first, stop)
+                index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns.tolist(), first=first, more=more)
                 out += seat.send(party, universe_index=index)
-        self._index(n, own)
+        self._own_columns(n, self.union.columns(seat.name, 0, len(self.full_ids)))
+        self.union.close()
         return out
 
     def on_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
@@ -277,11 +246,12 @@ class Universe(Stage):
         self.columns[msg.first : stop] = by_id
         if msg.more:
             return []
-        cols = np.empty_like(self.columns)
-        cols[np.argsort(self.full_ids, kind="stable")] = self.columns
-        self._index(int(msg.size), cols)
+        self._own_columns(int(msg.size), self.columns)
         return []
 
-    def _index(self, n: int, cols: np.ndarray) -> None:
-        """Own pair t is index column ``cols[t]`` of ``n``: the universe is known."""
+    def _own_columns(self, n: int, columns: np.ndarray) -> None:
+        """``columns``: the index columns (of ``n``) of this party's ids in their sorted order;
+        own pair t is the column of its id: the universe is known."""
+        cols = np.empty_like(columns)
+        cols[np.argsort(self.full_ids, kind="stable")] = columns
         self.result = UniverseResult(n, self.work.index(n, self.own_pairs, cols))

@@ -39,7 +39,9 @@ def session_report(result: SessionResult) -> dict:
     opts, counts, solved, output = result.options, result.counts, result.solved, result.output
     x_all = np.zeros(counts.n, dtype=np.int64)
     x_all[counts.active] = solved.x
-    cleaned = counts.totals >= max(opts.min_count, 1)
+    # the cleaned pairs (c_i >= min_count) without a copy of the index where cleaning drops none
+    # (the measures skip c_i = 0, and pass over the index in chunks: cels.metrics)
+    cleaned = counts.totals if opts.min_count <= 1 else np.where(counts.totals >= opts.min_count, counts.totals, 0)
     solve_cost = phases.get(solve_phase(opts.solve), {})
     return {
         "method": "cels-protocol",
@@ -47,7 +49,7 @@ def session_report(result: SessionResult) -> dict:
         "solver": solved.solver_report,
         "noise": solved.solver_report.get("noise"),
         "utility": {
-            **metrics.utility_report(counts.totals[cleaned], x_all[cleaned], support=opts.support),
+            **metrics.utility_report(cleaned, x_all, support=opts.support),
             "against": "the summed pair totals c after the cap (the parties never see the uncapped sum)",
         },
         "sizes": {

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cels import metrics
 
@@ -61,3 +63,30 @@ def test_diff_ratio():
 def test_utility_report_keys():
     rep = metrics.utility_report(np.array([5, 3, 2]), np.array([1, 1, 0]), support=0.2, top=2)
     assert set(rep) == {"kl", "recall", "frequent", "support_distance", "top_2"}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 4)), min_size=1, max_size=60),
+    st.integers(1, 9), st.integers(1, 12), st.sampled_from([0.01, 0.05, 0.2]),
+)
+def test_the_measures_in_chunks_equal_the_measures_whole(items, chunk, j, support) -> None:
+    """The array measures pass over the items CHUNK at a time (bounded memory at the
+    initiator's node): any chunk size gives what one pass gives, ties in top-j included
+    (many equal small counts)."""
+    c = np.array([ci for ci, _ in items], dtype=np.int64)
+    x = np.array([xi for _, xi in items], dtype=np.int64)
+    if not c.any():
+        return
+    whole = metrics.utility_report(c, x, support=support, top=j)
+    with patch.object(metrics, "CHUNK", chunk):
+        parts = metrics.utility_report(c, x, support=support, top=j)
+    assert parts["frequent"] == whole["frequent"] and parts["recall"] == whole["recall"]
+    assert parts[f"top_{j}"]["j"] == whole[f"top_{j}"]["j"] and parts[f"top_{j}"]["coverage"] == whole[f"top_{j}"]["coverage"]
+    for key in ("kl", "support_distance"):
+        assert parts[key] == pytest.approx(whole[key], rel=1e-12, abs=1e-12)
+    for key in ("l1", "kl"):
+        assert parts[f"top_{j}"][key] == pytest.approx(whole[f"top_{j}"][key], rel=1e-12, abs=1e-12)
+    keep = c > 0  # the top j by count, ties to the earlier items, as one stable sort of the whole gives
+    top = np.argsort(-c[keep], kind="stable")[:j]
+    assert parts[f"top_{j}"]["coverage"] == np.count_nonzero(x[keep][top] > 0) / len(top)

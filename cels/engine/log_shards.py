@@ -253,7 +253,7 @@ class ShardedLog:
         own, first, own_of_pair = np.unique(pairs, return_index=True, return_inverse=True)
         starts = np.cumsum([0, *(len(digests) for _, digests, _, _ in shards)])
         self._check_totals(path, shards, own_of_pair, len(own), first, starts)
-        self.hasher = np.searchsorted(starts, first, side="right") - 1
+        self.hasher = (np.searchsorted(starts, first, side="right") - 1).astype(np.min_scalar_type(self.shards))  # a byte a pair for P < 256
         first_holder = first[own_of_pair] == np.arange(len(pairs))
         self.get([a.own.remote(own_of_pair[lo:hi], first_holder[lo:hi]) for a, lo, hi in zip(self.actors, starts, starts[1:])])
         return LoadResult(np.arange(len(own)), source)

@@ -42,10 +42,13 @@ The node starts its shard actors (P of each kind) and warms its task workers onc
 starts, not per session (:class:`ShardPool`, docs/deployment.md "Warm shards"): a session
 borrows the idle actors and hands them back, reset, when it ends.
 
-What stays in the node's process: no row of the log; every user's draw bucket (the party's
-draw order), per own pair the log shard that hashes it, the vectors over the index the
-protocol sends, the users' counts over the active pairs (the constraint rows and the
-sampling's input) and the records.
+P_1's sorted union of the complete id sets (the index) is split by key range over the log
+shards (cels.protocol.sorted_union.RangedUnion).
+
+What stays in the node's process: no row of the log and no union key but its own; every
+user's draw bucket (the party's draw order), per own pair the log shard that hashes it, the
+vectors over the index the protocol sends, the users' counts over the active pairs (the
+constraint rows and the sampling's input) and the records.
 
 What the workers used (:meth:`RayWork.usage`, in the node's per-session summary): every task
 and shard reports its own process's peak RSS, and every task its CPU seconds, because
@@ -593,7 +596,7 @@ class RayWork:
         ids = np.zeros(len(self.log.hasher), dtype=f"V{id_width(cipher)}")
         for positions, out in zip(where, self.pair_tasks.run(cipher, chunks, hash_first=True, size=CHUNK_IDS)):
             ids[positions] = out
-        return ids[own]
+        return ids if len(own) == len(ids) else ids[own]  # own: ascending, so all of them in order (no copy)
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         chunks = [ids[lo : lo + self.layer_ids] for lo in range(0, len(ids), self.layer_ids)]

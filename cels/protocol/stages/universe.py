@@ -106,11 +106,12 @@ class Universe(Stage):
         own, seat = self.loaded.own, self.seat
         first = self.work.hash_ids(self.cipher, own)
         order = np.argsort(first, kind="stable")  # ids leave sorted, not in log order
-        self.own_pairs, first = own[order], first[order]
-        return self._stream(seat.successor, seat.name, [seat.name], first)
+        self.own_pairs = own[order]
+        return self._stream(seat.successor, seat.name, [seat.name], first, order)
 
-    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray) -> list[Outgoing]:
-        """``owner``'s ``ids`` (layers ``applied``) to ``recipient`` in chunks of STREAM_IDS."""
+    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray, order: np.ndarray | None = None) -> list[Outgoing]:
+        """``owner``'s ``ids`` (layers ``applied``; in the ``order`` given, if one is) to
+        ``recipient`` in chunks of STREAM_IDS (each chunk taken in order: no whole copy)."""
         seat = self.seat
         return [
             out
@@ -118,7 +119,8 @@ class Universe(Stage):
             for out in seat.send(
                 recipient,
                 universe_hop=cels_pb2.UniverseHop(
-                    session_id=seat.session_id, owner=owner, applied=applied, ids=ids[first:stop].tobytes(), first=first, more=more
+                    session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more,
+                    ids=(ids[first:stop] if order is None else ids[order[first:stop]]).tobytes(),
                 ),
             )
         ]

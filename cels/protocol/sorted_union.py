@@ -109,7 +109,8 @@ class RangedUnion:
 
     def add(self, owner: str, keys: np.ndarray) -> None:
         bounds = ranges(keys, self.parts)
-        self.counts.setdefault(owner, np.zeros(self.parts, dtype=np.int64))[:] += np.diff(bounds)
+        counts = self.counts.setdefault(owner, np.zeros(self.parts, dtype=np.int64))
+        counts += np.diff(bounds)
         self.call([(s, "add", (owner, keys[lo:hi])) for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo])
 
     def complete(self, owner: str) -> None:

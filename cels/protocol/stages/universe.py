@@ -184,7 +184,7 @@ class Universe(Stage):
             raise malformed(f"{cursor.what}: {cursor.position} ids so far, {passed.position} passed {seat.name}")
         if not increasing(keys, last if last is not None else keys[:0]):
             raise malformed(f"{cursor.what} are not sorted and distinct")
-        self.complete[owner] = cursor, (keys[-1:] if len(keys) else last)
+        self.complete[owner] = cursor, (keys[-1:].copy() if len(keys) else last)  # not a view of the whole message
         self.union.add(owner, keys)
         if msg.more:
             return []

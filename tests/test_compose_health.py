@@ -1,9 +1,13 @@
 """The readiness probe compose's healthchecks run (cels.node.health): NOT_SERVING until the
-node key exists, SERVING after; behind mutual TLS like every RPC of a node."""
+node key exists, SERVING after; behind mutual TLS like every RPC of a node.  The wait for
+simulated nodes to serve, and the ports they are given (cels.node.cluster)."""
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -11,7 +15,7 @@ import grpc
 import pytest
 
 from cels.certs import make_dev_certs
-from cels.node.cluster import LOOPBACK
+from cels.node.cluster import LOOPBACK, NODE_PORTS, LocalCluster, ephemeral_low, free_port
 from cels.node.health import add_health, main, node_health, wait_serving
 from cels.node.keys import KeyPolicy
 from cels.node.tls import server_credentials
@@ -96,3 +100,31 @@ def test_probe_needs_credentials_or_insecure(certs) -> None:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
+
+
+def test_the_wait_for_serving_ends_when_a_node_process_has_exited(certs, tmp_path) -> None:
+    """A node that exited while a plaintext server answers on its port (Ray's, say): the wait
+    stops at its first probe, naming the node, its exit code and log, not at the timeout."""
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = other.add_insecure_port(f"{LOOPBACK}:0")
+    other.start()
+    probe = certs["party-1"]
+    try:
+        with LocalCluster(tmp_path / "logs") as cluster:
+            node = cluster.start("party-1", f"{LOOPBACK}:{port}", [sys.executable, "-c", "print('cannot listen'); raise SystemExit(1)"])
+            node.process.wait(timeout=30)
+            start = time.monotonic()
+            with pytest.raises(RuntimeError, match=r"(?s)node party-1 exited with 1:.*cannot listen"):
+                wait_serving({"party-1": f"{LOOPBACK}:{port}"}, {"party-1": (probe.ca, probe.cert, probe.key)}, timeout=60, alive=cluster.check_alive)
+            assert time.monotonic() - start < 5
+    finally:
+        other.stop(0)
+
+
+def test_node_ports_are_below_the_kernels_ephemeral_range_and_never_handed_out_twice() -> None:
+    """free_port: distinct ports, each bindable, none the kernel could give to a port-0 bind."""
+    ports = [free_port() for _ in range(40)]
+    assert len(set(ports)) == 40
+    assert all(NODE_PORTS[0] <= p < min(NODE_PORTS[1] + 1, ephemeral_low()) for p in ports)
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, ports[-1]))

@@ -328,7 +328,7 @@ def run_nodes(
             ctrl = certs[CONTROLLER]
             # the nodes make their node keys at start-up: a deployment's nodes are long-running,
             # so the session (and its online clock) starts once every node is SERVING
-            wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()))
+            wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()), alive=cluster.check_alive)
             print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA), all serving after "
                   f"{time.monotonic() - started:.1f} s; logs in {cluster.log_dir}", file=sys.stderr, flush=True)  # fmt: skip
             controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)

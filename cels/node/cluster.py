@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -16,13 +17,41 @@ from cels.certs import NodeCert
 from cels.node.process import STOP_WITH_PARENT
 
 LOOPBACK = "127.0.0.1"
+NODE_PORTS = (20_000, 32_767)
+"""Where :func:`free_port` looks first: above Ray's worker ports (10002-19999 by default) and
+below Linux's ephemeral range (32768-60999 by default), so a Ray instance or any socket bound
+to port 0 that starts before the node binds cannot take the port it was given."""
+_handed_out: set[int] = set()
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel hands out for port 0 (Linux's ``ip_local_port_range``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, not handed out before by
+    this process: from :data:`NODE_PORTS` below the kernel's ephemeral range (a node binds its
+    port seconds after it is chosen, once its engine has started: docs/deployment.md,
+    "Simulating a deployment"), else one the kernel picks."""
+    low, high = NODE_PORTS[0], min(NODE_PORTS[1], ephemeral_low() - 1)
+    candidates = random.sample(range(low, high + 1), k=min(64, max(0, high + 1 - low)))
+    for port in [*candidates, 0]:
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            port = int(sock.getsockname()[1])
+        _handed_out.add(port)
+        return port
+    raise OSError("no free TCP port on 127.0.0.1")
 
 
 def tls_args(cert: NodeCert | None) -> list[str]:
@@ -80,14 +109,19 @@ class LocalCluster:
         self.nodes[name] = node
         return node
 
+    def check_alive(self) -> None:
+        """RuntimeError with its exit code and log if a node has exited."""
+        for node in self.nodes.values():
+            if node.process.poll() is not None:
+                raise RuntimeError(f"node {node.name} exited with {node.process.returncode}:\n{node.log_text()}")
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until every node accepts TCP connections (bounded); raise if one died."""
         limit = time.monotonic() + timeout
         for node in self.nodes.values():
             host, port = node.address.rsplit(":", 1)
             while True:
-                if node.process.poll() is not None:
-                    raise RuntimeError(f"node {node.name} exited with {node.process.returncode}:\n{node.log_text()}")
+                self.check_alive()
                 try:
                     with socket.create_connection((host, int(port)), timeout=0.5):
                         break

@@ -16,7 +16,7 @@ import argparse
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,12 +59,18 @@ def node_health(address: str, node: str, ca: Path | None, cert: Path | None, key
         channel.close()
 
 
-def wait_serving(nodes: dict[str, str], credentials: dict[str, tuple[Path, Path, Path]], timeout: float) -> None:
+def wait_serving(
+    nodes: dict[str, str], credentials: dict[str, tuple[Path, Path, Path]], timeout: float, alive: Callable[[], None] | None = None,
+) -> None:  # fmt: skip
     """Wait until every node (name -> address) is SERVING; ``credentials``: name -> (ca, cert,
-    key) the probe of that node presents.  TimeoutError names the nodes that are not."""
+    key) the probe of that node presents.  TimeoutError names the nodes that are not;
+    ``alive()``, called before each probe, raises if a node process has exited (another
+    process on its port would otherwise keep the wait going to the timeout)."""
     limit = time.monotonic() + timeout
     pending = dict(nodes)
     while pending:
+        if alive is not None:
+            alive()
         states = {name: node_health(address, name, *credentials[name], timeout=2.0) for name, address in pending.items()}
         pending = {name: nodes[name] for name, state in states.items() if state != "SERVING"}
         if pending and time.monotonic() > limit:

@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'cels[ray]'; CI installs it)")
 
@@ -20,18 +22,17 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
-from cels.engine.log_shards import read_batches  # noqa: E402
-from cels.engine.log_shards import LogShard  # noqa: E402
+from cels.engine.log_shards import LogShard, merge_pieces, pair_digests, read_batches, split_by_shard  # noqa: E402
 from cels.engine.ray_work import RayEngine, RayWork, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
-from cels.logs.model import LogError, SearchLog  # noqa: E402
+from cels.logs.model import LogError, LogRecord, SearchLog  # noqa: E402
 from cels.logs.parquet import ParquetLog, write_parquet  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.protocol.work import InProcessWork, id_array, id_list  # noqa: E402
+from cels.protocol.work import InProcessWork, encode_item, id_array, id_list  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -450,6 +451,36 @@ def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_re
     whole = shares[0]()
     assert len(loaded.own) == whole.n_pairs and work.n_users == whole.n_users
     assert sorted(work.user_names(np.arange(work.n_users))) == sorted(whole.users)
+
+
+TEXT = st.text(alphabet=st.sampled_from(['a', 'b', '"', "\\", "\n", "é", "\u2028", "\x00"]), max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    entries=st.lists(st.tuples(st.integers(0, 6), TEXT, TEXT, st.integers(1, 5)), min_size=1, max_size=40),
+    readers=st.integers(1, 4),
+    shards=st.integers(1, 3),
+)
+def test_pieces_read_apart_and_merged_on_their_shard_are_the_log(entries, readers, shards) -> None:
+    """A log cut into reader parts by rows, each split by shard and each shard's pieces merged:
+    every shard has its users' rows c_ij of the whole log, each pair once, named by its
+    encoded id and its digest, whatever the cut."""
+    log = SearchLog.from_records(LogRecord(f"u{u}", q, w or "w", c, k) for k, (u, q, w, c) in enumerate(entries))
+    draws = DrawKeys.replay(3, "party-1")
+    parts = [SearchLog.from_records(LogRecord(f"u{u}", q, w or "w", c, k) for k, (u, q, w, c) in enumerate(entries) if k % readers == r) for r in range(readers)]
+    cut = [split_by_shard(part, draws, shards) for part in parts]
+    whole = {(log.users[j], log.pairs[i]): c for j, i, c in zip(*sp.find(log.counts))}
+    seen = {}
+    for s, piece in enumerate(split_by_shard(log, draws, shards)):
+        merged = merge_pieces([pieces[s] for pieces in cut])
+        assert sorted(merged.users) == sorted(piece.users)
+        assert merged.digests.tolist() == sorted(set(merged.digests.tolist())) == sorted(piece.digests.tolist())
+        pairs = [merged.pairs.pair(t) for t in range(len(merged.pairs))]
+        assert merged.pairs.items(np.arange(len(pairs))) == [encode_item(*p) for p in pairs]
+        assert merged.digests.tolist() == pair_digests([encode_item(*p) for p in pairs]).tolist()
+        seen |= {(merged.users[j], pairs[i]): c for j, i, c in zip(*sp.find(merged.counts))}
+    assert seen == whole
 
 
 def test_a_bad_row_read_on_the_cluster_names_its_file_row_and_column(engine, tmp_path, monkeypatch) -> None:

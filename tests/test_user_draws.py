@@ -4,15 +4,20 @@ the releases' canonical order."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import binomtest
 
 from cels.crypto.streams import DrawKeys
 from cels.logs import synthetic_log
+from cels.logs.model import LogRecord
 from cels.protocol.stages.results import LoadResult, UnionResult
-from cels.protocol.stages.union import output_log
+from cels.protocol.stages.union import output_log, union_record
 from cels.protocol.user_draws import DRAW_BUCKETS, BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 from cels.protocol.work import encode_item
 
@@ -82,6 +87,19 @@ def test_the_paper_split_keeps_every_trial_and_follows_the_bucket_weights() -> N
     assert np.all(got.sum(axis=1) == trials)
     for b, weight in enumerate((1, 2, 5)):
         assert binomtest(int(got[:, b].sum()), runs * trials, weight / 8).pvalue > 1e-6
+
+
+@settings(max_examples=300, deadline=None)
+@given(*[st.text(st.characters(exclude_categories=("Cs",)))] * 3, st.integers(1, 2**62))
+def test_an_encoded_record_is_compact_utf8_json_and_decodes_to_its_fields(user, query, url, count) -> None:
+    """encode_item is json.dumps of the fields byte for byte (any text but lone surrogates,
+    which no strictly decoded log holds: quotes, backslashes, control and non-ASCII
+    characters), so pair ids hash alike on every party and a union record decodes to what
+    was encoded."""
+    record = encode_item(user, query, url, count)
+    assert record == json.dumps([user, query, url, count], ensure_ascii=False, separators=(",", ":")).encode()
+    assert union_record(record) == LogRecord(user, query, url, count)
+    assert encode_item(query, url) == json.dumps([query, url], ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def test_the_release_order_is_a_function_of_the_records_alone() -> None:

@@ -8,6 +8,11 @@ each piece to its shard's :class:`LogShard` through the object store, so the nod
 a row; a log in another format (or cut to its first users) is read by the node and split the
 same way.
 
+A piece (:class:`LogPiece`) carries its pairs as their encoded ids, packed in one buffer
+(:class:`EncodedPairs`), with their digests: each pair is encoded and digested once, where it
+is read, and no Python object per pair crosses the object store.  A shard keeps its pairs so
+until the universe hashes them.
+
 The node keeps what the protocol needs and no row: each shard's users' digests (for the
 party's draw order), and per own pair the shard that hashes it.  The party's own pairs are
 the distinct pair ids over all shards, numbered by :func:`pair_digests` (SHA-256 of the
@@ -19,7 +24,9 @@ but nothing the party sends depends on it (the universe's ids leave sorted; docs
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import ray
@@ -27,7 +34,7 @@ import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, windowed
-from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, SearchLog, pair_total_error
+from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair, SearchLog, pair_total_error
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
 from cels.logs.readers import LogFile
@@ -42,24 +49,105 @@ PAIR_DIGEST_BYTES = 16
 """Bytes of a pair's digest: distinct pairs collide with probability about n^2 / 2^129."""
 READ_ROWS = 262_144
 """Rows a reader task reads at most (whole row groups; one larger row group is read alone)."""
+GATHER_PAIRS = 65_536
+"""Pairs :meth:`EncodedPairs.take` gathers at a time (one Python bytes object each, briefly)."""
 
 
-def pair_digests(pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+def pair_digests(encoded: Sequence[bytes]) -> np.ndarray:
     """SHA-256 of each pair's encoded id (cels.protocol.work.encode_item), its first
     :data:`PAIR_DIGEST_BYTES` bytes (a fixed-width ``S`` array: compared on all its bytes)."""
-    return np.array([hashlib.sha256(encode_item(*pair)).digest()[:PAIR_DIGEST_BYTES] for pair in pairs], dtype=f"S{PAIR_DIGEST_BYTES}")
+    return np.array([hashlib.sha256(item).digest()[:PAIR_DIGEST_BYTES] for item in encoded], dtype=f"S{PAIR_DIGEST_BYTES}")
 
 
-def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[SearchLog]:
+class EncodedPairs:
+    """Pair ids encoded (cels.protocol.work.encode_item) and packed: pair t is
+    ``data[ends[t - 1]:ends[t]]``, one byte buffer and one offset array for all of them."""
+
+    def __init__(self, data: np.ndarray, ends: np.ndarray) -> None:
+        self.data, self.ends = data, ends
+
+    @classmethod
+    def pack(cls, encoded: Sequence[bytes]) -> EncodedPairs:
+        ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), ends)
+
+    @classmethod
+    def concat(cls, parts: Sequence[EncodedPairs]) -> EncodedPairs:
+        shift = np.cumsum([0, *(len(p.data) for p in parts)])
+        ends = [p.ends + at for p, at in zip(parts, shift)]
+        return cls(np.concatenate([np.zeros(0, np.uint8), *(p.data for p in parts)]), np.concatenate([np.zeros(0, np.int64), *ends]))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def _slices(self, pairs: np.ndarray) -> list[memoryview]:
+        """Each of ``pairs``' encoded id as a view into ``data``."""
+        raw, pairs = memoryview(self.data), np.asarray(pairs, dtype=np.int64)
+        ends = self.ends[pairs]
+        return [raw[lo:hi] for lo, hi in zip((ends - np.diff(self.ends, prepend=0)[pairs]).tolist(), ends.tolist())]
+
+    def take(self, pairs: np.ndarray) -> EncodedPairs:
+        """The ``pairs`` (numbers into this one) packed in that order, :data:`GATHER_PAIRS` at a
+        time (slicing bytes beats a numpy gather of every byte by 8x)."""
+        pairs = np.asarray(pairs, dtype=np.int64)
+        parts = [b"".join(self._slices(pairs[lo : lo + GATHER_PAIRS])) for lo in range(0, len(pairs), GATHER_PAIRS)]
+        return EncodedPairs(np.frombuffer(b"".join(parts), dtype=np.uint8), np.cumsum(np.diff(self.ends, prepend=0)[pairs]))
+
+    def items(self, pairs: np.ndarray) -> list[bytes]:
+        """The encoded ids of ``pairs``, one bytes each (what the pair-work tasks hash)."""
+        return [bytes(item) for item in self._slices(pairs)]
+
+    def pair(self, t: int) -> Pair:
+        """Pair t as (query, url), decoded from its id (the encoding is JSON)."""
+        lo = int(self.ends[t - 1]) if t else 0
+        query, url = json.loads(self.data[lo : int(self.ends[t])].tobytes())
+        return query, url
+
+
+@dataclass
+class LogPiece:
+    """Some of one log shard's users with their rows c_ij over the pairs they hold: each pair
+    encoded once (``pairs``) and its digest (:func:`pair_digests`)."""
+
+    users: list[str]
+    counts: sp.csr_matrix
+    pairs: EncodedPairs
+    digests: np.ndarray
+
+
+def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiece]:
     """``log``'s users by shard (draw bucket mod ``shards``), each piece over its own pairs only."""
+    encoded = [encode_item(*pair) for pair in log.pairs]
+    digests = pair_digests(encoded)
     shard = buckets_of(user_digests(draws, log.users)) % shards
     pieces = []
     for s in range(shards):
         rows = np.flatnonzero(shard == s)
         counts = log.counts[rows].tocsr()
         held = np.unique(counts.indices)
-        pieces.append(SearchLog([log.users[j] for j in rows], [log.pairs[i] for i in held], counts[:, held].tocsr()))
+        pairs = EncodedPairs.pack([encoded[i] for i in held.tolist()])
+        pieces.append(LogPiece([log.users[j] for j in rows], counts[:, held].tocsr(), pairs, digests[held]))
     return pieces
+
+
+def merge_pieces(pieces: Sequence[LogPiece]) -> LogPiece:
+    """One shard's pieces added up (a user's or a pair's rows may come in several): its users
+    in the order first seen, its pairs by digest."""
+    digests = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(p.digests for p in pieces)])
+    held, first, column = np.unique(digests, return_index=True, return_inverse=True)
+    user_index: dict[str, int] = {}
+    rows, cols, vals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    offset = 0
+    for piece in pieces:
+        entries = piece.counts.tocoo()
+        users = np.array([user_index.setdefault(u, len(user_index)) for u in piece.users], dtype=np.int64)
+        rows.append(users[entries.row])
+        cols.append(column[offset + entries.col])
+        vals.append(entries.data.astype(np.int64))
+        offset += len(piece.digests)
+    counts = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(user_index), len(held)), dtype=np.int64)
+    counts.sum_duplicates()
+    return LogPiece(list(user_index), counts, EncodedPairs.concat([p.pairs for p in pieces]).take(first), held)
 
 
 def read_batches(row_groups: Sequence[RowGroup], rows: int) -> list[list[RowGroup]]:
@@ -100,8 +188,9 @@ class LogShard(ShardState):
     from the universe on, over the index's columns (the counts c^k restricted to its users)."""
 
     def __init__(self) -> None:
-        self.pieces: list[SearchLog] = []
-        self.log: SearchLog | None = None
+        self.pieces: list[LogPiece] = []
+        self.users: list[str] = []  # in draw order
+        self.pairs = EncodedPairs(np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64))  # held pairs, by digest
         self.counts: sp.csr_matrix | None = None  # users x own pairs held, capped
         self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
         self.hashed = np.zeros(0, dtype=np.int64)  # the held pairs this shard hashes, by own index
@@ -109,21 +198,23 @@ class LogShard(ShardState):
         self.local: sp.csr_matrix | None = None  # users x index columns
         self.union_part: UnionPart | None = None  # P_1: its key range of the sorted union (cels.protocol.sorted_union)
 
-    def add(self, piece: SearchLog) -> int:
+    def add(self, piece: LogPiece) -> int:
         """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
         self.pieces.append(piece)
-        return piece.n_users
+        return len(piece.users)
 
     def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """The pieces added up, in draw order and capped: the users' digests (draw order), the
-        held pairs' digests (:func:`pair_digests`) and totals c_i before the cap, and |D| here."""
-        log = SearchLog.merge(self.pieces)
+        """The pieces added up (:func:`merge_pieces`), in draw order and capped: the users'
+        digests (draw order), the held pairs' digests (:func:`pair_digests`) and totals c_i
+        before the cap, and |D| here."""
+        merged = merge_pieces(self.pieces)
         self.pieces = []
-        digests = user_digests(DrawKeys(root, seeded=seeded), log.users)
+        digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
         order = draw_order(digests)
-        self.log = log.select_users(order)
-        self.counts = apply_cap(self.log.counts, cap).tocsr()
-        return digests[order], pair_digests(self.log.pairs), self.log.pair_totals(), self.log.size
+        self.users, self.pairs = [merged.users[j] for j in order], merged.pairs
+        counts = merged.counts[order]
+        self.counts = apply_cap(counts, cap).tocsr()
+        return digests[order], merged.digests, np.asarray(counts.sum(axis=0)).ravel().astype(np.int64), int(counts.sum())
 
     def own(self, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
         """Each held pair's own index, and which of them this shard hashes (the first shard
@@ -135,8 +226,7 @@ class LogShard(ShardState):
     def pair_id_chunks(self, size: int) -> list:
         """The encoded ids of the pairs this shard hashes, ascending by own index, as object
         references of chunks of ``size`` (the pair-work tasks read them from the object store)."""
-        pairs = self.log.pairs
-        return [ray.put([encode_item(*pairs[i]) for i in self.hashed[lo : lo + size]]) for lo in range(0, len(self.hashed), size)]
+        return [ray.put(self.pairs.items(self.hashed[lo : lo + size])) for lo in range(0, len(self.hashed), size)]
 
     def index(self, column_of_own: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Own pair t is index column ``column_of_own[t]`` of ``n``: this shard's counts c^k over
@@ -164,15 +254,15 @@ class LogShard(ShardState):
             return {}
         at = np.minimum(np.searchsorted(held, columns), len(held) - 1)
         hit = held[at] == columns
-        return {int(c): self.log.pairs[order[a]] for c, a in zip(columns[hit], at[hit])}
+        return {int(c): self.pairs.pair(order[a]) for c, a in zip(columns[hit], at[hit])}
 
     def held_pair(self, pair: int) -> tuple[str, str]:
         """(query, url) of held pair number ``pair`` (in the order of :meth:`finish`'s digests)."""
-        return self.log.pairs[pair]
+        return self.pairs.pair(pair)
 
     def user_names(self, rows: np.ndarray) -> list[str]:
         """The ids of this shard's users ``rows`` (its draw order)."""
-        return [self.log.users[j] for j in rows]
+        return [self.users[j] for j in rows]
 
     def begin_union(self, width: int) -> None:
         """P_1: an empty part of the sorted union, for ``width``-byte union keys."""

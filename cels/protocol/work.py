@@ -31,7 +31,7 @@ from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 
 CommutativeHash = X25519Hash | PohligHellmanHash
-_ITEM_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # made once, not per item
+_JSON_STRING = json.encoder.encode_basestring  # a JSON string, UTF-8 kept (json's C encoder with ensure_ascii off)
 
 
 def id_width(cipher: CommutativeHash) -> int:
@@ -53,9 +53,12 @@ def id_list(ids: np.ndarray) -> list[bytes]:
     return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
-def encode_item(*fields) -> bytes:
-    """Injective byte encoding of a pair id (query, url) or an output record."""
-    return _ITEM_JSON(list(fields)).encode()
+def encode_item(*fields: str | int) -> bytes:
+    """Injective byte encoding of a pair id (query, url) or an output record (user, query, url,
+    count): the compact JSON array of the fields, UTF-8, byte for byte what
+    ``json.dumps(fields, ensure_ascii=False, separators=(",", ":"))`` writes, built without the
+    encoder's per-call set-up (docs/protocol.md, Decisions: Universe)."""
+    return ("[" + ",".join([_JSON_STRING(f) if isinstance(f, str) else str(int(f)) for f in fields]) + "]").encode()
 
 
 def pruned_constraint_rows(local: sp.spmatrix, totals: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:

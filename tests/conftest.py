@@ -73,3 +73,11 @@ def recorded_session(tmp_path_factory) -> RecordedSession:
     root = tmp_path_factory.mktemp("recorded")
     roles = record_session(logs, options, root, allow_insecure_key_bits=True)
     return RecordedSession(root, options, log, logs, roles, load_views(root)[options.session_id])
+
+
+@pytest.fixture
+def rounds_on_the_user_shards(monkeypatch):
+    """Every round of the private solve walked on a Ray party's user shards, as a log whose
+    rounds are larger than cels.engine.ray_work.NODE_WALK_NONZEROS would be (test logs are
+    small: their rounds would be walked on the node)."""
+    monkeypatch.setattr("cels.engine.ray_work.NODE_WALK_NONZEROS", -1)

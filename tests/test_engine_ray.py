@@ -36,6 +36,8 @@ from cels.protocol.work import InProcessWork, encode_item, id_array, id_list  # 
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("rounds_on_the_user_shards")
+
 
 @pytest.fixture(scope="module")
 def engine():
@@ -146,6 +148,30 @@ def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
         for m in members:
             ored |= verdicts(rows[m].tocsc(), loads[m], proposals, b)
         assert np.all(ored >= expected)  # a shard alone only rejects more
+
+
+def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(engine, monkeypatch) -> None:
+    """The bound is the nonzeros of the round's proposed columns: a round at the bound is
+    walked on the node (no user shard placed), one above it on the shards; both give the
+    in-process bitmap and are counted apart in the session summary."""
+    local, remote = loaded_pair(2, synthetic_log(seed=5, users=120, pairs=80))
+    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3
+    active = np.flatnonzero(totals)
+    rows = local.constraint_rows(active, totals).tocsc()
+    remote.constraint_rows(active, totals)
+    rng = np.random.default_rng(2)
+    loads = rows @ rng.integers(0, 3, rows.shape[1]).astype(np.float64)
+    b = float(np.quantile(loads, 0.8)) + 0.5
+    small, large = rng.permutation(rows.shape[1])[:20], rng.permutation(rows.shape[1])[:60]
+    bound = int(np.diff(rows.indptr)[small].sum())
+    assert int(np.diff(rows.indptr)[large].sum()) > bound
+    monkeypatch.setattr("cels.engine.ray_work.NODE_WALK_NONZEROS", bound)
+    assert np.array_equal(remote.verdicts(rows, loads, small, b), verdicts(rows, loads, small, b))
+    assert (remote.node_rounds, remote.verdict_rounds, remote._actors) == (1, 0, [])
+    assert np.array_equal(remote.verdicts(rows, loads, large, b), verdicts(rows, loads, large, b))
+    assert (remote.node_rounds, remote.verdict_rounds, len(remote._actors)) == (1, 1, 2)
+    assert remote.usage()["node_rounds"] == 1
+    remote.release()
 
 
 def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:

@@ -38,7 +38,7 @@ from cels.protocol.work import id_list  # noqa: E402
 from test_engine_ray import loaded_pair, ray_processes  # noqa: E402
 from test_private_solve import audit  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("rounds_on_the_user_shards")]
 
 
 def descendants(roots: set[int]) -> set[int]:

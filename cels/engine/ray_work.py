@@ -17,7 +17,8 @@ another party.
   key as raw bytes (:func:`key_material`) and rebuilds it: no key object is pickled.  The own
   ids go from the log shards to the tasks through the object store.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
-  actors; row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
+  actors, for a round whose proposals touch more than :data:`NODE_WALK_NONZEROS` of the
+  party's constraint rows (a smaller round is walked on the node, which holds the rows); row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
   HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
   earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
   (a shard would add a proposal another shard rejects): the shards walk the proposals again
@@ -82,7 +83,7 @@ from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
-from cels.mechanism.greedy import LOAD_SLACK
+from cels.mechanism.greedy import LOAD_SLACK, verdicts
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.sorted_union import RangedUnion
 from cels.protocol.stages.results import LoadResult
@@ -104,6 +105,11 @@ USAGE_SECONDS = 10.0
 CONNECT_SECONDS = 5.0
 """How long the node waits for a Ray cluster address to answer: at start-up (else it refuses
 to start) and at every StartSession (else it refuses the session)."""
+NODE_WALK_NONZEROS = 1 << 18
+"""A round whose proposed pairs hold at most this many nonzeros of the party's constraint rows
+is walked on the node (cels.mechanism.greedy.verdicts over the rows it holds anyway): such a
+walk takes a few milliseconds, one call to each user shard about as long again under load.
+A larger round goes to the user shards (module docstring, docs/deployment.md)."""
 SHARD_RESTARTS = 3
 """Shard actors (user-shard and sampling) a session re-creates after losing them, before it aborts."""
 SHARD_MEMORY = 1 << 20
@@ -572,7 +578,8 @@ class RayWork:
         self._members: list[np.ndarray] = []  # shard -> its rows (ascending)
         self._shard_rows: list[sp.csc_matrix] = []  # shard -> its rows' values: what a lost shard is re-created from
         self.shard_restarts = 0  # user-shard actors re-created in this session
-        self.verdict_rounds = self.verdict_passes = 0  # private-solve rounds, and the shards' passes over them
+        self.verdict_rounds = self.verdict_passes = 0  # private-solve rounds on the user shards, and their passes over them
+        self.node_rounds = 0  # private-solve rounds walked on the node (NODE_WALK_NONZEROS)
         self._sampling_actors: list = []
         self._group = None  # this session's placement group of the shards (made at the first shard)
         self.pair_tasks = PairTasks(max_in_flight)
@@ -729,8 +736,13 @@ class RayWork:
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
-        """The party's verdicts as in one process (:meth:`_joint_walk`); a round that loses a
-        shard is walked again from its starting loads once the shard is re-created (module doc)."""
+        """The party's verdicts as in one process: on the node for a round of at most
+        :data:`NODE_WALK_NONZEROS`, else on the user shards (:meth:`_joint_walk`); a round that
+        loses a shard is walked again from its starting loads once the shard is re-created
+        (module doc)."""
+        if int(np.diff(rows.indptr)[proposals].sum()) <= NODE_WALK_NONZEROS:  # rows: CSC, a column per active pair
+            self.node_rounds += 1
+            return verdicts(rows, loads, proposals, b)
         if rows is not self._placed:
             self._place(rows)
         while True:
@@ -781,6 +793,7 @@ class RayWork:
         return {
             # shard s: the largest peak of its log shard, user shard (private solve) and sampling actors
             "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
+            "node_rounds": self.node_rounds,
             "verdict_rounds": self.verdict_rounds,
             "verdict_passes": self.verdict_passes,
             "pair_tasks": self.pair_tasks.tasks,

@@ -55,6 +55,8 @@ from test_private_solve import TEST_KEYS, audit  # noqa: E402
 GONE_SECONDS = 15.0
 """How long a killed process (and what it leaves) may take to be gone."""
 
+pytestmark = pytest.mark.usefixtures("rounds_on_the_user_shards")
+
 
 @pytest.fixture(scope="module")
 def engine():

@@ -110,6 +110,12 @@ NODE_WALK_NONZEROS = 1 << 18
 is walked on the node (cels.mechanism.greedy.verdicts over the rows it holds anyway): such a
 walk takes a few milliseconds, one call to each user shard about as long again under load.
 A larger round goes to the user shards (module docstring, docs/deployment.md)."""
+LOCAL_RAY_CONFIG = {"task_events_report_interval_ms": 0, "enable_timeline": False, "enable_metrics_collection": False, "event_stats": False}
+"""Ray's system settings for the instance a node starts itself (``address = "local"``): no task
+events, timeline, metrics or event-loop statistics, which nothing here reads (no dashboard).
+One party of 1M pairs alone, every process's CPU counted: its first hash took 8.9-9.1 CPU
+seconds with them off against 9.3-9.5 on (docs/deployment.md, "What runs where").  A cluster
+the node joins keeps its operator's settings."""
 SHARD_RESTARTS = 3
 """Shard actors (user-shard and sampling) a session re-creates after losing them, before it aborts."""
 SHARD_MEMORY = 1 << 20
@@ -206,7 +212,7 @@ class RayEngine:
         reaper = None
         if not ray.is_initialized():
             if options.address == LOCAL_RAY:
-                context = ray.init(include_dashboard=False, log_to_driver=False)
+                context = ray.init(include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG)
                 reaper = watch(context.address_info["session_dir"])
             else:
                 check_reachable(options.address)

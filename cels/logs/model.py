@@ -120,26 +120,6 @@ class SearchLog:
         counts.sum_duplicates()
         return cls(list(user_index), list(pair_index), counts, dict(source or {}))
 
-    @classmethod
-    def merge(cls, parts: Iterable[SearchLog], source: dict | None = None) -> SearchLog:
-        """The histogram of all ``parts``' events together (c_ij added up), users and pairs in
-        the order they are first seen (a log read in pieces: docs/deployment.md)."""
-        user_index: dict[str, int] = {}
-        pair_index: dict[Pair, int] = {}
-        rows, cols, vals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
-        for part in parts:
-            entries = part.counts.tocoo()
-            users = np.array([user_index.setdefault(u, len(user_index)) for u in part.users], dtype=np.int64)
-            pairs = np.array([pair_index.setdefault(p, len(pair_index)) for p in part.pairs], dtype=np.int64)
-            rows.append(users[entries.row])
-            cols.append(pairs[entries.col])
-            vals.append(entries.data.astype(np.int64))
-        counts = sp.csr_matrix(
-            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(user_index), len(pair_index)), dtype=np.int64
-        )
-        counts.sum_duplicates()
-        return cls(list(user_index), list(pair_index), counts, dict(source or {}))
-
     @property
     def n_users(self) -> int:
         return len(self.users)

@@ -18,8 +18,9 @@ another party.
   ids go from the log shards to the tasks through the object store.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
   actors, for a round whose proposals touch more than :data:`NODE_WALK_NONZEROS` of the
-  party's constraint rows (a smaller round is walked on the node, which holds the rows); row j's shard is its user's draw bucket mod P (cels.protocol.user_draws:
-  HMAC-SHA256 under a per-session key).  The party's verdict on proposal q depends on which
+  party's constraint rows (a smaller round is walked on the node, which holds the rows); row
+  j's shard is its user's draw bucket mod P (cels.protocol.user_draws: HMAC-SHA256 under a
+  per-session key).  The party's verdict on proposal q depends on which
   earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
   (a shard would add a proposal another shard rejects): the shards walk the proposals again
   against the OR of their rejections until it is settled (:meth:`RayWork.verdicts`), and the

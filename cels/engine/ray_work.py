@@ -747,7 +747,7 @@ class RayWork:
         :data:`NODE_WALK_NONZEROS`, else on the user shards (:meth:`_joint_walk`); a round that
         loses a shard is walked again from its starting loads once the shard is re-created
         (module doc)."""
-        if int(np.diff(rows.indptr)[proposals].sum()) <= NODE_WALK_NONZEROS:  # rows: CSC, a column per active pair
+        if int((rows.indptr[proposals + 1] - rows.indptr[proposals]).sum()) <= NODE_WALK_NONZEROS:  # rows: CSC, a column per active pair
             self.node_rounds += 1
             return verdicts(rows, loads, proposals, b)
         if rows is not self._placed:

@@ -21,7 +21,7 @@ from cels.protocol.aborts import describe
 from cels.protocol.host import ABORTED, SessionHost, Step
 from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, Stream, step_name, take_ready
 from cels.protocol.solver import SolverRole
 from cels.session_report import session_report
 
@@ -59,12 +59,16 @@ class InMemoryNetwork:
         self.stats = TrafficStats()
         self.max_messages = max_messages
         self.log: list[tuple[str, str, str, int]] = []  # (sender, recipient, step, bytes)
+        self.held: dict[str, deque[Outgoing | Stream]] = {}  # sender -> what it sent behind a Stream's message not made yet
 
     def run(self, initial: Iterable[Outgoing], sender: str = "initiator") -> TrafficStats:
+        """Deliver ``initial`` and everything it sets off, in the order sent; whenever the queue
+        is empty, every node with a send window is told its link drained (its next window), and
+        every Stream waiting for what its sender takes is asked again."""
         queue: deque[tuple[str, str, bytes]] = deque()
         self._enqueue(queue, sender, initial)
         delivered = 0
-        while queue:
+        while queue or self._drain(queue):
             src, dst, data = queue.popleft()
             if dst not in self.roles:
                 raise KeyError(f"message from {src} to unknown node {dst!r}")
@@ -78,8 +82,19 @@ class InMemoryNetwork:
             self._enqueue(queue, dst, out)
         return self.stats
 
-    def _enqueue(self, queue: deque, src: str, messages: Iterable[Outgoing]) -> None:
-        for dst, envelope in messages:
+    def _drain(self, queue: deque) -> bool:
+        """The queue is empty: the next window of every pending Stream (:meth:`MemoryNode.drained`)."""
+        for name, node in self.roles.items():
+            self._enqueue(queue, name, node.drained() if isinstance(node, MemoryNode) else [])
+        return bool(queue)
+
+    def _enqueue(self, queue: deque, src: str, messages: Iterable[Outgoing | Stream]) -> None:
+        """Queue what ``src`` sent and is ready, a Stream (cels.protocol.roles) as far as it is
+        made (this network holds every message anyway: its hosts have no send window); the rest
+        waits, in order, for ``src``'s next turn."""
+        held = self.held.setdefault(src, deque())
+        held.extend(messages)
+        for dst, envelope in take_ready(held):
             data = envelope.SerializeToString()
             step = step_name(envelope)
             self.stats.bytes_sent[(src, step)] += len(data)
@@ -99,6 +114,11 @@ class MemoryNode:
     def __init__(self, host: SessionHost) -> None:
         self.host = host
         self.refused: list[str] = []
+
+    def drained(self) -> list[Outgoing]:
+        """Everything this node sent went out: the next window of its sessions' pending Streams
+        (none unless its host has a send window)."""
+        return [m for sid in list(self.host.sessions) for m in self.host.drained(sid, time.monotonic()).messages]
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
         try:

@@ -37,7 +37,7 @@ def session_report(result: SessionResult) -> dict:
         entry["seconds_total"] = sum(entry["seconds"].values())
         entry["bytes_total"] = sum(entry["bytes"].values())
     opts, counts, solved, output = result.options, result.counts, result.solved, result.output
-    x_all = np.zeros(counts.n, dtype=np.int64)
+    x_all = np.zeros(counts.n, dtype=np.min_scalar_type(int(solved.x.max(initial=0))))  # x over the index in its smallest type
     x_all[counts.active] = solved.x
     # the cleaned pairs (c_i >= min_count) without a copy of the index where cleaning drops none
     # (the measures skip c_i = 0, and pass over the index in chunks: cels.metrics)

@@ -3,6 +3,8 @@ travels, refusals."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from cels.crypto.secure_aggregation import PairwiseMasks
 from cels.inprocess import InMemoryNetwork
 from cels.protocol import masked_sum
 from cels.protocol.masked_sum import MaskedSum
-from cels.protocol.roles import ProtocolError
+from cels.protocol.roles import ProtocolError, take_ready
 
 
 def make(ring, values, bound=2**31 - 1, round_number=0):
@@ -24,6 +26,11 @@ def make(ring, values, bound=2**31 - 1, round_number=0):
         p: MaskedSum(name=p, session_id="s1", sum_id="counts", ring=ring, values=values[p], bound=bound, masks=masks[p], round_number=round_number)
         for p in ring
     }
+
+
+def ready(out) -> list:
+    """The messages of a start or receive that are ready now (a Stream's as far as it is made)."""
+    return take_ready(deque(out))
 
 
 def run(roles):
@@ -67,9 +74,9 @@ def test_refusals() -> None:
     with pytest.raises(PackingOverflowError, match="outside"):
         make(ring, {**values, "b": np.array([-1, 2])})
     roles = make(ring, values)
-    a_out = roles["a"].start()
-    assert a_out == []
-    (dst, env), = roles["b"].start()
+    a_stream = deque(roles["a"].start())
+    assert take_ready(a_stream) == [] and a_stream  # P_1's total waits for the shares
+    ((dst, env),) = ready(roles["b"].start())  # a Stream: its one chunk made as it is taken
     assert dst == "a"
     short = type(env)()
     short.CopyFrom(env)
@@ -81,7 +88,7 @@ def test_refusals() -> None:
     with pytest.raises(ProtocolError) as err:  # the same party twice
         roles["a"].receive("b", env)
     assert err.value.code == ProtocolError.FAILED_PRECONDITION
-    (_, env_c), = roles["c"].start()
+    ((_, env_c),) = ready(roles["c"].start())
     words = bytearray(env_c.masked_sum_share.words)
     words[7] ^= 0x40  # not c's masked vector: the masks no longer cancel (entry 0 off by 2^62)
     env_c.masked_sum_share.words = bytes(words)
@@ -99,11 +106,13 @@ def test_a_sum_streams_in_chunks_and_totals_as_whole(monkeypatch) -> None:
     rng = np.random.default_rng(5)
     values = {p: rng.integers(0, 1000, size=50) for p in ring}
     roles = make(ring, values)
-    sent, queue = [], [(p, dst, env) for p in ring for dst, env in roles[p].start()]
+    held = {p: deque(roles[p].start()) for p in ring}  # P_1's total: a Stream of chunks made as their shares are in
+    sent, queue = [], [(p, dst, env) for p in ring for dst, env in take_ready(held[p])]
     while queue:  # delivered in the order sent (one sender's chunks stay in order)
         src, dst, env = queue.pop(0)
         sent.append((src, dst, env.WhichOneof("step"), env))
-        queue += [(dst, to, out) for to, out in roles[dst].receive(src, env)]
+        held[dst].extend(roles[dst].receive(src, env))
+        queue += [(dst, to, out) for to, out in take_ready(held[dst])]
     for p in ring:
         np.testing.assert_array_equal(roles[p].result, sum(values.values()))
     shares = [env.masked_sum_share for src, dst, step, env in sent if step == "masked_sum_share" and src == "b"]
@@ -123,8 +132,8 @@ def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     ring = ["a", "b", "c"]
     values = {p: np.arange(40) for p in ring}
     roles = make(ring, values)
-    roles["a"].start()
-    chunks_b = roles["b"].start()
+    totals = deque(roles["a"].start())
+    chunks_b = ready(roles["b"].start())
     assert len(chunks_b) == 3
     with pytest.raises(ProtocolError) as err:  # skips the first chunk
         roles["a"].receive("b", chunks_b[1][1])
@@ -141,7 +150,7 @@ def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     assert err.value.code == ProtocolError.INVALID_ARGUMENT
     roles["a"].receive("b", chunks_b[1][1])
     roles["a"].receive("b", chunks_b[2][1])
-    out = [o for _, env in roles["c"].start() for o in roles["a"].receive("c", env)]
+    out = [o for _, env in ready(roles["c"].start()) for o in [*roles["a"].receive("c", env), *take_ready(totals)]]
     to_b = [env for dst, env in out if dst == "b"]
     assert len(to_b) == 3 and roles["a"].done
     short = type(to_b[0])()
@@ -156,3 +165,20 @@ def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     for env in to_b:
         roles["b"].receive("a", env)
     np.testing.assert_array_equal(roles["b"].result, 3 * np.arange(40))
+
+
+def test_a_sum_goes_in_the_smallest_ring_that_holds_its_total() -> None:
+    """The ring Z_{2^w} of a masked sum is the smallest of 8, 16, 32 and 64 bits holding
+    r * bound (public): r = 3 parties' indicators (bound 1) go as a byte an entry, masked mod
+    2^8, and total exactly; counts (bound 2^53) as 8 bytes."""
+    assert [masked_sum.ring_bits(3, 1), masked_sum.ring_bits(255, 1), masked_sum.ring_bits(256, 1)] == [8, 8, 16]
+    assert [masked_sum.ring_bits(2, 2**31 - 1), masked_sum.ring_bits(3, 2**31 - 1), masked_sum.ring_bits(3, 2**53)] == [32, 64, 64]
+    ring = ["a", "b", "c"]
+    rng = np.random.default_rng(9)
+    values = {p: rng.integers(0, 2, size=300) for p in ring}
+    roles = make(ring, values, bound=1)
+    net = run(roles)
+    for p in ring:
+        np.testing.assert_array_equal(roles[p].result, sum(values.values()))
+    shares = [size for src, dst, step, size in net.log if step == "masked_sum_share"]
+    assert len(shares) == 2 and all(300 <= size < 400 for size in shares)  # 300 one-byte words and the envelope

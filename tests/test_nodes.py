@@ -437,3 +437,40 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
     assert events[-1].aborted.origin == "party-2" and events[-1].aborted.kind == LOCAL_FAILURE
     assert events[-1].aborted.reason == "cannot load its log"
     assert node.host.state(options.session_id)[0] == "aborted"
+
+
+def test_a_link_asks_for_the_next_window_before_its_outbox_counts_as_drained() -> None:
+    """Issue 25: once a session's outbox is empty the link asks its node for the role's next
+    window of a Stream (``drained``), before the last message counts as done: every message
+    goes out in order, and a call waiting on ``outbox.join()`` (the initiator's BEGIN or
+    FINISH) follows the whole Stream, not its first window."""
+    from types import SimpleNamespace
+
+    from cels.node.link import SessionLink
+
+    options = SessionOptions.create(["party-1", "party-2"], session_id="windows", epsilon=1.0, delta=0.4, deadline=30.0)
+    windows = [[("party-2", cels_pb2.Envelope(session_id="windows", sender="party-1", mask_key=cels_pb2.MaskKey(public_key=bytes([k]))))] for k in range(6)]
+    delivered: list[bytes] = []
+    asked: list[int] = []
+
+    class Owner:  # the node around the link: its host reports the session done (the watchdog idles)
+        config = SimpleNamespace(name="party-1", peers={"party-2": "127.0.0.1:1"})
+        host = SimpleNamespace(state=lambda sid: (SessionState.DONE, None))
+        peers = SimpleNamespace(deliver=lambda peer, frames, timeout: delivered.append(frames[0].data))
+
+        def drained(self, session_id: str) -> None:
+            asked.append(len(delivered))
+            if windows:
+                for item in windows.pop(0):
+                    link.outbox.put(item)
+
+        def expire(self) -> None:
+            pass
+
+    link = SessionLink(Owner(), options)
+    Owner.drained(Owner, "windows")  # the first window
+    link.outbox.join()
+    link.stopped.set()
+    link.outbox.put(None)
+    assert [cels_pb2.Envelope.FromString(d).mask_key.public_key for d in delivered] == [bytes([k]) for k in range(6)]
+    assert asked == [0, 1, 2, 3, 4, 5, 6]  # once per emptied outbox; the last finds the Stream over

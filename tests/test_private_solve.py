@@ -56,7 +56,7 @@ def audit(log, output, b: float) -> np.ndarray:
 
 def check_replay(roles, config, verdicts) -> None:
     lead = roles[config.initiator]
-    c = lead.counted.totals[lead.counted.active]
+    c = lead.counted.active_totals
     rule = ProposalRule(config.objective, c, config.round_batch, None,
                         c / lead.counted.totals.sum() >= config.support if config.objective == "frequent" else None)  # fmt: skip
     transcript = replay(rule, lead.solved.x)
@@ -84,14 +84,14 @@ def test_the_protocol_reaches_the_greedy_of_the_split_rows() -> None:
     log = synthetic_log(seed=9, users=60)
     config, roles, _ = run_private(log, 3, epsilon=8.0, delta=0.9, round_batch=8)
     lead = roles[config.initiator]
-    c = lead.counted.totals[lead.counted.active]
+    c = lead.counted.active_totals
     party_rows = [sp.csr_matrix(roles[p].counted.rows) for p in config.parties]
     x, _ = central_run(ProposalRule("kl", c, 8), party_rows, config.b)
     np.testing.assert_array_equal(lead.solved.x, x)
     assert all(np.array_equal(roles[p].solved.x, x) for p in config.parties)
     for p in config.parties:  # each party's rows are its users' ln t rows against the public totals
         own = roles[p].counted
-        full = log_t_rows(roles[p].work.local[:, own.active], own.totals[own.active])
+        full = log_t_rows(roles[p].work.local[:, own.active], own.active_totals)
         assert feasible_rows(full, x, config.b)
 
 

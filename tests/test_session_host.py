@@ -7,15 +7,17 @@ import dataclasses
 import pytest
 
 from cels.protocol.phases import Phase, SessionState
-from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts
+from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
 from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, abort_notice
 from cels.protocol.host import ABORTED, DONE, PREPARED, RUNNING, Step
+from cels.protocol import masked_sum
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import ProtocolError, step_name
 from cels.protocol.solver import SolverRole
+from cels.protocol.stages import universe
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import WIRE_PHASES, WIRE_STATES, phase_from_wire, phase_to_wire, state_from_wire, state_to_wire
 
@@ -233,3 +235,51 @@ def test_the_wire_enums_mirror_the_phases_and_states() -> None:
     assert phase_from_wire(cels_pb2.PHASE_UNSPECIFIED) is None and phase_from_wire(99) is None and phase_to_wire(None) == 0
     assert {state_from_wire(state_to_wire(s)) for s in SessionState} == set(SessionState)
     assert set(WIRE_STATES.values()) == set(cels_pb2.SessionState.State.values()) and state_from_wire(99) is SessionState.UNKNOWN
+
+
+def _seeded_session(send_window: int | None) -> tuple[dict, InMemoryNetwork, list[int]]:
+    """A seeded private-mode session in memory; with ``send_window`` every party host hands its
+    Streams over a window at a time; also the number of messages of each drained call."""
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, session_id="streams", **TEST_KEYS)
+    logs = synthetic_log(seed=5, users=60, pairs=400).split_by_user(3)
+    nodes = session_hosts(logs, options, seed=11, allow_insecure_key_bits=True)
+    per_call: list[int] = []
+    for name in options.parties:
+        host = nodes[name].host
+        host.send_window = send_window
+        drained = host.drained
+
+        def counted(sid, now, drained=drained):
+            effects = drained(sid, now)
+            per_call.append(len(effects.messages))
+            return effects
+
+        host.drained = counted
+    network = InMemoryNetwork(nodes)
+    return start_session(network, options), network, per_call
+
+
+def test_streams_handed_over_a_window_at_a_time_give_the_same_session(monkeypatch) -> None:
+    """Issue 25: a party's own universe ids and its masked shares are Streams (made as the
+    link drains them).  With a one-byte window a Stream goes a message per host call, the
+    rest following on ``drained``; the session sends the same messages on every link, counts
+    the same bytes per phase and releases the same log as without a window (seeded draws)."""
+    monkeypatch.setattr(universe, "STREAM_IDS", 32)
+    monkeypatch.setattr(masked_sum, "SUM_CHUNK", 64)
+    whole, whole_net, whole_calls = _seeded_session(None)
+    windowed, windowed_net, windowed_calls = _seeded_session(1)
+    assert not any(whole_calls)  # no window: nothing is ever pending
+    assert sum(1 for n in windowed_calls if n) >= 3 * 10  # a drained call per chunk: each party's own ids alone are more than ten
+
+    def per_link(net):  # a Stream interleaves with what its sender forwards meanwhile: compared as sets
+        links: dict = {}
+        for src, dst, step, size in net.log:
+            links.setdefault((src, dst), []).append((step, size))
+        return {link: sorted(sent) for link, sent in links.items()}
+
+    assert per_link(windowed_net) == per_link(whole_net)
+    for name, role in windowed.items():
+        assert dict(role.bytes_sent) == dict(whole[name].bytes_sent), name
+    released = [sorted(zip(c.row.tolist(), c.col.tolist(), c.data.tolist())) for c in (roles["party-1"].output.counts.tocoo() for roles in (whole, windowed))]
+    assert released[0] and released[0] == released[1]
+    assert windowed["party-1"].output.users == whole["party-1"].output.users and windowed["party-1"].output.pairs == whole["party-1"].output.pairs

@@ -170,13 +170,13 @@ def ground_truth(party_roles: Sequence) -> Truth:
     for role in party_roles:
         work, counted = role.work, role.counted
         local = sp.csr_matrix(work.local[:, counted.active])
-        kept = dominant_rows(log_t_rows(local, counted.totals[counted.active]))  # the party's own pruning
+        kept = dominant_rows(log_t_rows(local, counted.active_totals))  # the party's own pruning
         blocks.append(local[kept].toarray()[:, perm])
         users += int(np.count_nonzero(np.diff(local.indptr)))
         names.update({col: work.log.pairs[own] for col, own in work.pair_of.items()})
     return Truth(
         cells=np.vstack(blocks),
-        counts=first.totals[first.active][perm],
+        counts=first.active_totals[perm],
         pairs=[names[int(first.active[p])] for p in perm],
         users_with_rows=users,
     )

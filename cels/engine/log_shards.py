@@ -33,7 +33,7 @@ import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, windowed
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
 from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair, SearchLog, pair_total_error
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
@@ -43,7 +43,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
-from cels.protocol.work import encode_item
+from cels.protocol.work import column_type, encode_item, smallest
 
 PAIR_DIGEST_BYTES = 16
 """Bytes of a pair's digest: distinct pairs collide with probability about n^2 / 2^129."""
@@ -196,7 +196,9 @@ class LogShard(ShardState):
         self.pairs = EncodedPairs(np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64))  # held pairs, by digest
         self.counts: sp.csr_matrix | None = None  # users x own pairs held, capped
         self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
-        self.hashed = np.zeros(0, dtype=np.int64)  # the held pairs this shard hashes, by own index
+        self.hashes = np.zeros(0, dtype=bool)  # held pair -> this shard hashes it (the first holding it)
+        self.column_of_own = np.zeros(0, dtype=np.int64)  # own pair -> index column, as the node hands it over
+        self.handed: dict[str, np.ndarray] = {}  # arrays set aside for the node, which takes them in slices
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
         self.union_part: UnionPart | None = None  # P_1: its key range of the sorted union (cels.protocol.sorted_union)
@@ -206,10 +208,11 @@ class LogShard(ShardState):
         self.pieces.append(piece)
         return len(piece.users)
 
-    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """The pieces added up (:func:`merge_pieces`), in draw order and capped: the users'
-        digests (draw order), the held pairs' digests (:func:`pair_digests`) and totals c_i
-        before the cap, and |D| here."""
+    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[int, int, str, int]:
+        """The pieces added up (:func:`merge_pieces`), in draw order and capped.  Handed over in
+        slices (``slice``): "users", the users' digests (draw order); "pairs", the held pairs'
+        digests (:func:`pair_digests`); "totals", their totals c_i before the cap.  Returns the
+        users and held pairs here, the totals' type and |D| here."""
         merged = merge_pieces(self.pieces)
         self.pieces = []
         digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
@@ -217,33 +220,51 @@ class LogShard(ShardState):
         self.users, self.pairs = [merged.users[j] for j in order], merged.pairs
         counts = merged.counts[order]
         self.counts = apply_cap(counts, cap).tocsr()
-        return digests[order], merged.digests, np.asarray(counts.sum(axis=0)).ravel().astype(np.int64), int(counts.sum())
+        totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        self.handed = {"users": digests[order], "pairs": merged.digests, "totals": totals}
+        held = len(merged.digests)
+        self.own_of_pair, self.hashes = np.zeros(held, dtype=np.int64), np.zeros(held, dtype=bool)
+        return len(digests), held, totals.dtype.str, int(counts.sum())
 
-    def own(self, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
-        """Each held pair's own index, and which of them this shard hashes (the first shard
-        holding it)."""
-        self.own_of_pair = np.array(own_of_pair, dtype=np.int64)
-        hashed = np.flatnonzero(hashes)
-        self.hashed = hashed[np.argsort(self.own_of_pair[hashed], kind="stable")]
+    def own(self, lo: int, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
+        """Held pairs lo.. (a slice: :func:`in_slices`): their own indices, and which of them
+        this shard hashes (the first shard holding it)."""
+        self.own_of_pair = self.own_of_pair.astype(own_of_pair.dtype, copy=False)
+        self.own_of_pair[lo : lo + len(own_of_pair)] = own_of_pair
+        self.hashes[lo : lo + len(hashes)] = hashes
+        self.handed = {}
 
     def pair_id_chunks(self, size: int) -> list:
         """The encoded ids of the pairs this shard hashes, ascending by own index, as object
         references of chunks of ``size`` (the pair-work tasks read them from the object store)."""
-        return [ray.put(self.pairs.items(self.hashed[lo : lo + size])) for lo in range(0, len(self.hashed), size)]
+        hashed = np.flatnonzero(self.hashes)
+        hashed = hashed[np.argsort(self.own_of_pair[hashed], kind="stable")]
+        return [ray.put(self.pairs.items(hashed[lo : lo + size])) for lo in range(0, len(hashed), size)]
 
-    def index(self, column_of_own: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Own pair t is index column ``column_of_own[t]`` of ``n``: this shard's counts c^k over
-        the index, and their column sums (columns, sums)."""
-        self.column_of_pair = column_of_own[self.own_of_pair]
+    def own_columns(self, lo: int, columns: np.ndarray, size: int) -> None:
+        """Own pairs lo.. (a slice) are these index columns, of the party's ``size`` own pairs."""
+        if len(self.column_of_own) != size:
+            self.column_of_own = np.zeros(size, dtype=columns.dtype)
+        self.column_of_own[lo : lo + len(columns)] = columns
+
+    def index(self, n: int) -> str:
+        """Own pair t is index column ``column_of_own[t]`` (:meth:`own_columns`) of ``n``: this
+        shard's counts c^k over the index.  Handed over in slices: "columns", each held pair's
+        column; "sums", their column sums.  Returns the held pairs and the sums' type."""
+        self.column_of_pair, self.column_of_own = self.column_of_own[self.own_of_pair], np.zeros(0, dtype=np.int64)
         counts = self.counts
         self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
         self.local.sort_indices()  # in place: on copies, not on the counts' arrays
-        return self.column_of_pair, np.asarray(counts.sum(axis=0)).ravel().astype(np.int64)
+        sums = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        self.handed = {"columns": self.column_of_pair, "sums": sums}
+        return sums.dtype.str
 
-    def column_max(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per held pair: its index column and the largest count of one of this shard's users."""
-        top = np.asarray(self.counts.max(axis=0).todense()).ravel() if self.counts.shape[0] else np.zeros(len(self.column_of_pair))
-        return self.column_of_pair, top.astype(np.int64)
+    def column_max(self) -> str:
+        """Per held pair, the largest count of one of this shard's users, handed over in slices
+        as "top" (its type returned; the columns as :meth:`index` handed them)."""
+        top = np.asarray(self.counts.max(axis=0).todense()).ravel() if self.counts.shape[0] else np.zeros(len(self.column_of_pair), dtype=np.int64)
+        self.handed = {"columns": self.column_of_pair, "top": smallest(top)}
+        return self.handed["top"].dtype.str
 
     def active_counts(self, active: np.ndarray) -> sp.coo_matrix:
         """This shard's users' counts over the ``active`` columns."""
@@ -310,6 +331,7 @@ class ShardedLog:
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
         self.rows: list[np.ndarray] = []  # log shard -> its users' rows in the party's draw order (ascending)
         self.hasher = np.zeros(0, dtype=np.int64)  # own pair -> the log shard that hashes its id
+        self.held_pairs: list[int] = []  # log shard -> the pairs it holds
         self.active_counts: sp.csr_matrix | None = None  # users x the pairs ``active`` (counts_over)
         self.active = np.zeros(0, dtype=np.int64)
 
@@ -337,19 +359,34 @@ class ShardedLog:
         """The log onto the log shards (read where it lives if it is a Parquet dataset), then
         the party's own pairs: the distinct pair ids over the shards (module docstring)."""
         source, path = self._place()
-        shards = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
-        every, self.rows = shard_positions([users for users, *_ in shards])
+        sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
+        every, self.rows = shard_positions(self.handed("users", [users for users, *_ in sizes], [np.uint64] * self.shards))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
-        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(digests for _, digests, _, _ in shards)])
+        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *self.handed("pairs", [held for _, held, *_ in sizes], [f"S{PAIR_DIGEST_BYTES}"] * self.shards)])
         if not len(pairs):
             raise LogError(path, None, None, f"no query-url pair in {path}")
         own, first, own_of_pair = np.unique(pairs, return_index=True, return_inverse=True)
-        starts = np.cumsum([0, *(len(digests) for _, digests, _, _ in shards)])
-        self._check_totals(path, shards, own_of_pair, len(own), first, starts)
+        del pairs
+        self.held_pairs = [held for _, held, *_ in sizes]
+        starts = np.cumsum([0, *self.held_pairs])
+        totals = self.handed("totals", [held for _, held, *_ in sizes], [kind for *_, kind, _ in sizes])
+        self._check_totals(path, sum(size for *_, size in sizes), totals, own_of_pair, len(own), first, starts)
         self.hasher = (np.searchsorted(starts, first, side="right") - 1).astype(np.min_scalar_type(self.shards))  # a byte a pair for P < 256
-        first_holder = first[own_of_pair] == np.arange(len(pairs))
-        self.get([a.own.remote(own_of_pair[lo:hi], first_holder[lo:hi]) for a, lo, hi in zip(self.actors, starts, starts[1:])])
+        first_holder = first[own_of_pair] == np.arange(len(own_of_pair))
+        own_of_pair = own_of_pair.astype(column_type(len(own)))
+        self.get([
+            a.own.remote(lo, own_of_pair[start + lo : start + hi], first_holder[start + lo : start + hi])
+            for a, start, stop in zip(self.actors, starts, starts[1:])
+            for lo, hi in in_slices(stop - start, own_of_pair.itemsize + 1)
+        ])  # fmt: skip
         return LoadResult(np.arange(len(own)), source)
+
+    def handed(self, name: str, lengths: Sequence[int], dtypes: Sequence) -> list[np.ndarray]:
+        """Every log shard's array ``name`` of ``lengths[s]`` items of ``dtypes[s]``, asked in
+        slices at once (cels.engine.workers.fetch: no object store pages in the node)."""
+        refs = [fetch(a, name, length, dtype) for a, length, dtype in zip(self.actors, lengths, dtypes)]
+        got = iter(self.get([ref for shard in refs for ref in shard]))
+        return [np.concatenate([np.zeros(0, dtype=dtype), *(next(got) for _ in shard)]) for shard, dtype in zip(refs, dtypes)]
 
     def _place(self) -> tuple[dict, str]:
         """Every user's rows onto its log shard; the log's ``source`` and its path (for errors).
@@ -378,13 +415,13 @@ class ShardedLog:
         self.get([a.add.remote(piece) for a, piece in zip(self.actors, split_by_shard(log, self.draws, self.shards))])
         return log.source, str(given.path if isinstance(given, LogFile) else "the log")
 
-    def _check_totals(self, path: str, shards: list, own_of_pair: np.ndarray, own: int, first: np.ndarray, starts: np.ndarray) -> None:
-        """The whole log's limits (docs/formats.md, Limits): |D| and every pair's total c_i."""
-        size = sum(int(total) for *_, total in shards)
+    def _check_totals(self, path: str, size: int, pair_totals: list[np.ndarray], own_of_pair: np.ndarray, own: int, first: np.ndarray, starts: np.ndarray) -> None:
+        """The whole log's limits (docs/formats.md, Limits): |D| (``size``) and every pair's
+        total c_i (the shards' ``pair_totals``)."""
         if size > MAX_LOG_TOTAL:
             raise LogError(path, None, None, f"the counts total {size}, above the {MAX_LOG_TOTAL} (2^53) of one log (docs/formats.md, Limits)")
         totals = np.zeros(own, dtype=np.int64)
-        np.add.at(totals, own_of_pair, np.concatenate([pair_totals for _, _, pair_totals, _ in shards]))
+        np.add.at(totals, own_of_pair, np.concatenate([np.zeros(0, dtype=np.int64), *pair_totals]).astype(np.int64))
         over = np.flatnonzero(totals > MAX_COUNT)
         if over.size:
             at = int(first[over[0]])
@@ -403,20 +440,28 @@ class ShardedLog:
         return chunks, where
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """Every log shard's counts over the index; their sum is the party's c^k."""
-        column_of_own = np.empty(len(self.hasher), dtype=np.int64)
+        """Every log shard's counts over the index; their sum is the party's c^k, in the smallest
+        unsigned type that holds it (a byte or two a pair where 8 would be mostly zeros)."""
+        column_of_own = np.empty(len(self.hasher), dtype=column_type(n))  # int32 below 2^31 pairs: half the bytes to every shard
         column_of_own[own] = columns
-        where = ray.put(column_of_own)
-        local = np.zeros(n, dtype=np.int64)
-        for cols, sums in self.get([a.index.remote(where, n) for a in self.actors]):
-            local[cols] += sums
+        size = len(column_of_own)
+        self.get([a.own_columns.remote(lo, column_of_own[lo:hi], size) for a in self.actors for lo, hi in in_slices(size, column_of_own.itemsize)])
+        del column_of_own
+        kinds = self.get([a.index.remote(n) for a in self.actors])
+        columns = self.handed("columns", self.held_pairs, [column_type(n)] * self.shards)
+        sums = self.handed("sums", self.held_pairs, kinds)
+        local = np.zeros(n, dtype=np.min_scalar_type(sum(int(s.max(initial=0)) for s in sums)))  # holds every sum (issue 25)
+        for cols, part in zip(columns, sums):
+            local[cols] += part
         return local
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         """One of the party's users holds all of pair i iff one shard's largest count there does
         (no vector of the largest counts over the index)."""
         held = np.zeros(len(totals), dtype=np.uint8)
-        for cols, most in self.get([a.column_max.remote() for a in self.actors]):
+        kinds = self.get([a.column_max.remote() for a in self.actors])
+        lengths = self.held_pairs
+        for cols, most in zip(self.handed("columns", lengths, [column_type(len(totals))] * self.shards), self.handed("top", lengths, kinds)):
             held[cols[most >= totals[cols]]] = 1
         held[totals <= 0] = 0
         return held

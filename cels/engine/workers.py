@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import ray
 
 TASK_RETRIES = 3
@@ -40,6 +41,11 @@ class ShardState:
     node's warm pool (cels.engine.ray_work.ShardPool) calls when a session hands the actor
     back, so the next session finds it as new (``__init__`` again, no argument)."""
 
+    def slice(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Entries lo..hi of the array this actor set aside for the node as ``name``
+        (``self.handed``; :func:`in_slices`)."""
+        return self.handed[name][lo:hi]
+
     def peak_rss(self) -> tuple[str, int]:
         """This actor's process and its peak RSS since it started or was last reset (bytes)."""
         return worker_peak_rss()
@@ -54,6 +60,26 @@ class ShardState:
                 refs.write("5")
         except OSError:
             pass
+
+
+SLICE_BYTES = 96 << 10
+"""Bytes of an array per call between a node and its shards (:func:`in_slices`): under Ray's
+100 KiB bound for passing a value in the call itself (``max_direct_call_object_size``), so no
+per-pair array of the load goes through the object store, whose pages the node would keep
+mapped for the rest of its life (RssShmem: 40 MB at 4M pairs; docs/deployment.md)."""
+
+
+def in_slices(length: int, itemsize: int) -> list[tuple[int, int]]:
+    """(lo, hi) slices of an array of ``length`` items of ``itemsize`` bytes, each at most
+    :data:`SLICE_BYTES`."""
+    step = max(1, SLICE_BYTES // max(1, itemsize))
+    return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
+
+
+def fetch(actor: Any, name: str, length: int, dtype: np.dtype) -> list:
+    """Object references of the slices of ``actor``'s array ``name`` (:meth:`ShardState.slice`),
+    all asked at once; their concatenation is the array."""
+    return [actor.slice.remote(name, lo, hi) for lo, hi in in_slices(length, np.dtype(dtype).itemsize)]
 
 
 def windowed(items: Iterable, submit: Callable[[Any], tuple[Any, Any]], collect: Callable[[Any, Any], None], limit: int) -> None:

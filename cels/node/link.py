@@ -67,6 +67,7 @@ class LinkOwner(Protocol):
     peers: PeerClients
 
     def take(self, sender: str, envelope: Envelope) -> None: ...
+    def drained(self, session_id: str) -> None: ...
     def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None: ...
     def adopt(self, session_id: str, notice: cels_pb2.Abort, detail: str = "") -> None: ...
     def phase(self, session_id: str) -> Phase: ...
@@ -101,7 +102,10 @@ class SessionLink:
         )  # fmt: skip
 
     def _send_loop(self) -> None:
-        """Send queued messages one at a time, in order (causal delivery: cels.node.sessions)."""
+        """Send queued messages one at a time, in order (causal delivery: cels.node.sessions);
+        once the outbox is empty, the role's next window of a pending Stream is queued
+        (cels.protocol.roles.Stream) before the last message counts as done, so a call made
+        after ``outbox.join()`` follows the whole Stream."""
         ids = itertools.count()
         while (item := self.outbox.get()) is not None:
             recipient, envelope = item
@@ -126,6 +130,8 @@ class SessionLink:
             except Refused as exc:  # no address for the recipient
                 self.node.abort(self.id, recipient, UNREACHABLE, "this node has no address for it", str(exc))
             finally:
+                if self.outbox.empty():  # the role's next window of a Stream, before this task is done (outbox.join)
+                    self.node.drained(self.id)
                 self.outbox.task_done()
         self.outbox.task_done()  # the stop: a Run stream joining the outbox goes on
 

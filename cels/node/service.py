@@ -43,7 +43,7 @@ from cels.protocol.aborts import CANCELLED, DIED
 from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import SessionState
-from cels.protocol.roles import ProtocolError, Refusal, Role, check_session_id, malformed, quoted
+from cels.protocol.roles import SEND_WINDOW, ProtocolError, Refusal, Role, check_session_id, malformed, quoted
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from cels.protocol.wire.codec import state_to_wire
 
@@ -88,7 +88,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
                 self.telemetry.session_refused(options.session_id, options.initiator, str(exc))
                 raise
 
-        host = SessionHost(config.name, record_views(make_role, config.record_view) if config.record_view else make_role, time.perf_counter)
+        roles = record_views(make_role, config.record_view) if config.record_view else make_role
+        host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW)
         super().__init__(config, host, peers, keys, telemetry, session_ended)
         self.server: grpc.Server | None = None
 

@@ -69,6 +69,12 @@ class SessionDriver:
             self._act(effects)
         return effects
 
+    def drained(self, session_id: str) -> None:
+        """A session's link sent all it was given: its role's next window of a pending Stream
+        (cels.protocol.roles.Stream), if one is; the host is not called otherwise."""
+        if self.host.pending(session_id):
+            self.call(lambda now: self.host.drained(session_id, now), session_id)
+
     def _act(self, effects: Effects) -> None:
         for event in effects.events:
             self._event(event)

@@ -237,10 +237,14 @@ class InitiatorSteps:
 class SessionHost(InitiatorSteps):
     """All sessions of node ``name``; roles come from ``make_role``."""
 
-    def __init__(self, name: str, make_role: RoleFactory, meter: Meter) -> None:
+    def __init__(self, name: str, make_role: RoleFactory, meter: Meter, send_window: int | None = None) -> None:
+        """``send_window``: bytes of a role's Stream per call, the rest on :meth:`drained`
+        (cels.protocol.roles.Stream); None hands every Stream over whole (a driver that holds
+        no messages, as the in-memory network)."""
         self.name = name
         self.make_role = make_role
         self.meter = meter
+        self.send_window = send_window
         self.sessions: dict[str, HostedSession] = {}
         self.ended: OrderedDict[str, HostedSession] = OrderedDict()
         self.forewarned: OrderedDict[str, tuple[str, cels_pb2.Abort]] = OrderedDict()
@@ -271,6 +275,7 @@ class SessionHost(InitiatorSteps):
             raise refuse(REFUSED, "cannot take the session", str(exc)) from None
         session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
         role.phase_hook = lambda old, new: self._phase(session, old, new)
+        role.send_window = self.send_window
         self.sessions[options.session_id] = session
         created = Effects(events=[Event(options.session_id, self.name, "created", phase=Phase.READY)], wake_at=session.expires_at)
         sender, early = self.forewarned.pop(options.session_id, ("", None))
@@ -351,6 +356,19 @@ class SessionHost(InitiatorSteps):
             elif session.state in (PREPARED, RUNNING):
                 effects.extend(Effects(wake_at=session.expires_at))
         return effects
+
+    def pending(self, session_id: str) -> bool:
+        """Whether a running session's role holds a Stream not yet handed over (the driver
+        then reports its link drained: :meth:`drained`)."""
+        session = self.sessions.get(session_id)
+        return session is not None and session.state == RUNNING and session.role.pending
+
+    def drained(self, session_id: str, now: float) -> Effects:
+        """The driver sent every message of ``session_id`` it was given: the role's next
+        window of its pending Stream (nothing once the session is not running)."""
+        if not self.pending(session_id):
+            return Effects()
+        return self._call(self.sessions[session_id], self.sessions[session_id].role.drained, now)
 
     def touch(self, session_id: str, now: float) -> None:
         """The session moved elsewhere (a peer's progress seen by the watchdog): not stalled."""

@@ -3,10 +3,13 @@
 The same sums as Algorithm 1 (:mod:`cels.protocol.secure_sum`: the counts, the unique-pair
 indicators, the sampling stage totals), and the same result -- every party learns the total,
 nothing else -- but without Paillier.  Each party P_k sends P_1 (``ring[0]``, the party that
-holds Algorithm 1's key in the paper's mode) its vector plus its pairwise masks mod 2^64
+holds Algorithm 1's key in the paper's mode) its vector plus its pairwise masks mod 2^w
 (``MaskedSumShare``; :class:`cels.crypto.secure_aggregation.PairwiseMasks`, stream SUMS, one
 round number per sum of the session); P_1 adds the r vectors, the masks cancel, and it sends
-the total to every other party as a ``SumResult``.  Every vector goes in chunks of
+the total to every other party as a ``SumResult``.  The ring's width w (:func:`ring_bits`: 8,
+16, 32 or 64 bits) is the smallest that holds r * bound, public: the masks cancel mod 2^64,
+so they cancel mod 2^w, and a share is as uniform mod 2^w -- the unique pairs' indicators go
+as a byte an entry, the counts as 8.  Every vector goes in chunks of
 :data:`SUM_CHUNK` entries, each masked from its own position in the mask streams, so the
 totals are those of whole vectors and no message or mask is ever built for a whole vector.
 
@@ -20,14 +23,14 @@ session.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from cels.crypto.secure_aggregation import SUMS, PairwiseMasks, signed
 from cels.crypto.paillier import PackingOverflowError
 from cels.protocol.chunked import ChunkCursor, chunks
-from cels.protocol.roles import Envelope, Outgoing, ProtocolError
+from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Stream
 from cels.protocol.secure_sum import RingMember
 from cels.protocol.wire import cels_pb2
 
@@ -38,6 +41,12 @@ consecutive chunks of at most this many (512 KiB of words, within one transport 
 party builds a whole masked vector or total message at once, and P_1 sends each chunk of the
 total as soon as all r shares of it are in.  A multiple of the PRG's block
 (cels.crypto.secure_aggregation.PRG_BLOCK_WORDS): a chunk's masks start at its first entry."""
+
+
+def ring_bits(r: int, bound: int) -> int:
+    """The width w of a masked sum's ring Z_{2^w}: the smallest of 8, 16, 32 and 64 bits in
+    which a total of r entries in [0, bound] is exact (module doc)."""
+    return next(bits for bits in (8, 16, 32, 64) if r * bound < 2**bits or bits == 64)
 
 
 class MaskedSum(RingMember):
@@ -62,7 +71,8 @@ class MaskedSum(RingMember):
         self.result: np.ndarray | None = None
         self.started = False
         n = len(self.values)
-        self._total = np.zeros(n, dtype=np.uint64)  # P_1: the shares so far, added mod 2^64; elsewhere: the total's chunks so far
+        self._word = np.dtype(f"<u{ring_bits(self.r, bound) // 8}")  # an entry of the ring, on the wire and in the total
+        self._total = np.zeros(n, dtype=self._word)  # P_1: the shares so far, added mod 2^w; elsewhere: the total's chunks so far
         self._shares = np.zeros(len(range(0, max(n, 1), SUM_CHUNK)), dtype=np.int64)  # P_1: shares in, per chunk
         self._cursors: dict[str, ChunkCursor] = {}  # P_1: each party's share so far; elsewhere: P_1's total
         outside = (self.values < 0) | (self.values > bound)
@@ -74,20 +84,24 @@ class MaskedSum(RingMember):
     def aggregator(self) -> str:
         return self.ring[0]
 
-    def start(self) -> list[Outgoing]:
-        """Mask this party's vector chunk by chunk; P_1 adds its own, the others send theirs to P_1."""
+    def start(self) -> list[Outgoing | Stream]:
+        """Mask this party's vector chunk by chunk; P_1 adds its own, the others send theirs to
+        P_1, each chunk masked as the link drains the ones before (cels.protocol.roles.Stream)."""
         if self.started:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"sum {self.sum_id!r} started twice")
         self.started = True
-        out: list[Outgoing] = []
+        if self.name != self.aggregator:
+            return [Stream(self._share_messages())]
+        for first, stop, _more in chunks(len(self.values), SUM_CHUNK):
+            self._add(first, self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first))
+        return [Stream(self._result_messages())]
+
+    def _share_messages(self) -> Iterator[list[Outgoing]]:
+        """This party's masked vector to P_1, a MaskedSumShare per chunk."""
         for first, stop, more in chunks(len(self.values), SUM_CHUNK):
             share = self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first)
-            if self.name == self.aggregator:
-                out += self._add(first, share)
-                continue
-            msg = cels_pb2.MaskedSumShare(session_id=self.session_id, sum_id=self.sum_id, words=share.astype("<u8").tobytes(), first=first, more=more)
-            out.append((self.aggregator, self.envelope(masked_sum_share=msg)))
-        return out
+            msg = cels_pb2.MaskedSumShare(session_id=self.session_id, sum_id=self.sum_id, words=share.astype(self._word).tobytes(), first=first, more=more)
+            yield [(self.aggregator, self.envelope(masked_sum_share=msg))]
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
         """Take a chunk of a MaskedSumShare (at P_1) or of the SumResult (elsewhere)."""
@@ -115,29 +129,43 @@ class MaskedSum(RingMember):
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
         what = f"MaskedSumShare of {self.sum_id!r} from {sender!r}"
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
-        self._take(what, cursor, msg.first, len(msg.words) // 8 if len(msg.words) % 8 == 0 else -1, msg.more)
-        return self._add(msg.first, np.frombuffer(msg.words, dtype="<u8"))
+        width = self._word.itemsize
+        self._take(what, cursor, msg.first, len(msg.words) // width if len(msg.words) % width == 0 else -1, msg.more)
+        return self._add(msg.first, np.frombuffer(msg.words, dtype=self._word))
 
     def _add(self, first: int, share: np.ndarray) -> list[Outgoing]:
         """P_1 adds a chunk of one party's share to the running total as it arrives (it keeps
-        no share); once all r shares of a chunk are in, its masks cancel and that chunk of the
-        total goes to every other party (the last one ends the sum)."""
+        no share); once all r shares of a chunk are in, its masks cancel (checked here: a bad
+        share is refused to its sender) and :meth:`_result_messages` can send that chunk of the
+        total (the last one ends the sum)."""
         stop = first + len(share)
-        self._total[first:stop] += share  # wraps mod 2^64
+        self._total[first:stop] += share.astype(self._word, copy=False)  # wraps mod 2^w (P_1's own share comes as 64-bit words)
         chunk = first // SUM_CHUNK
         self._shares[chunk] += 1
         if self._shares[chunk] < self.r:
             return []
-        total = signed(self._total[first:stop])
-        self._check(total, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
-        more = stop < len(self.values)  # chunks complete in order: every party sends its chunks in order
-        result = cels_pb2.SumResult(
-            session_id=self.session_id, sum_id=self.sum_id, values=total.tolist(), rows=len(self.values), cols=1, first=first, more=more
-        )
-        out = [(p, self.envelope(sum_result=result)) for p in self.others()]
-        if not more:  # the last chunk completes last
+        self._check(self._chunk_total(first, stop), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
+        if stop == len(self.values):  # chunks complete in order (every party sends its chunks in order): the last ends the sum
             self._finish()
-        return out
+        return []
+
+    def _chunk_total(self, first: int, stop: int) -> np.ndarray:
+        """P_1's entries first..stop of the total, int64."""
+        chunk = self._total[first:stop]
+        return signed(chunk) if self._word.itemsize == 8 else chunk.astype(np.int64)
+
+    def _result_messages(self) -> Iterator[list[Outgoing] | None]:
+        """P_1's SumResults, a chunk of the total to every other party as soon as all r shares
+        of it are in (None while they are not: cels.protocol.roles.Stream), each made as the
+        link drains the ones before."""
+        for c, (first, stop, more) in enumerate(chunks(len(self.values), SUM_CHUNK)):
+            while self._shares[c] < self.r:
+                yield None
+            result = cels_pb2.SumResult(
+                session_id=self.session_id, sum_id=self.sum_id, values=self._chunk_total(first, stop).tolist(),
+                rows=len(self.values), cols=1, first=first, more=more,
+            )  # fmt: skip
+            yield [(p, self.envelope(sum_result=result)) for p in self.others()]
 
     def _on_result(self, sender: str, msg: cels_pb2.SumResult) -> list[Outgoing]:
         if sender != self.aggregator or self.name == self.aggregator:
@@ -149,7 +177,7 @@ class MaskedSum(RingMember):
         self._take(what, cursor, msg.first, len(msg.values), msg.more)
         total = np.array(msg.values, dtype=np.int64)  # one chunk's Python ints at a time
         self._check(total, f"{what} outside [0, r * bound]")
-        self._total[msg.first : cursor.position] = total.view(np.uint64)
+        self._total[msg.first : cursor.position] = total  # checked: within [0, r * bound]
         if cursor.done:
             self._finish()
         return []
@@ -160,6 +188,7 @@ class MaskedSum(RingMember):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, refusal)
 
     def _finish(self) -> None:
-        """Every chunk of the total is in: it is the result."""
-        self.result = signed(self._total)
+        """Every chunk of the total is in: it is the result (int64, or the smaller type P_2..P_r
+        keep it in)."""
+        self.result = signed(self._total) if self._word.itemsize == 8 else self._total
         self.done = True

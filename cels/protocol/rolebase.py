@@ -12,14 +12,14 @@ phase the role reports through ``phase_hook`` (cels.protocol.host).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Accepts, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, fail, malformed, step_name
+from cels.protocol.roles import STREAM_OVER, Accepts, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, Stream, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_to_wire
 
@@ -100,6 +100,9 @@ class SessionRole:
         self.phase_hook: PhaseHook | None = None
         self._report_due = False
         self.abort_notices: list[Outgoing] = []
+        self._backlog: deque[Outgoing | Stream] = deque()  # made, not yet handed to the driver (cels.protocol.roles.Stream)
+        self.send_window: int | None = None  # the host's (cels.protocol.host.SessionHost)
+        self._idle = True  # the driver's link has nothing of this role's to send, as far as it knows
 
     # -- the contract -------------------------------------------------------------------
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
@@ -133,6 +136,7 @@ class SessionRole:
         if self.aborted is not None or self.done:
             return []
         self.aborted, self.failure = notice, detail
+        self._backlog.clear()
         self._enter(Phase.FAILED)
         return self._send([n for n in self.nodes if n != self.name], abort=self.aborted)
 
@@ -153,7 +157,15 @@ class SessionRole:
     def _begin(self) -> list[Outgoing]:
         return []
 
-    def _run(self, action: Callable[[], list[Outgoing]]) -> list[Outgoing]:
+    @property
+    def pending(self) -> bool:
+        return bool(self._backlog)
+
+    def drained(self) -> list[Outgoing]:
+        """The driver sent all this role gave it: the next window of a pending Stream."""
+        return self._run(list, drained=True) if self._backlog and self.aborted is None else []
+
+    def _run(self, action: Callable[[], list[Outgoing | Stream]], drained: bool = False) -> list[Outgoing]:
         try:
             out = action()
         except RoleFailure as exc:
@@ -161,11 +173,43 @@ class SessionRole:
             out = self.abort(notice, str(exc))
         except Overreach as exc:
             raise self.refuse_and_abort(str(exc)) from None
-        for _dst, env in out:
-            self.bytes_sent[phase_of(env)] += env.ByteSize()
+        if self.aborted is not None:  # the notices go now, nothing made before them
+            self._backlog.clear()
+        self._backlog.extend(out)
         if self._report_due:
             self._report_due = False
-            out = out + self._report()
+            self._backlog.extend(self._report())
+        return self._window(drained)
+
+    def _window(self, drained: bool) -> list[Outgoing]:
+        """What the backlog hands the driver now: every message up to the first pending Stream,
+        then at most ``send_window`` bytes of that Stream -- on a ``drained`` call, for a Stream
+        not yet begun (its first window: the driver's link then drains it and asks for more) or
+        while the link is idle; without a window, or once this node's part is over, all of it
+        that is ready (nothing may stay behind a finished role).  Each message is counted to its
+        phase."""
+        out, streamed, window = [], 0, self.send_window
+        whole = window is None or self.done
+        while self._backlog and (whole or streamed < window):
+            head = self._backlog[0]
+            if isinstance(head, Stream):
+                if not (whole or drained or self._idle or not head.begun):
+                    break  # the link has the window before it still to send
+                batch = next(head.batches, STREAM_OVER)
+                if batch is STREAM_OVER:
+                    self._backlog.popleft()
+                    continue
+                if batch is None:  # nothing ready yet: taken again at the next call
+                    break
+                head.begun = True  # once its first batch is out, the link's drained calls pace it
+                streamed += sum(env.ByteSize() for _, env in batch)
+                out += batch
+            else:
+                out.append(self._backlog.popleft())
+        for _dst, env in out:
+            self.bytes_sent[phase_of(env)] += env.ByteSize()
+        if out or drained:  # the link has messages to send, or (drained) had none left
+            self._idle = not out
         return out
 
     def _finish(self) -> None:

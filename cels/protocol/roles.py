@@ -8,7 +8,8 @@ else is refused with FAILED_PRECONDITION, and the role's state is left unchanged
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +18,49 @@ from cels.protocol.wire import cels_pb2
 Envelope = cels_pb2.Envelope
 Outgoing = tuple[str, cels_pb2.Envelope]
 """A message to send: (recipient node name, envelope)."""
+SEND_WINDOW = 4 << 20
+"""Bytes of a :class:`Stream` a role hands its driver per call: a party's own universe ids or a
+masked sum's shares are made as the link drains them, never all at once (issue 25)."""
+
+
+class Stream:
+    """Messages made as they are sent: a role returns one among its Outgoing (a list that would
+    hold a whole vector's chunks), hands its driver at most its host's send window of it per
+    call (a node's: :data:`SEND_WINDOW`): the first with the call that made it, each next one
+    when the driver reports its link drained (:meth:`Role.drained`), so a node's outbox holds
+    about a window of it however fast the role's other messages come.  ``batches`` yields lists
+    of messages (a chunk's, to each of its recipients: handed over together), or None: nothing
+    is ready yet (P_1's chunks of a total wait for every share of them), and the role asks
+    again at its next call, or at once if the link is idle.  Whatever the role returns after a
+    Stream waits behind it: the order of the messages is the order in which the role made them."""
+
+    def __init__(self, batches: Iterable[list[Outgoing] | None]) -> None:
+        self.batches = iter(batches)
+        self.begun = False  # its first window handed over
+
+
+STREAM_OVER = object()
+"""What ``next(stream.batches, STREAM_OVER)`` gives once a :class:`Stream` has made all its messages."""
+
+
+def take_ready(held: deque[Outgoing | Stream]) -> list[Outgoing]:
+    """The messages at the front of ``held`` that are ready, in order: up to a Stream's first
+    message not made yet (it and what follows stay held), all of a Stream that is over."""
+    out: list[Outgoing] = []
+    while held:
+        if not isinstance(held[0], Stream):
+            out.append(held.popleft())
+            continue
+        batch = next(held[0].batches, STREAM_OVER)
+        if batch is None:
+            break
+        if batch is STREAM_OVER:
+            held.popleft()
+        else:
+            out += batch
+    return out
+
+
 PhaseHook = Callable[[str, str], None]
 """Called by a role when it leaves phase ``old`` for phase ``new`` (the host's accounting)."""
 
@@ -111,6 +155,10 @@ class Role(Protocol):
     abort_notices: list[Outgoing]
     """The Abort envelopes of a session this role aborted while refusing a message (the host
     sends them: the refusal itself reaches the sender as the ProtocolError)."""
+    send_window: int | None
+    """Bytes of a :class:`Stream` the role hands over per call (None: whole; the host sets it)."""
+    pending: bool
+    """A Stream of the role's waits for the driver's link to drain."""
 
     def begin(self) -> list[Outgoing]:
         """Start this node's part (idempotent)."""
@@ -123,6 +171,10 @@ class Role(Protocol):
     def abort(self, notice: cels_pb2.Abort, detail: str = "") -> list[Outgoing]:
         """This node gives up with ``notice`` (what the peers are told; ``detail`` stays
         here): the Abort envelopes for every other node."""
+        ...
+
+    def drained(self) -> list[Outgoing]:
+        """The driver sent all this role gave it: the next window of a pending :class:`Stream`."""
         ...
 
     @property

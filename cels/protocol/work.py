@@ -40,17 +40,28 @@ def id_width(cipher: CommutativeHash) -> int:
 
 
 def id_array(ids: Sequence[bytes], width: int) -> np.ndarray | None:
-    """The ids as one array of ``np.void`` items of ``width`` bytes (compact; unlike ``S``, keeps
-    trailing NUL bytes), or None if one has another width."""
+    """The ids as one writable array of ``np.void`` items of ``width`` bytes (compact; unlike
+    ``S``, keeps trailing NUL bytes), or None if one has another width."""
     if any(len(i) != width for i in ids):
         return None
-    return np.frombuffer(b"".join(ids), dtype=f"V{width}")
+    return np.frombuffer(bytearray().join(ids), dtype=f"V{width}")
 
 
 def id_list(ids: np.ndarray) -> list[bytes]:
     """The ids of an :func:`id_array` as bytes (for the wire and the ciphers)."""
     raw, width = ids.tobytes(), ids.dtype.itemsize
     return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+
+def smallest(values: np.ndarray) -> np.ndarray:
+    """Non-negative integer ``values`` in the smallest unsigned type that holds them: vectors
+    over an index of millions of pairs whose entries are mostly small counts."""
+    return values.astype(np.min_scalar_type(int(values.max(initial=0))))
+
+
+def column_type(n: int) -> np.dtype:
+    """The type of a column of an index of ``n`` pairs: int32 below 2^31 (4 bytes a pair), else int64."""
+    return np.dtype(np.int32 if n < 2**31 else np.int64)
 
 
 def encode_item(*fields: str | int) -> bytes:
@@ -118,7 +129,8 @@ class LocalWork(Protocol):
         ...
 
     def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """Own pair ``own[t]`` is universe column ``columns[t]`` of ``n``: the local counts c^k over the universe."""
+        """Own pair ``own[t]`` is universe column ``columns[t]`` of ``n``: the local counts c^k
+        over the universe, in the smallest unsigned integer type that holds them."""
         ...
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
@@ -191,7 +203,7 @@ class InProcessWork:
         select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))
         self.local = (self.counts[:, own] @ select).tocsr()
         self.pair_of = dict(zip(columns.tolist(), own.tolist()))
-        return np.asarray(self.local.sum(axis=0)).ravel().astype(np.int64)
+        return smallest(np.asarray(self.local.sum(axis=0)).ravel())
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         col_max = np.asarray(self.local.max(axis=0).todense()).ravel() if self.local.shape[0] else np.zeros(len(totals))

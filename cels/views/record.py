@@ -176,7 +176,7 @@ class ViewRecorder:
         return getattr(self.role, name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "phase_hook":  # the host's accounting hook belongs to the wrapped role
+        if name in ("phase_hook", "send_window"):  # the host's accounting hook and window belong to the wrapped role
             setattr(self.role, name, value)
         else:
             super().__setattr__(name, value)
@@ -196,6 +196,9 @@ class ViewRecorder:
 
     def abort(self, notice: cels_pb2.Abort, detail: str = "") -> list[Outgoing]:
         return self._sent(self.role.abort(notice, detail))
+
+    def drained(self) -> list[Outgoing]:
+        return self._sent(self.role.drained())
 
     def _sent(self, out: list[Outgoing]) -> list[Outgoing]:
         for recipient, envelope in out:

@@ -15,7 +15,7 @@ from cels.protocol.roles import Outgoing
 from cels.protocol.stages.results import CountsResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, UNIQUE_SUM, SumRing
-from cels.protocol.work import LocalWork
+from cels.protocol.work import LocalWork, smallest
 
 
 class Counts(Stage):
@@ -36,10 +36,10 @@ class Counts(Stage):
 
     def on_sum_total(self, sum_id: str, total: np.ndarray) -> list[Outgoing]:
         if sum_id == COUNTS_SUM:
-            self.totals = total
+            self.totals = smallest(total)  # c in a byte or two a pair, kept to the end
             return self.sums.start(UNIQUE_SUM, self.work.held_whole(total))
         unique, c = total > 0, self.totals
         active = np.flatnonzero((c > 0) & ~unique & (c >= self.seat.options.min_count))
-        rows = self.work.constraint_rows(active, c[active])
+        rows = self.work.constraint_rows(active, c[active].astype(np.int64))
         self.result = CountsResult(self.n, c, active, int(np.count_nonzero(unique)), rows)
         return []

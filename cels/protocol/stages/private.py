@@ -42,8 +42,9 @@ class PrivateSolve(Solve):
     def start(self) -> list[Outgoing]:
         options, c = self.seat.options, self.counts.totals
         size = round(options.output_size) if options.output_size is not None else None
-        frequent = c[self.counts.active] / c.sum() >= options.support if options.objective == "frequent" else None
-        rule = ProposalRule(options.objective, c[self.counts.active], options.round_batch, size, frequent)
+        kept = self.counts.active_totals
+        frequent = kept / c.sum() >= options.support if options.objective == "frequent" else None
+        rule = ProposalRule(options.objective, kept, options.round_batch, size, frequent)
         return self._progress(self.private.start(rule, self.counts.rows, self.seat.b))
 
     def on_round_verdict(self, sender: str, msg: cels_pb2.RoundVerdict) -> list[Outgoing]:

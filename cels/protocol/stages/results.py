@@ -35,14 +35,20 @@ class UniverseResult:
 
 @dataclass(frozen=True)
 class CountsResult:
-    """The public totals c (after the cap), the pairs kept (not unique, cleaned: ``active``),
-    how many pairs were unique, and this party's constraint rows over the active pairs."""
+    """The public totals c (after the cap; in the smallest unsigned type that holds them, as
+    the index is millions of pairs), the pairs kept (not unique, cleaned: ``active``), how many
+    pairs were unique, and this party's constraint rows over the active pairs."""
 
     n: int
     totals: np.ndarray
     active: np.ndarray
     unique_pairs: int
     rows: sp.csr_matrix
+
+    @property
+    def active_totals(self) -> np.ndarray:
+        """c over the active pairs, int64 (what the solve and the sampling compute with)."""
+        return self.totals[self.active].astype(np.int64)
 
 
 @dataclass(frozen=True)

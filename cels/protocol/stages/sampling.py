@@ -32,7 +32,7 @@ class Sampling(Stage):
 
     def start(self) -> list[Outgoing]:
         active, x = self.counts.active, self.solved.x
-        totals = self.counts.totals[active]
+        totals = self.counts.active_totals
         if self.seat.options.sampling == "paper":
             self.result = SamplingResult(self.work.local_sample(active, totals, x), 0)
             return []

@@ -64,7 +64,7 @@ class TransformedSolve(Solve):
             key = codec.public_key_of(msg.key, allow_insecure_key_bits=seat.allow_insecure_key_bits)
         except ValueError as exc:
             raise malformed(f"{seat.name}: nlp_key: {exc}") from None
-        rows, k, r, kept = list(msg.shape_rows), seat.k, seat.r, counts.totals[counts.active]
+        rows, k, r, kept = list(msg.shape_rows), seat.k, seat.r, counts.active_totals
         if len(rows) != r or rows[k] != counts.rows.shape[0] or msg.ell != agreed_ell(sum(rows), seat.options.ell_ratio):
             raise Overreach(f"{seat.name}: nlp_key shapes {rows} / l = {msg.ell} do not fit this party")
         if sum(rows) > kept.sum():  # every row is a user holding one of these records at least

@@ -21,13 +21,13 @@ from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Outgoing, fail, malformed
+from cels.protocol.roles import Outgoing, Stream, fail, malformed
 from cels.protocol.sorted_union import increasing
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork, id_width
+from cels.protocol.work import CommutativeHash, LocalWork, column_type, id_width
 
 
 STREAM_IDS = 16384
@@ -99,31 +99,28 @@ class Universe(Stage):
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
-        self.columns = np.zeros(len(loaded.own), dtype=np.int64)  # own columns, in the sorted order of full_ids
+        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the sorted order of full_ids (made with the first UniverseIndex)
         self.ids_seen = len(loaded.own)  # every party's set passes this party: the union has at most this many
 
-    def start(self) -> list[Outgoing]:
+    def start(self) -> list[Stream]:
         own, seat = self.loaded.own, self.seat
         first = self.work.hash_ids(self.cipher, own)
-        order = np.argsort(first, kind="stable")  # ids leave sorted, not in log order
-        self.own_pairs = own[order]
-        return self._stream(seat.successor, seat.name, [seat.name], first, order)
+        self.own_pairs = own[np.argsort(first, kind="stable")]  # ids leave sorted, not in log order
+        first.sort(kind="stable")  # in place: the stream reads them in order, no permutation kept
+        return self._stream(seat.successor, seat.name, [seat.name], first)
 
-    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray, order: np.ndarray | None = None) -> list[Outgoing]:
-        """``owner``'s ``ids`` (layers ``applied``; in the ``order`` given, if one is) to
-        ``recipient`` in chunks of STREAM_IDS (each chunk taken in order: no whole copy)."""
+    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray) -> list[Stream]:
+        """``owner``'s ``ids`` (layers ``applied``) to ``recipient`` in chunks of STREAM_IDS,
+        each made as the link drains the ones before (cels.protocol.roles.Stream: the chunks
+        are never all built at once)."""
         seat = self.seat
-        return [
-            out
-            for first, stop, more in chunks(len(ids), STREAM_IDS)
-            for out in seat.send(
-                recipient,
-                universe_hop=cels_pb2.UniverseHop(
-                    session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more,
-                    ids=(ids[first:stop] if order is None else ids[order[first:stop]]).tobytes(),
-                ),
-            )
-        ]
+
+        def hops():
+            for first, stop, more in chunks(len(ids), STREAM_IDS):
+                hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more, ids=ids[first:stop].tobytes())
+                yield seat.send(recipient, universe_hop=hop)
+
+        return [Stream(hops())]
 
     def on_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         seat, applied = self.seat, list(msg.applied)
@@ -238,6 +235,8 @@ class Universe(Stage):
         self.size, stop = msg.size, self.indexed.position
         if stop > n or (self.indexed.done and stop != n):
             raise malformed(f"{seat.name}: universe_index: {stop} columns for {n} ids")
+        if len(self.columns) != n:  # the first chunk: the index size gives the columns' type
+            self.columns = np.zeros(n, dtype=column_type(msg.size))
         by_id = np.asarray(msg.columns, dtype=np.int64)
         before = self.columns[msg.first - 1 : msg.first] if msg.first else np.full(1, -1)
         if np.any(np.diff(np.concatenate([before, by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
@@ -254,6 +253,6 @@ class Universe(Stage):
     def _own_columns(self, n: int, columns: np.ndarray) -> None:
         """``columns``: the index columns (of ``n``) of this party's ids in their sorted order;
         own pair t is the column of its id: the universe is known."""
-        cols = np.empty_like(columns)
+        cols = np.empty(len(columns), dtype=column_type(n))
         cols[np.argsort(self.full_ids, kind="stable")] = columns
         self.result = UniverseResult(n, self.work.index(n, self.own_pairs, cols))

@@ -296,7 +296,10 @@ class LogShard(ShardState):
         """P_1: ``method`` of this shard's :class:`UnionPart` (one of cels.protocol.sorted_union.PART_CALLS)."""
         if method not in PART_CALLS:
             raise ValueError(f"not a union part's call: {method!r}")
-        return getattr(self.union_part, method)(*args)
+        answer = getattr(self.union_part, method)(*args)
+        if method == "columns":  # positions in this part, int32 below 2^31: a chunk's answer fits in the call's reply (workers.SLICE_BYTES)
+            return answer.astype(column_type(int(answer.max(initial=0)) + 1))
+        return answer
 
 
 def on_party_rows(rows: Sequence[np.ndarray], parts: Sequence[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
@@ -470,7 +473,18 @@ class ShardedLog:
         """P_1's sorted union split by key range over the log shards (cels.protocol.sorted_union):
         the node holds none of its keys."""
         self.get([a.begin_union.remote(width) for a in self.actors])
-        return RangedUnion(lambda calls: self.get([self.actors[s].union.remote(method, args) for s, method, args in calls]), self.shards)
+
+        def call(calls: list[tuple[int, str, tuple]]) -> list:
+            """Each part's answer; a set's keys go in slices (cels.engine.workers.in_slices), in order."""
+            asked = [
+                [self.actors[s].union.remote(method, args)] if method != "add"
+                else [self.actors[s].union.remote(method, (args[0], args[1][lo:hi])) for lo, hi in in_slices(len(args[1]), args[1].itemsize)]
+                for s, method, args in calls
+            ]  # fmt: skip
+            answers = iter(self.get([ref for refs in asked for ref in refs]))
+            return [[next(answers) for _ in refs][-1] for refs in asked]
+
+        return RangedUnion(call, self.shards)
 
     def counts_over(self, active: np.ndarray) -> sp.csr_matrix:
         """The users' counts over the ``active`` pairs (users x active: few pairs, the rest being

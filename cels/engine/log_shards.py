@@ -228,7 +228,7 @@ class LogShard(ShardState):
 
     def own(self, lo: int, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
         """Held pairs lo.. (a slice: :func:`in_slices`): their own indices, and which of them
-        this shard hashes (the first shard holding it)."""
+        this shard hashes (the first shard holding it); the load's handed arrays are taken."""
         self.own_of_pair = self.own_of_pair.astype(own_of_pair.dtype, copy=False)
         self.own_of_pair[lo : lo + len(own_of_pair)] = own_of_pair
         self.hashes[lo : lo + len(hashes)] = hashes
@@ -250,7 +250,7 @@ class LogShard(ShardState):
     def index(self, n: int) -> str:
         """Own pair t is index column ``column_of_own[t]`` (:meth:`own_columns`) of ``n``: this
         shard's counts c^k over the index.  Handed over in slices: "columns", each held pair's
-        column; "sums", their column sums.  Returns the held pairs and the sums' type."""
+        column; "sums", their column sums.  Returns the sums' type."""
         self.column_of_pair, self.column_of_own = self.column_of_own[self.own_of_pair], np.zeros(0, dtype=np.int64)
         counts = self.counts
         self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
@@ -365,14 +365,14 @@ class ShardedLog:
         sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
         every, self.rows = shard_positions(self.handed("users", [users for users, *_ in sizes], [np.uint64] * self.shards))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
-        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *self.handed("pairs", [held for _, held, *_ in sizes], [f"S{PAIR_DIGEST_BYTES}"] * self.shards)])
+        self.held_pairs = [held for _, held, *_ in sizes]
+        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *self.handed("pairs", self.held_pairs, [f"S{PAIR_DIGEST_BYTES}"] * self.shards)])
         if not len(pairs):
             raise LogError(path, None, None, f"no query-url pair in {path}")
         own, first, own_of_pair = np.unique(pairs, return_index=True, return_inverse=True)
         del pairs
-        self.held_pairs = [held for _, held, *_ in sizes]
         starts = np.cumsum([0, *self.held_pairs])
-        totals = self.handed("totals", [held for _, held, *_ in sizes], [kind for *_, kind, _ in sizes])
+        totals = self.handed("totals", self.held_pairs, [kind for *_, kind, _ in sizes])
         self._check_totals(path, sum(size for *_, size in sizes), totals, own_of_pair, len(own), first, starts)
         self.hasher = (np.searchsorted(starts, first, side="right") - 1).astype(np.min_scalar_type(self.shards))  # a byte a pair for P < 256
         first_holder = first[own_of_pair] == np.arange(len(own_of_pair))
@@ -463,8 +463,8 @@ class ShardedLog:
         (no vector of the largest counts over the index)."""
         held = np.zeros(len(totals), dtype=np.uint8)
         kinds = self.get([a.column_max.remote() for a in self.actors])
-        lengths = self.held_pairs
-        for cols, most in zip(self.handed("columns", lengths, [column_type(len(totals))] * self.shards), self.handed("top", lengths, kinds)):
+        columns = self.handed("columns", self.held_pairs, [column_type(len(totals))] * self.shards)
+        for cols, most in zip(columns, self.handed("top", self.held_pairs, kinds)):
             held[cols[most >= totals[cols]]] = 1
         held[totals <= 0] = 0
         return held

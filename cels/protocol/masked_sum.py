@@ -131,9 +131,10 @@ class MaskedSum(RingMember):
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
         width = self._word.itemsize
         self._take(what, cursor, msg.first, len(msg.words) // width if len(msg.words) % width == 0 else -1, msg.more)
-        return self._add(msg.first, np.frombuffer(msg.words, dtype=self._word))
+        self._add(msg.first, np.frombuffer(msg.words, dtype=self._word))
+        return []  # the total's chunks go out through P_1's Stream (:meth:`_result_messages`)
 
-    def _add(self, first: int, share: np.ndarray) -> list[Outgoing]:
+    def _add(self, first: int, share: np.ndarray) -> None:
         """P_1 adds a chunk of one party's share to the running total as it arrives (it keeps
         no share); once all r shares of a chunk are in, its masks cancel (checked here: a bad
         share is refused to its sender) and :meth:`_result_messages` can send that chunk of the
@@ -143,11 +144,10 @@ class MaskedSum(RingMember):
         chunk = first // SUM_CHUNK
         self._shares[chunk] += 1
         if self._shares[chunk] < self.r:
-            return []
+            return
         self._check(self._chunk_total(first, stop), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
         if stop == len(self.values):  # chunks complete in order (every party sends its chunks in order): the last ends the sum
             self._finish()
-        return []
 
     def _chunk_total(self, first: int, stop: int) -> np.ndarray:
         """P_1's entries first..stop of the total, int64."""

@@ -21,7 +21,7 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
-from cels.engine.log_shards import LogShard, merge_pieces, pair_digests, read_batches, split_by_shard  # noqa: E402
+from cels.engine.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
 from cels.engine.ray_work import RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
@@ -31,7 +31,7 @@ from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.protocol.work import InProcessWork, encode_item, id_array, id_list  # noqa: E402
+from cels.protocol.work import PAIR_ORDER, InProcessWork, encode_item, id_array, id_list, pair_digests  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -56,23 +56,33 @@ def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork
     draws = DrawKeys.replay(1, "party-1")  # the same keys: the same draw order of the rows
     works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
-        own = work.load().own
-        ids = id_list(work.hash_ids(INDEX_KEY, own))
-        columns = np.empty(len(own), dtype=np.int64)
-        columns[sorted(range(len(own)), key=ids.__getitem__)] = np.arange(len(own))
-        work.index(len(own), own, columns)
+        n = work.load().own_pairs
+        ids = id_list(hashed(work, INDEX_KEY))
+        columns = np.empty(n, dtype=np.int64)
+        columns[sorted(range(n), key=ids.__getitem__)] = np.arange(n)
+        work.index(n, columns)
     return works
+
+
+def hashed(work, cipher, size: int = 200) -> np.ndarray:
+    """All of a work's own ids with ``cipher``'s layer, as its first hop sends them."""
+    chunks = list(work.hashed_ids(cipher, size))
+    assert all(len(c) == size for c in chunks[:-1])
+    return np.concatenate(chunks)
 
 
 @pytest.mark.parametrize("shards", [1, 2])
 def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) -> None:
-    """Chunks of 100 ids, 2 in flight: the same ids, in order, for both hops of the universe."""
+    """Tasks of 100 ids, 2 in flight: the same ids, in the same order (the pairs' keyed digests),
+    for both hops of the universe."""
     monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 100)
     local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
     cipher = X25519Hash(bytes(range(1, 33)))
-    first = local.hash_ids(cipher, local.load().own)
+    first = hashed(local, cipher)
     assert len(first) > 300 and first.dtype == np.dtype("V32")
-    assert sorted(id_list(remote.hash_ids(cipher, np.arange(len(first))))) == sorted(id_list(first))  # each numbers its own pairs its own way
+    tasks = remote.pair_tasks.tasks
+    assert id_list(hashed(remote, cipher)) == id_list(first)
+    assert remote.pair_tasks.tasks - tasks == -(-len(first) // 100)
     peer = X25519Hash(bytes(range(2, 34)))
     layered = remote.apply_layer(peer, first)
     assert layered.dtype == np.dtype("V32") and id_list(layered) == id_list(local.apply_layer(peer, first)) == peer.apply(id_list(first))
@@ -90,7 +100,8 @@ def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) 
     monkeypatch.setattr("cels.engine.ray_work.MIN_TASK_IDS", 16)
     log = synthetic_log(seed=3, users=200, pairs=450)
     local = InProcessWork(log, 4, DrawKeys.replay(1, "party-1"))
-    first = local.hash_ids(X25519Hash(bytes(range(1, 33))), local.load().own)
+    local.load()
+    first = hashed(local, X25519Hash(bytes(range(1, 33))))
     remote = RayWork(log, 4, DrawKeys.replay(1, "party-1"), 2, 8, cpus=8)
     assert remote.layer_ids == 32
     peer = X25519Hash(bytes(range(2, 34)))
@@ -107,9 +118,8 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
     group = group_for_bits(1024, allow_paper_bits=True)
     cipher = PohligHellmanHash(group)
     assert PohligHellmanHash.from_exponent(group, cipher.exponent_bytes()).exponent_bytes() == cipher.exponent_bytes()
-    own = local.load().own
-    first = local.hash_ids(cipher, own)
-    assert len(first) == len(own) > 80 and sorted(id_list(remote.hash_ids(cipher, own))) == sorted(id_list(first))
+    first = hashed(local, cipher, 40)
+    assert len(first) == local.load().own_pairs > 80 and id_list(hashed(remote, cipher, 40)) == id_list(first)
     peer = PohligHellmanHash(group)
     assert id_list(remote.apply_layer(peer, first)) == peer.apply(id_list(first))
     with pytest.raises(ValueError, match="not a Pohlig-Hellman exponent"):
@@ -478,7 +488,7 @@ def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_re
     assert len(read_batches(groups, 100)) > 2 and loaded.source["row_groups"] == len(groups) > 4
     assert loaded.source["format"] == "parquet" and loaded.source["skipped_lines"] == 0
     whole = shares[0]()
-    assert len(loaded.own) == whole.n_pairs and work.n_users == whole.n_users
+    assert loaded.own_pairs == whole.n_pairs and work.n_users == whole.n_users
     assert sorted(work.user_names(np.arange(work.n_users))) == sorted(whole.users)
 
 
@@ -507,7 +517,7 @@ def test_pieces_read_apart_and_merged_on_their_shard_are_the_log(entries, reader
         assert merged.digests.tolist() == sorted(set(merged.digests.tolist())) == sorted(piece.digests.tolist())
         pairs = [merged.pairs.pair(t) for t in range(len(merged.pairs))]
         assert merged.pairs.items(np.arange(len(pairs))) == [encode_item(*p) for p in pairs]
-        assert merged.digests.tolist() == pair_digests([encode_item(*p) for p in pairs]).tolist()
+        assert merged.digests.tolist() == pair_digests(draws.secret(PAIR_ORDER), [encode_item(*p) for p in pairs]).tolist()
         seen |= {(merged.users[j], pairs[i]): c for j, i, c in zip(*sp.find(merged.counts))}
     assert seen == whole
 

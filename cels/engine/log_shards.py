@@ -14,16 +14,16 @@ is read, and no Python object per pair crosses the object store.  A shard keeps 
 until the universe hashes them.
 
 The node keeps what the protocol needs and no row: each shard's users' digests (for the
-party's draw order), and per own pair the shard that hashes it.  The party's own pairs are
-the distinct pair ids over all shards, numbered by :func:`pair_digests` (SHA-256 of the
-encoded id, 16 bytes): the node finds them with one ``np.unique`` and tells every shard the
-own index of each of its pairs.  The own numbering is not the one of the log in one process,
-but nothing the party sends depends on it (the universe's ids leave sorted; docs/protocol.md).
+party's draw order).  The party's own pairs are the distinct pair ids over all shards,
+numbered in the order of their keyed digests (cels.protocol.work.pair_digests, 16 bytes): the
+node finds them with one ``np.unique`` and tells every shard the own index of each of its
+pairs.  That is the order the party's ids leave in on either engine (docs/protocol.md,
+"Universe"), so a shard hashes its pairs' ids chunk by chunk of the own numbering and the
+node merely relays the chunks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,20 +43,12 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
-from cels.protocol.work import column_type, encode_item, smallest
+from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, column_type, encode_item, pair_digests, smallest
 
-PAIR_DIGEST_BYTES = 16
-"""Bytes of a pair's digest: distinct pairs collide with probability about n^2 / 2^129."""
 READ_ROWS = 262_144
 """Rows a reader task reads at most (whole row groups; one larger row group is read alone)."""
 GATHER_PAIRS = 65_536
 """Pairs :meth:`EncodedPairs.take` gathers at a time (one Python bytes object each, briefly)."""
-
-
-def pair_digests(encoded: Sequence[bytes]) -> np.ndarray:
-    """SHA-256 of each pair's encoded id (cels.protocol.work.encode_item), its first
-    :data:`PAIR_DIGEST_BYTES` bytes (a fixed-width ``S`` array: compared on all its bytes)."""
-    return np.array([hashlib.sha256(item).digest()[:PAIR_DIGEST_BYTES] for item in encoded], dtype=f"S{PAIR_DIGEST_BYTES}")
 
 
 class EncodedPairs:
@@ -110,7 +102,7 @@ class EncodedPairs:
 @dataclass
 class LogPiece:
     """Some of one log shard's users with their rows c_ij over the pairs they hold: each pair
-    encoded once (``pairs``) and its digest (:func:`pair_digests`)."""
+    encoded once (``pairs``) and its keyed digest (cels.protocol.work.pair_digests)."""
 
     users: list[str]
     counts: sp.csr_matrix
@@ -121,7 +113,7 @@ class LogPiece:
 def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiece]:
     """``log``'s users by shard (draw bucket mod ``shards``), each piece over its own pairs only."""
     encoded = [encode_item(*pair) for pair in log.pairs]
-    digests = pair_digests(encoded)
+    digests = pair_digests(draws.secret(PAIR_ORDER), encoded)
     shard = buckets_of(user_digests(draws, log.users)) % shards
     pieces = []
     for s in range(shards):
@@ -211,7 +203,7 @@ class LogShard(ShardState):
     def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[int, int, str, int]:
         """The pieces added up (:func:`merge_pieces`), in draw order and capped.  Handed over in
         slices (``slice``): "users", the users' digests (draw order); "pairs", the held pairs'
-        digests (:func:`pair_digests`); "totals", their totals c_i before the cap.  Returns the
+        digests (cels.protocol.work.pair_digests); "totals", their totals c_i before the cap.  Returns the
         users and held pairs here, the totals' type and |D| here."""
         merged = merge_pieces(self.pieces)
         self.pieces = []
@@ -234,12 +226,19 @@ class LogShard(ShardState):
         self.hashes[lo : lo + len(hashes)] = hashes
         self.handed = {}
 
-    def pair_id_chunks(self, size: int) -> list:
-        """The encoded ids of the pairs this shard hashes, ascending by own index, as object
-        references of chunks of ``size`` (the pair-work tasks read them from the object store)."""
+    def pair_id_chunks(self, size: int, own_pairs: int) -> list:
+        """For each chunk of ``size`` of the party's ``own_pairs`` (its own numbering), the
+        pairs in it this shard hashes: their positions in the chunk and their encoded ids, as
+        one object reference (the pair-work tasks read them from the object store)."""
         hashed = np.flatnonzero(self.hashes)
-        hashed = hashed[np.argsort(self.own_of_pair[hashed], kind="stable")]
-        return [ray.put(self.pairs.items(hashed[lo : lo + size])) for lo in range(0, len(hashed), size)]
+        own = self.own_of_pair[hashed]
+        order = np.argsort(own, kind="stable")
+        hashed, own = hashed[order], own[order]
+        bounds = np.searchsorted(own, np.arange(0, own_pairs + size, size)).tolist()
+        return [
+            ray.put(((own[lo:hi] - first).astype(np.int32), self.pairs.items(hashed[lo:hi])))
+            for first, lo, hi in zip(range(0, own_pairs, size), bounds, bounds[1:])
+        ]  # fmt: skip
 
     def own_columns(self, lo: int, columns: np.ndarray, size: int) -> None:
         """Own pairs lo.. (a slice) are these index columns, of the party's ``size`` own pairs."""
@@ -333,7 +332,7 @@ class ShardedLog:
         self.actors = [shard(LogShard, s) for s in range(shards)]
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
         self.rows: list[np.ndarray] = []  # log shard -> its users' rows in the party's draw order (ascending)
-        self.hasher = np.zeros(0, dtype=np.int64)  # own pair -> the log shard that hashes its id
+        self.own_pairs = 0  # distinct pairs over all log shards
         self.held_pairs: list[int] = []  # log shard -> the pairs it holds
         self.active_counts: sp.csr_matrix | None = None  # users x the pairs ``active`` (counts_over)
         self.active = np.zeros(0, dtype=np.int64)
@@ -374,7 +373,7 @@ class ShardedLog:
         starts = np.cumsum([0, *self.held_pairs])
         totals = self.handed("totals", self.held_pairs, [kind for *_, kind, _ in sizes])
         self._check_totals(path, sum(size for *_, size in sizes), totals, own_of_pair, len(own), first, starts)
-        self.hasher = (np.searchsorted(starts, first, side="right") - 1).astype(np.min_scalar_type(self.shards))  # a byte a pair for P < 256
+        self.own_pairs = len(own)
         first_holder = first[own_of_pair] == np.arange(len(own_of_pair))
         own_of_pair = own_of_pair.astype(column_type(len(own)))
         self.get([
@@ -382,7 +381,7 @@ class ShardedLog:
             for a, start, stop in zip(self.actors, starts, starts[1:])
             for lo, hi in in_slices(stop - start, own_of_pair.itemsize + 1)
         ])  # fmt: skip
-        return LoadResult(np.arange(len(own)), source)
+        return LoadResult(len(own), source)
 
     def handed(self, name: str, lengths: Sequence[int], dtypes: Sequence) -> list[np.ndarray]:
         """Every log shard's array ``name`` of ``lengths[s]`` items of ``dtypes[s]``, asked in
@@ -432,24 +431,18 @@ class ShardedLog:
             pair = self.get([self.actors[s].held_pair.remote(at - int(starts[s]))])[0]
             raise pair_total_error(path, pair, int(totals[over[0]]), over.size)
 
-    def id_chunks(self, size: int) -> tuple[list, list[np.ndarray]]:
-        """The own pairs' encoded ids in chunks of ``size`` (object references: each from the
-        first log shard holding the pair), and the own pairs of each chunk."""
-        chunks, where = [], []
-        for s, refs in enumerate(self.get([a.pair_id_chunks.remote(size) for a in self.actors])):
-            hashed = np.flatnonzero(self.hasher == s)
-            chunks += refs
-            where += [hashed[lo : lo + size] for lo in range(0, len(hashed), size)]
-        return chunks, where
+    def id_chunks(self, size: int) -> list[tuple]:
+        """The own pairs' encoded ids in chunks of ``size`` of the own numbering: per chunk,
+        one object reference per log shard (:meth:`LogShard.pair_id_chunks`; each pair from
+        the first shard holding it)."""
+        return list(zip(*self.get([a.pair_id_chunks.remote(size, self.own_pairs) for a in self.actors])))
 
-    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """Every log shard's counts over the index; their sum is the party's c^k, in the smallest
-        unsigned type that holds it (a byte or two a pair where 8 would be mostly zeros)."""
-        column_of_own = np.empty(len(self.hasher), dtype=column_type(n))  # int32 below 2^31 pairs: half the bytes to every shard
-        column_of_own[own] = columns
-        size = len(column_of_own)
-        self.get([a.own_columns.remote(lo, column_of_own[lo:hi], size) for a in self.actors for lo, hi in in_slices(size, column_of_own.itemsize)])
-        del column_of_own
+    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
+        """Own pair t is index column ``columns[t]``: every log shard's counts over the index;
+        their sum is the party's c^k, in the smallest unsigned type that holds it (a byte or two
+        a pair where 8 would be mostly zeros)."""
+        size = len(columns)
+        self.get([a.own_columns.remote(lo, columns[lo:hi], size) for a in self.actors for lo, hi in in_slices(size, columns.itemsize)])
         kinds = self.get([a.index.remote(n) for a in self.actors])
         columns = self.handed("columns", self.held_pairs, [column_type(n)] * self.shards)
         sums = self.handed("sums", self.held_pairs, kinds)

@@ -59,12 +59,14 @@ the workers may run on other machines than the node (``cels bench scale --engine
 
 from __future__ import annotations
 
+import math
 import socket
 import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -78,7 +80,7 @@ from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
 from cels.engine.log_shards import LogShard, ShardedLog, on_party_rows
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, windowed, worker_peak_rss
+from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
@@ -307,14 +309,22 @@ def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]
 
 
 @ray.remote
-def _pair_chunk(key: bytes, group: SafePrimeGroup | None, items: list[bytes] | np.ndarray, hash_first: bool) -> tuple[bytes, tuple[str, int], float]:
+def _pair_chunk(key: bytes, group: SafePrimeGroup | None, hash_first: bool, *parts) -> tuple[bytes, tuple[str, int], float]:
     """One chunk of pair work with the party's key rebuilt from ``key`` (:func:`key_material`):
-    encoded pair ids to hash, or an :func:`id_array` of ids to layer; the ids out as one
-    string of fixed-width ids (one object to pickle, not one per id), with its worker's peak
-    RSS and the chunk's CPU seconds."""
+    to hash, one part per log shard (the positions in the chunk of the pairs it hashes, and
+    their encoded ids: cels.engine.log_shards.LogShard.pair_id_chunks), merged by position; to
+    layer, one part, an :func:`id_array` of ids.  The ids out as one string of fixed-width ids
+    (one object to pickle, not one per id), with its worker's peak RSS and the chunk's CPU
+    seconds."""
     cpu = time.process_time()
     cipher = X25519Hash(key) if group is None else PohligHellmanHash.from_exponent(group, key)
-    out = cipher.hash(items) if hash_first else cipher.apply(id_list(items))
+    if hash_first:
+        out: list[bytes] = [b""] * sum(len(positions) for positions, _ in parts)
+        for positions, items in parts:
+            for at, element in zip(positions.tolist(), cipher.hash(items)):
+                out[at] = element
+    else:
+        out = cipher.apply(id_list(parts[0]))
     return b"".join(out), worker_peak_rss(), time.process_time() - cpu
 
 
@@ -418,18 +428,20 @@ class PairTasks:
         self.cpu_seconds = 0.0
         self.tasks = 0
 
-    def run(self, cipher: CommutativeHash, chunks: list, hash_first: bool, size: int) -> list[np.ndarray]:
-        """Each chunk's result as an :func:`id_array` (a chunk: ``size`` ids, the last maybe
-        fewer, or an object reference to them)."""
+    def run(self, cipher: CommutativeHash, chunks: Iterable[tuple], hash_first: bool, size: int) -> Iterator[np.ndarray]:
+        """Each chunk's result as an :func:`id_array`, in order, as it is asked for, with at most
+        ``max_in_flight`` tasks submitted ahead (a chunk: the parts of :func:`_pair_chunk` for
+        ``size`` ids, the last maybe fewer)."""
         raw, group = key_material(cipher)
         key = ray.put(raw)
         dtype = f"V{id_width(cipher)}"
-        out: list[np.ndarray] = [np.zeros(0, dtype=dtype) for _ in chunks]
+        task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
+        pending: deque = deque()
 
-        def collect(done, t: int) -> None:
+        def collect() -> np.ndarray:
+            ref, t = pending.popleft()
             try:
-                ids, (worker, rss), cpu = ray.get(done)
-                out[t] = np.frombuffer(ids, dtype=dtype)
+                ids, (worker, rss), cpu = ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 if isinstance(exc.cause, CommutativeCipherError):  # element numbers are the chunk's
                     raise CommutativeCipherError(f"in the ids from {t * size} on: {exc.cause}") from None
@@ -439,10 +451,14 @@ class PairTasks:
             self.workers[worker] = max(rss, self.workers.get(worker, 0))
             self.cpu_seconds += cpu
             self.tasks += 1
+            return np.frombuffer(ids, dtype=dtype)
 
-        task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
-        windowed(enumerate(chunks), lambda item: (task.remote(key, group, item[1], hash_first), item[0]), collect, self.max_in_flight)
-        return out
+        for t, parts in enumerate(chunks):
+            if len(pending) >= self.max_in_flight:
+                yield collect()
+            pending.append((task.remote(key, group, hash_first, *parts), t))
+        while pending:
+            yield collect()
 
 
 class ShardPool:
@@ -603,24 +619,25 @@ class RayWork:
         self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard)
         return self.log.load()
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
-        """The own pairs' ids hashed on tasks, each by the first log shard holding it (its
-        chunks go from the shard to the tasks through the object store)."""
-        chunks, where = self.log.id_chunks(CHUNK_IDS)
-        ids = np.zeros(len(self.log.hasher), dtype=f"V{id_width(cipher)}")
-        for positions, out in zip(where, self.pair_tasks.run(cipher, chunks, hash_first=True, size=CHUNK_IDS)):
-            ids[positions] = out
-        return ids if len(own) == len(ids) else ids[own]  # own: ascending, so all of them in order (no copy)
+    def hashed_ids(self, cipher: CommutativeHash, size: int) -> Iterator[np.ndarray]:
+        """The own pairs' ids hashed on tasks, in the own numbering (the order of their keyed
+        digests), each by the first log shard holding it: a task per :data:`CHUNK_IDS` (or
+        fewer, dividing ``size``), at most ``max_in_flight`` ahead of the chunk asked for."""
+        task_ids = math.gcd(size, CHUNK_IDS)
+        results = self.pair_tasks.run(cipher, self.log.id_chunks(task_ids), hash_first=True, size=task_ids)
+        for lo in range(0, self.log.own_pairs, size):
+            parts = [next(results) for _ in range(lo, min(lo + size, self.log.own_pairs), task_ids)]
+            yield np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
-        chunks = [ids[lo : lo + self.layer_ids] for lo in range(0, len(ids), self.layer_ids)]
+        chunks = [(ids[lo : lo + self.layer_ids],) for lo in range(0, len(ids), self.layer_ids)]
         return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False, size=self.layer_ids)])
 
     def union(self, width: int) -> RangedUnion:
         return self.log.union(width)
 
-    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        return self.log.index(n, own, columns)
+    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
+        return self.log.index(n, columns)
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         return self.log.held_whole(totals)

@@ -169,8 +169,7 @@ class SessionRole:
         try:
             out = action()
         except RoleFailure as exc:
-            notice = abort_notice(self.session_id, exc.origin or self.name, exc.kind, exc.reason, self.phase)
-            out = self.abort(notice, str(exc))
+            out = self._failed(exc)
         except Overreach as exc:
             raise self.refuse_and_abort(str(exc)) from None
         if self.aborted is not None:  # the notices go now, nothing made before them
@@ -180,6 +179,11 @@ class SessionRole:
             self._report_due = False
             self._backlog.extend(self._report())
         return self._window(drained)
+
+    def _failed(self, exc: RoleFailure) -> list[Outgoing]:
+        """This node's own failure ends the session everywhere: the abort's notices."""
+        notice = abort_notice(self.session_id, exc.origin or self.name, exc.kind, exc.reason, self.phase)
+        return self.abort(notice, str(exc))
 
     def _window(self, drained: bool) -> list[Outgoing]:
         """What the backlog hands the driver now: every message up to the first pending Stream,
@@ -195,7 +199,11 @@ class SessionRole:
             if isinstance(head, Stream):
                 if not (whole or drained or self._idle or not head.begun):
                     break  # the link has the window before it still to send
-                batch = next(head.batches, STREAM_OVER)
+                try:
+                    batch = next(head.batches, STREAM_OVER)
+                except RoleFailure as exc:  # the work making the Stream failed (its engine lost a worker)
+                    out = self._failed(exc)  # the notices go now, nothing made before them
+                    break
                 if batch is STREAM_OVER:
                     self._backlog.popleft()
                     continue

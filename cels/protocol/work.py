@@ -12,8 +12,9 @@ process, exactly as CELS section 4.2 describes one party's computation.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +32,11 @@ from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 
 CommutativeHash = X25519Hash | PohligHellmanHash
+PAIR_DIGEST_BYTES = 16
+"""Bytes of a pair's keyed digest (:func:`pair_digests`): distinct pairs collide with
+probability about n^2 / 2^129."""
+PAIR_ORDER = "pair order"
+"""The label of a party's session key for its pairs' digests (cels.crypto.streams.DrawKeys.secret)."""
 _JSON_STRING = json.encoder.encode_basestring  # a JSON string, UTF-8 kept (json's C encoder with ensure_ascii off)
 
 
@@ -51,6 +57,15 @@ def id_list(ids: np.ndarray) -> list[bytes]:
     """The ids of an :func:`id_array` as bytes (for the wire and the ciphers)."""
     raw, width = ids.tobytes(), ids.dtype.itemsize
     return [raw[i : i + width] for i in range(0, len(raw), width)]
+
+
+def pair_digests(key: bytes, encoded: Sequence[bytes]) -> np.ndarray:
+    """Keyed BLAKE2b of each pair's encoded id (:func:`encode_item`), :data:`PAIR_DIGEST_BYTES`
+    bytes, under the party's :data:`PAIR_ORDER` key: a fixed-width ``S`` array (compared on all
+    its bytes).  A party's own ids leave in the order of these digests (docs/protocol.md,
+    "Universe"): a keyed pseudorandom order, not the log's, that every engine finds the same
+    way (a cluster numbers its pairs by them; docs/crypto.md)."""
+    return np.array([hashlib.blake2b(item, key=key, digest_size=PAIR_DIGEST_BYTES).digest() for item in encoded], dtype=f"S{PAIR_DIGEST_BYTES}")
 
 
 def smallest(values: np.ndarray) -> np.ndarray:
@@ -110,12 +125,13 @@ class LocalWork(Protocol):
     """What a phase machine asks of the party's rows (users x pairs, c_ij capped)."""
 
     def load(self) -> LoadResult:
-        """Load and cap the log: the indices of the pairs this party holds (ascending), its source."""
+        """Load and cap the log: how many distinct pairs this party holds, and its source."""
         ...
 
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
-        """This party's layer on its own pair ids ``own`` (universe phase, first hop), as an
-        :func:`id_array` of the cipher's width."""
+    def hashed_ids(self, cipher: CommutativeHash, size: int) -> Iterator[np.ndarray]:
+        """This party's layer on its own pair ids (universe phase, first hop), in the order of
+        their :func:`pair_digests`: :func:`id_array` chunks of ``size`` ids (the last maybe
+        fewer), each made as it is asked for."""
         ...
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
@@ -128,9 +144,10 @@ class LocalWork(Protocol):
         held where the work runs."""
         ...
 
-    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
-        """Own pair ``own[t]`` is universe column ``columns[t]`` of ``n``: the local counts c^k
-        over the universe, in the smallest unsigned integer type that holds them."""
+    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
+        """The t-th own pair :meth:`hashed_ids` gave is universe column ``columns[t]`` of ``n``:
+        the local counts c^k over the universe, in the smallest unsigned integer type that holds
+        them."""
         ...
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
@@ -172,6 +189,8 @@ class InProcessWork:
         self.log: SearchLog | None = None
         self.user_draws: BucketDraws | None = None
         self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
+        self.own = np.zeros(0, dtype=np.int64)  # the pairs this party holds (log numbering, ascending)
+        self.sent = np.zeros(0, dtype=np.int64)  # the own pairs in the order their ids left (hashed_ids)
         self.local: sp.csr_matrix | None = None  # users x universe
         self.pair_of: dict[int, int] = {}  # universe column -> own pair index
         self.row_users = np.zeros(0, dtype=np.int64)  # the user (log row) of each constraint row
@@ -183,15 +202,16 @@ class InProcessWork:
         self.log = log if np.array_equal(order, np.arange(len(order))) else log.select_users(order)
         self.user_draws = BucketDraws(self.draws, buckets_of(digests[order]))
         self.counts = apply_cap(self.log.counts, self._cap).tocsr()
-        return LoadResult(np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0), log.source)
+        self.own = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
+        return LoadResult(len(self.own), log.source)
 
-    def pair_ids(self, own: np.ndarray) -> list[bytes]:
-        """The encoded ids of the own pairs ``own``, before any layer."""
+    def hashed_ids(self, cipher: CommutativeHash, size: int) -> Iterator[np.ndarray]:
         pairs = self.log.pairs
-        return [encode_item(*pairs[i]) for i in own]
-
-    def hash_ids(self, cipher: CommutativeHash, own: np.ndarray) -> np.ndarray:
-        return id_array(cipher.hash(self.pair_ids(own)), id_width(cipher))
+        encoded = [encode_item(*pairs[i]) for i in self.own]
+        order = np.argsort(pair_digests(self.draws.secret(PAIR_ORDER), encoded), kind="stable")
+        self.sent = self.own[order]
+        for lo in range(0, len(order), size):
+            yield id_array(cipher.hash([encoded[t] for t in order[lo : lo + size].tolist()]), id_width(cipher))
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         return id_array(cipher.apply(id_list(ids)), id_width(cipher))
@@ -199,7 +219,8 @@ class InProcessWork:
     def union(self, width: int) -> UnionPart:
         return UnionPart(width)
 
-    def index(self, n: int, own: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
+        own = self.sent
         select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))
         self.local = (self.counts[:, own] @ select).tocsr()
         self.pair_of = dict(zip(columns.tolist(), own.tolist()))

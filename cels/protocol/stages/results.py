@@ -19,9 +19,10 @@ from cels.protocol.wire import cels_pb2
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The log is loaded and capped: the pairs this party holds, and the log's source."""
+    """The log is loaded and capped: how many distinct pairs this party holds (its own
+    pairs; the work keeps which), and the log's source."""
 
-    own: np.ndarray
+    own_pairs: int
     source: dict
 
 

@@ -12,6 +12,8 @@ holds a peer's whole list; the ids a party keeps are fixed-width numpy arrays, n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
@@ -89,9 +91,10 @@ class Universe(Stage):
         super().__init__(seat)
         self.work, self.cipher, self.loaded = work, cipher, loaded
         self.width = id_width(cipher)
-        self.own_pairs = np.zeros(0, dtype=np.int64)  # own pairs in the order their ids left
+        self.n_own = loaded.own_pairs
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
-        self.full_ids = np.zeros(len(loaded.own), dtype=f"V{self.key_width}")  # own ids, every layer applied (union_keys)
+        self.full_ids = np.zeros(self.n_own, dtype=f"V{self.key_width}")  # own ids, every layer applied (union_keys), in the order they left
+        self.sorted_from = np.zeros(0, dtype=np.int64)  # position (in the order they left) of each own id in the sorted complete set
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.complete: dict[str, tuple[ChunkCursor, np.ndarray]] = {}  # P_1: each party's complete ids so far, and the last one
@@ -99,25 +102,27 @@ class Universe(Stage):
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
-        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the sorted order of full_ids (made with the first UniverseIndex)
-        self.ids_seen = len(loaded.own)  # every party's set passes this party: the union has at most this many
+        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the sorted order of the complete set (made with the first UniverseIndex)
+        self.ids_seen = self.n_own  # every party's set passes this party: the union has at most this many
 
     def start(self) -> list[Stream]:
-        own, seat = self.loaded.own, self.seat
-        first = self.work.hash_ids(self.cipher, own)
-        self.own_pairs = own[np.argsort(first, kind="stable")]  # ids leave sorted, not in log order
-        first.sort(kind="stable")  # in place: the stream reads them in order, no permutation kept
-        return self._stream(seat.successor, seat.name, [seat.name], first)
+        """The first hop: this party's own ids with its layer, in the order of their keyed
+        digests (cels.protocol.work.pair_digests: not the log's order), hashed as the link
+        drains them (no list of them all is ever held)."""
+        seat = self.seat
+        return self._stream(seat.successor, seat.name, [seat.name], self.work.hashed_ids(self.cipher, STREAM_IDS), self.n_own)
 
-    def _stream(self, recipient: str, owner: str, applied: list[str], ids: np.ndarray) -> list[Stream]:
-        """``owner``'s ``ids`` (layers ``applied``) to ``recipient`` in chunks of STREAM_IDS,
-        each made as the link drains the ones before (cels.protocol.roles.Stream: the chunks
-        are never all built at once)."""
+    def _stream(self, recipient: str, owner: str, applied: list[str], ids: Iterable[np.ndarray], count: int) -> list[Stream]:
+        """``owner``'s ``count`` ids (layers ``applied``) to ``recipient``: ``ids`` gives them in
+        chunks of STREAM_IDS, each taken as the link drains the ones before
+        (cels.protocol.roles.Stream: the chunks are never all built at once)."""
         seat = self.seat
 
         def hops():
-            for first, stop, more in chunks(len(ids), STREAM_IDS):
-                hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more, ids=ids[first:stop].tobytes())
+            for (first, stop, more), chunk in zip(chunks(count, STREAM_IDS), ids):
+                if len(chunk) != stop - first:
+                    raise RoleFailure("lost its own universe ids", f"its work gave {len(chunk)} ids for {first}..{stop}")
+                hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more, ids=chunk.tobytes())
                 yield seat.send(recipient, universe_hop=hop)
 
         return [Stream(hops())]
@@ -151,17 +156,20 @@ class Universe(Stage):
 
     def _returned(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """A chunk of this party's own ids is back (it keeps their :func:`union_keys`); once all
-        are, P_k sends the keys sorted to P_1."""
-        seat, n = self.seat, len(self.full_ids)
+        are, P_k sends the keys sorted to P_1 and keeps only where each came from."""
+        seat, n = self.seat, self.n_own
         ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
         self.full_ids[msg.first : self.returned.position] = ids
         if msg.more:
             return []
-        keys = np.sort(self.full_ids)
+        order = np.argsort(self.full_ids, kind="stable")
+        keys, self.full_ids = self.full_ids[order], np.zeros(0, dtype=self.full_ids.dtype)  # not a view: the whole array goes
+        self.sorted_from = order.astype(column_type(n))  # int32 below 2^31 own pairs
+        del order
         if seat.name != seat.key_holder:
-            return self._stream(seat.key_holder, seat.name, list(msg.applied), keys)
+            return self._stream(seat.key_holder, seat.name, list(msg.applied), (keys[lo:hi] for lo, hi, _ in chunks(n, STREAM_IDS)), n)
         if not increasing(keys, keys[:0]):  # P_1's own come back in the order they left, not sorted
             raise malformed(f"{self.returned.what}: two of its ids came back equal")
         for first, stop, _more in chunks(len(keys), STREAM_IDS):
@@ -216,14 +224,14 @@ class Universe(Stage):
                 columns = self.union.columns(party, first, stop)
                 index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns.tolist(), first=first, more=more)
                 out += seat.send(party, universe_index=index)
-        self._own_columns(n, self.union.columns(seat.name, 0, len(self.full_ids)))
+        self._own_columns(n, self.union.columns(seat.name, 0, self.n_own))
         self.union.close()
         return out
 
     def on_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
         """A chunk of the index size and the columns of this party's ids, in the sorted order it
         sent them (strictly increasing across chunks)."""
-        seat, n = self.seat, len(self.full_ids)
+        seat, n = self.seat, self.n_own
         seat.expect_sender(sender, seat.key_holder, "universe_index")
         if not self.returned.done:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
@@ -252,7 +260,8 @@ class Universe(Stage):
 
     def _own_columns(self, n: int, columns: np.ndarray) -> None:
         """``columns``: the index columns (of ``n``) of this party's ids in their sorted order;
-        own pair t is the column of its id: the universe is known."""
-        cols = np.empty(len(columns), dtype=column_type(n))
-        cols[np.argsort(self.full_ids, kind="stable")] = columns
-        self.result = UniverseResult(n, self.work.index(n, self.own_pairs, cols))
+        the t-th own id it sent is the column of its id: the universe is known."""
+        cols = np.empty(self.n_own, dtype=column_type(n))
+        cols[self.sorted_from] = columns
+        self.sorted_from = np.zeros(0, dtype=np.int64)
+        self.result = UniverseResult(n, self.work.index(n, cols))

@@ -541,3 +541,31 @@ def test_a_bad_row_read_on_the_cluster_names_its_file_row_and_column(engine, tmp
     loaded = RayWork(lenient, 4, DrawKeys.fresh(), 2, 2).load()
     assert loaded.source["skipped_lines"] == lenient().source["skipped_lines"] == 1
     assert loaded.source["skipped_at"] == lenient().source["skipped_at"]
+
+
+def test_a_pair_over_the_count_limit_on_no_one_shard_names_the_pair(engine, tmp_path, monkeypatch) -> None:
+    """Six users give pair (q, u) 2^29 each, read two rows at a time by reader tasks and
+    placed three on each of two shards: no reader and no shard holds a total above 2^31 - 1,
+    but the shard numbering the pair's key range adds its totals over the log, and the load
+    fails naming the pair and its total (3 x 2^30), as in process."""
+    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 2)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "heavy.parquet"
+    table = pa.table({
+        "user": [f"u{i}" for i in range(6)] + ["v1", "v2"],
+        "query": ["q"] * 6 + ["r", "r"],
+        "url": ["u"] * 6 + ["w", "w"],
+        "count": [2**29] * 6 + [5, 6],
+    })  # fmt: skip
+    pq.write_table(table, path, row_group_size=2)
+    expected = r"heavy\.parquet: pair \(query 'q', url 'u'\) totals 3221225472 over the log, above the 2147483647"
+    with pytest.raises(LogError, match=expected):
+        LogFile(path, LoadOptions("parquet"))()
+    work = RayWork(LogFile(path, LoadOptions("parquet")), 4, DrawKeys.replay(13, "party-1"), 2, 2)
+    with pytest.raises(LogError, match=expected):
+        work.load()
+    heavy = [sum(name.startswith("u") for name in work.log.user_names(rows)) for rows in work.log.rows]
+    assert heavy == [3, 3] and work.log.held_pairs == [2, 2]  # both shards hold both pairs
+    work.release()

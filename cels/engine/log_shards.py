@@ -100,6 +100,16 @@ class EncodedPairs:
 
 
 @dataclass
+class RangePart:
+    """One log shard's held pairs in one key range (:meth:`LogShard.key_ranges`): the first's
+    number there (``lo``), their digests and their totals c_i before the cap."""
+
+    lo: int
+    digests: np.ndarray
+    totals: np.ndarray
+
+
+@dataclass
 class LogPiece:
     """Some of one log shard's users with their rows c_ij over the pairs they hold: each pair
     encoded once (``pairs``) and its keyed digest (cels.protocol.work.pair_digests)."""
@@ -187,6 +197,8 @@ class LogShard(ShardState):
         self.users: list[str] = []  # in draw order
         self.pairs = EncodedPairs(np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64))  # held pairs, by digest
         self.counts: sp.csr_matrix | None = None  # users x own pairs held, capped
+        self.digests = np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}")  # held pair -> its keyed digest (until key_ranges)
+        self.totals = np.zeros(0, dtype=np.int64)  # held pair -> its total c_i here, before the cap (until key_ranges)
         self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
         self.hashes = np.zeros(0, dtype=bool)  # held pair -> this shard hashes it (the first holding it)
         self.column_of_own = np.zeros(0, dtype=np.int64)  # own pair -> index column, as the node hands it over
@@ -200,30 +212,61 @@ class LogShard(ShardState):
         self.pieces.append(piece)
         return len(piece.users)
 
-    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[int, int, str, int]:
-        """The pieces added up (:func:`merge_pieces`), in draw order and capped.  Handed over in
-        slices (``slice``): "users", the users' digests (draw order); "pairs", the held pairs'
-        digests (cels.protocol.work.pair_digests); "totals", their totals c_i before the cap.  Returns the
-        users and held pairs here, the totals' type and |D| here."""
+    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[int, int, int]:
+        """The pieces added up (:func:`merge_pieces`), in draw order and capped; its users'
+        digests handed over in slices (``slice``) as "users" (draw order).  Returns the users
+        and held pairs here, and |D| here."""
         merged = merge_pieces(self.pieces)
         self.pieces = []
         digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
         order = draw_order(digests)
-        self.users, self.pairs = [merged.users[j] for j in order], merged.pairs
+        self.users, self.pairs, self.digests = [merged.users[j] for j in order], merged.pairs, merged.digests
         counts = merged.counts[order]
         self.counts = apply_cap(counts, cap).tocsr()
-        totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
-        self.handed = {"users": digests[order], "pairs": merged.digests, "totals": totals}
-        held = len(merged.digests)
-        self.own_of_pair, self.hashes = np.zeros(held, dtype=np.int64), np.zeros(held, dtype=bool)
-        return len(digests), held, totals.dtype.str, int(counts.sum())
+        self.totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        self.handed = {"users": digests[order]}
+        return len(digests), len(merged.digests), int(counts.sum())
 
-    def own(self, lo: int, own_of_pair: np.ndarray, hashes: np.ndarray) -> None:
-        """Held pairs lo.. (a slice: :func:`in_slices`): their own indices, and which of them
-        this shard hashes (the first shard holding it); the load's handed arrays are taken."""
-        self.own_of_pair = self.own_of_pair.astype(own_of_pair.dtype, copy=False)
-        self.own_of_pair[lo : lo + len(own_of_pair)] = own_of_pair
-        self.hashes[lo : lo + len(hashes)] = hashes
+    def key_ranges(self, shards: int) -> tuple | RangePart:
+        """Its held pairs (sorted by digest) cut into ``shards`` key ranges, range t for log
+        shard t to number (:meth:`number`): range t holds the digests whose first 8 bytes,
+        read as a big-endian integer, fall in the t-th of ``shards`` equal parts of [0, 2^64)
+        (even, as the digests are keyed pseudorandom).  One part alone when ``shards`` is 1."""
+        prefix = np.ascontiguousarray(self.digests.view(np.uint8).reshape(-1, PAIR_DIGEST_BYTES)[:, :8]).view(">u8").ravel()
+        cuts = np.searchsorted(prefix, [(t << 64) // shards for t in range(1, shards)]).tolist()
+        bounds = [0, *cuts, len(prefix)]
+        parts = tuple(RangePart(lo, self.digests[lo:hi], self.totals[lo:hi]) for lo, hi in zip(bounds, bounds[1:]))
+        self.digests, self.totals = np.zeros(0, dtype=self.digests.dtype), np.zeros(0, dtype=self.totals.dtype)  # not views: the arrays go
+        return parts if shards > 1 else parts[0]
+
+    def number(self, *parts: RangePart) -> tuple:
+        """Log shard t: the distinct pairs of key range t over every log shard's ``parts``
+        (:meth:`key_ranges`, in shard order), in digest order.  Returns, first, how many there
+        are, how many total above MAX_COUNT over the log, and the first such (its shard, its
+        held pair there, its total) or None; then, for each shard, its pairs' ranks in the range
+        and which of them it hashes (the first shard holding the pair)."""
+        sizes = np.cumsum([0, *(len(p.digests) for p in parts)])
+        distinct, first, rank = np.unique(np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(p.digests for p in parts)]), return_index=True, return_inverse=True)
+        totals = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(totals, rank, np.concatenate([np.zeros(0, dtype=np.int64), *(p.totals.astype(np.int64) for p in parts)]))
+        over = np.flatnonzero(totals > MAX_COUNT)
+        worst = None
+        if over.size:
+            at = int(first[over[0]])
+            s = int(np.searchsorted(sizes, at, side="right") - 1)
+            worst = (s, parts[s].lo + at - int(sizes[s]), int(totals[over[0]]))
+        hashes = first[rank] == np.arange(len(rank))
+        rank = rank.astype(column_type(len(distinct)))
+        answers = [(rank[lo:hi], hashes[lo:hi]) for lo, hi in zip(sizes, sizes[1:])]
+        return ((len(distinct), int(over.size), worst), *answers)
+
+    def own(self, offsets: list[int], *answers: tuple[np.ndarray, np.ndarray]) -> None:
+        """Its held pairs' own indices -- range t's offset plus the pair's rank in it -- and
+        which of them it hashes, from every log shard t's :meth:`number` (in range order, so in
+        this shard's order of its pairs)."""
+        own = offsets[-1]
+        self.own_of_pair = np.concatenate([np.zeros(0, dtype=column_type(own)), *(rank.astype(column_type(own)) + at for (rank, _), at in zip(answers, offsets))])
+        self.hashes = np.concatenate([np.zeros(0, dtype=bool), *(hashes for _, hashes in answers)])
         self.handed = {}
 
     def pair_id_chunks(self, size: int, own_pairs: int) -> list:
@@ -359,29 +402,34 @@ class ShardedLog:
 
     def load(self) -> LoadResult:
         """The log onto the log shards (read where it lives if it is a Parquet dataset), then
-        the party's own pairs: the distinct pair ids over the shards (module docstring)."""
+        the party's own pairs: the distinct pair ids over the shards, numbered on the shards by
+        key range (each shard sends every shard its pairs in that shard's range and numbers
+        its own range: :meth:`LogShard.key_ranges`, :meth:`LogShard.number`, :meth:`LogShard.own`),
+        so the node holds no per-pair array."""
         source, path = self._place()
         sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
         every, self.rows = shard_positions(self.handed("users", [users for users, *_ in sizes], [np.uint64] * self.shards))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
-        self.held_pairs = [held for _, held, *_ in sizes]
-        pairs = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *self.handed("pairs", self.held_pairs, [f"S{PAIR_DIGEST_BYTES}"] * self.shards)])
-        if not len(pairs):
+        self.held_pairs = [held for _, held, _ in sizes]
+        if not sum(self.held_pairs):
             raise LogError(path, None, None, f"no query-url pair in {path}")
-        own, first, own_of_pair = np.unique(pairs, return_index=True, return_inverse=True)
-        del pairs
-        starts = np.cumsum([0, *self.held_pairs])
-        totals = self.handed("totals", self.held_pairs, [kind for *_, kind, _ in sizes])
-        self._check_totals(path, sum(size for *_, size in sizes), totals, own_of_pair, len(own), first, starts)
-        self.own_pairs = len(own)
-        first_holder = first[own_of_pair] == np.arange(len(own_of_pair))
-        own_of_pair = own_of_pair.astype(column_type(len(own)))
-        self.get([
-            a.own.remote(lo, own_of_pair[start + lo : start + hi], first_holder[start + lo : start + hi])
-            for a, start, stop in zip(self.actors, starts, starts[1:])
-            for lo, hi in in_slices(stop - start, own_of_pair.itemsize + 1)
-        ])  # fmt: skip
-        return LoadResult(len(own), source)
+        size = sum(total for *_, total in sizes)
+        if size > MAX_LOG_TOTAL:
+            raise LogError(path, None, None, f"the counts total {size}, above the {MAX_LOG_TOTAL} (2^53) of one log (docs/formats.md, Limits)")
+        p = self.shards
+        ranges = [a.key_ranges.options(num_returns=p).remote(p) for a in self.actors]
+        ranges = [parts if p > 1 else [parts] for parts in ranges]
+        numbered = [a.number.options(num_returns=p + 1).remote(*(parts[t] for parts in ranges)) for t, a in enumerate(self.actors)]
+        summaries = self.get([answers[0] for answers in numbered])
+        over = [(worst, count) for _, count, worst in summaries if count]
+        if over:
+            (s, held, total), _ = over[0]
+            pair = self.get([self.actors[s].held_pair.remote(held)])[0]
+            raise pair_total_error(path, pair, total, sum(count for _, count in over))
+        offsets = np.cumsum([0, *(distinct for distinct, *_ in summaries)]).tolist()
+        self.get([a.own.remote(offsets, *(answers[1 + s] for answers in numbered)) for s, a in enumerate(self.actors)])
+        self.own_pairs = offsets[-1]
+        return LoadResult(self.own_pairs, source)
 
     def handed(self, name: str, lengths: Sequence[int], dtypes: Sequence) -> list[np.ndarray]:
         """Every log shard's array ``name`` of ``lengths[s]`` items of ``dtypes[s]``, asked in
@@ -416,20 +464,6 @@ class ShardedLog:
         log = given() if callable(given) else given
         self.get([a.add.remote(piece) for a, piece in zip(self.actors, split_by_shard(log, self.draws, self.shards))])
         return log.source, str(given.path if isinstance(given, LogFile) else "the log")
-
-    def _check_totals(self, path: str, size: int, pair_totals: list[np.ndarray], own_of_pair: np.ndarray, own: int, first: np.ndarray, starts: np.ndarray) -> None:
-        """The whole log's limits (docs/formats.md, Limits): |D| (``size``) and every pair's
-        total c_i (the shards' ``pair_totals``)."""
-        if size > MAX_LOG_TOTAL:
-            raise LogError(path, None, None, f"the counts total {size}, above the {MAX_LOG_TOTAL} (2^53) of one log (docs/formats.md, Limits)")
-        totals = np.zeros(own, dtype=np.int64)
-        np.add.at(totals, own_of_pair, np.concatenate([np.zeros(0, dtype=np.int64), *pair_totals]).astype(np.int64))
-        over = np.flatnonzero(totals > MAX_COUNT)
-        if over.size:
-            at = int(first[over[0]])
-            s = int(np.searchsorted(starts, at, side="right") - 1)
-            pair = self.get([self.actors[s].held_pair.remote(at - int(starts[s]))])[0]
-            raise pair_total_error(path, pair, int(totals[over[0]]), over.size)
 
     def id_chunks(self, size: int) -> list[tuple]:
         """The own pairs' encoded ids in chunks of ``size`` of the own numbering: per chunk,

@@ -32,6 +32,7 @@ from cels.crypto.paillier import PackingOverflowError
 from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Stream
 from cels.protocol.secure_sum import RingMember
+from cels.protocol.work import smallest
 from cels.protocol.wire import cels_pb2
 
 
@@ -51,7 +52,9 @@ def ring_bits(r: int, bound: int) -> int:
 
 class MaskedSum(RingMember):
     """One party's state in one masked sum ``sum_id`` (the ``round_number``-th of the
-    session); ``result`` is the int64 total.  :meth:`start` needs every mask key in."""
+    session); ``result`` is the total, in the smallest unsigned type that holds it (a byte or
+    two an entry for the counts of an index of millions of pairs, not the ring's 8).
+    :meth:`start` needs every mask key in."""
 
     def __init__(
         self,
@@ -72,8 +75,10 @@ class MaskedSum(RingMember):
         self.started = False
         n = len(self.values)
         self._word = np.dtype(f"<u{ring_bits(self.r, bound) // 8}")  # an entry of the ring, on the wire and in the total
-        self._total = np.zeros(n, dtype=self._word)  # P_1: the shares so far, added mod 2^w; elsewhere: the total's chunks so far
+        self._running: dict[int, np.ndarray] = {}  # P_1: chunk -> the shares of it so far, added mod 2^w (until all r are in)
         self._shares = np.zeros(len(range(0, max(n, 1), SUM_CHUNK)), dtype=np.int64)  # P_1: shares in, per chunk
+        self._total: list[np.ndarray | None] = [None] * len(self._shares)  # the total's chunks so far, each in its smallest type
+        self._chunks_in = 0  # chunks of the total complete
         self._cursors: dict[str, ChunkCursor] = {}  # P_1: each party's share so far; elsewhere: P_1's total
         outside = (self.values < 0) | (self.values > bound)
         if np.any(outside):
@@ -135,34 +140,31 @@ class MaskedSum(RingMember):
         return []  # the total's chunks go out through P_1's Stream (:meth:`_result_messages`)
 
     def _add(self, first: int, share: np.ndarray) -> None:
-        """P_1 adds a chunk of one party's share to the running total as it arrives (it keeps
-        no share); once all r shares of a chunk are in, its masks cancel (checked here: a bad
-        share is refused to its sender) and :meth:`_result_messages` can send that chunk of the
-        total (the last one ends the sum)."""
-        stop = first + len(share)
-        self._total[first:stop] += share.astype(self._word, copy=False)  # wraps mod 2^w (P_1's own share comes as 64-bit words)
-        chunk = first // SUM_CHUNK
+        """P_1 adds a chunk of one party's share to that chunk's running total as it arrives (it
+        keeps no share, and a running total only for the chunks not all r shares of which are
+        in); once all are, its masks cancel (checked here: a bad share is refused to its
+        sender), the chunk of the total is kept compact and :meth:`_result_messages` can send
+        it (the last one ends the sum)."""
+        stop, chunk = first + len(share), first // SUM_CHUNK
+        running = self._running.setdefault(chunk, np.zeros(len(share), dtype=self._word))
+        running += share.astype(self._word, copy=False)  # wraps mod 2^w (P_1's own share comes as 64-bit words)
         self._shares[chunk] += 1
         if self._shares[chunk] < self.r:
             return
-        self._check(self._chunk_total(first, stop), f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
-        if stop == len(self.values):  # chunks complete in order (every party sends its chunks in order): the last ends the sum
-            self._finish()
-
-    def _chunk_total(self, first: int, stop: int) -> np.ndarray:
-        """P_1's entries first..stop of the total, int64."""
-        chunk = self._total[first:stop]
-        return signed(chunk) if self._word.itemsize == 8 else chunk.astype(np.int64)
+        del self._running[chunk]
+        total = signed(running) if self._word.itemsize == 8 else running.astype(np.int64)
+        self._check(total, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
+        self._complete(chunk, total)
 
     def _result_messages(self) -> Iterator[list[Outgoing] | None]:
         """P_1's SumResults, a chunk of the total to every other party as soon as all r shares
         of it are in (None while they are not: cels.protocol.roles.Stream), each made as the
         link drains the ones before."""
         for c, (first, stop, more) in enumerate(chunks(len(self.values), SUM_CHUNK)):
-            while self._shares[c] < self.r:
+            while not self.done and self._total[c] is None:
                 yield None
             result = cels_pb2.SumResult(
-                session_id=self.session_id, sum_id=self.sum_id, values=self._chunk_total(first, stop).tolist(),
+                session_id=self.session_id, sum_id=self.sum_id, values=(self.result[first:stop] if self.done else self._total[c]).tolist(),
                 rows=len(self.values), cols=1, first=first, more=more,
             )  # fmt: skip
             yield [(p, self.envelope(sum_result=result)) for p in self.others()]
@@ -177,9 +179,7 @@ class MaskedSum(RingMember):
         self._take(what, cursor, msg.first, len(msg.values), msg.more)
         total = np.array(msg.values, dtype=np.int64)  # one chunk's Python ints at a time
         self._check(total, f"{what} outside [0, r * bound]")
-        self._total[msg.first : cursor.position] = total  # checked: within [0, r * bound]
-        if cursor.done:
-            self._finish()
+        self._complete(msg.first // SUM_CHUNK, total)  # checked: within [0, r * bound]
         return []
 
     def _check(self, total: np.ndarray, refusal: str) -> None:
@@ -187,8 +187,12 @@ class MaskedSum(RingMember):
         if np.any((total < 0) | (total > self.r * self.bound)):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, refusal)
 
-    def _finish(self) -> None:
-        """Every chunk of the total is in: it is the result (int64, or the smaller type P_2..P_r
-        keep it in)."""
-        self.result = signed(self._total) if self._word.itemsize == 8 else self._total
-        self.done = True
+    def _complete(self, chunk: int, total: np.ndarray) -> None:
+        """Chunk ``chunk`` of the total is in, kept in its smallest type; with the last one, the
+        chunks together are the result, in the smallest type that holds each."""
+        self._total[chunk] = smallest(total)
+        self._chunks_in += 1
+        if self._chunks_in == len(self._total):
+            self.result = np.concatenate([np.zeros(0, dtype=np.uint8), *self._total])
+            self._total = []
+            self.done = True

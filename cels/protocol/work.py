@@ -71,7 +71,7 @@ def pair_digests(key: bytes, encoded: Sequence[bytes]) -> np.ndarray:
 def smallest(values: np.ndarray) -> np.ndarray:
     """Non-negative integer ``values`` in the smallest unsigned type that holds them: vectors
     over an index of millions of pairs whose entries are mostly small counts."""
-    return values.astype(np.min_scalar_type(int(values.max(initial=0))))
+    return values.astype(np.min_scalar_type(int(values.max(initial=0))), copy=False)
 
 
 def column_type(n: int) -> np.dtype:

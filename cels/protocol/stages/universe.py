@@ -12,7 +12,7 @@ holds a peer's whole list; the ids a party keeps are fixed-width numpy arrays, n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -164,17 +164,23 @@ class Universe(Stage):
         self.full_ids[msg.first : self.returned.position] = ids
         if msg.more:
             return []
-        order = np.argsort(self.full_ids, kind="stable")
-        keys, self.full_ids = self.full_ids[order], np.zeros(0, dtype=self.full_ids.dtype)  # not a view: the whole array goes
-        self.sorted_from = order.astype(column_type(n))  # int32 below 2^31 own pairs
-        del order
+        self.sorted_from = np.argsort(self.full_ids).astype(column_type(n))  # int32 below 2^31 own pairs; keys are distinct (else malformed), no stable sort needed
+        keys = (self.full_ids[self.sorted_from[lo:hi]] for lo, hi, _ in chunks(n, STREAM_IDS))  # gathered a chunk at a time
         if seat.name != seat.key_holder:
-            return self._stream(seat.key_holder, seat.name, list(msg.applied), (keys[lo:hi] for lo, hi, _ in chunks(n, STREAM_IDS)), n)
-        if not increasing(keys, keys[:0]):  # P_1's own come back in the order they left, not sorted
-            raise malformed(f"{self.returned.what}: two of its ids came back equal")
-        for first, stop, _more in chunks(len(keys), STREAM_IDS):
-            self.union.add(seat.name, keys[first:stop])
+            return self._stream(seat.key_holder, seat.name, list(msg.applied), self._dropping_ids(keys), n)
+        last = self.full_ids[:0]
+        for chunk in keys:
+            if not increasing(chunk, last):  # P_1's own come back in the order they left, not sorted
+                raise malformed(f"{self.returned.what}: two of its ids came back equal")
+            self.union.add(seat.name, chunk)
+            last = chunk[-1:]
+        self.full_ids = np.zeros(0, dtype=self.full_ids.dtype)
         return self._collect(seat.name)
+
+    def _dropping_ids(self, keys: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """``keys``, then the returned ids they are gathered from are dropped."""
+        yield from keys
+        self.full_ids = np.zeros(0, dtype=self.full_ids.dtype)
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -204,7 +210,7 @@ class Universe(Stage):
         cursor.take(msg.first, len(ids), msg.more)
         return ids
 
-    def _collect(self, owner: str) -> list[Outgoing]:
+    def _collect(self, owner: str) -> list[Outgoing | Stream]:
         """P_1: ``owner``'s set of fully hashed ids (their :func:`union_keys`, sorted, as every
         owner keeps and sends them; P_1's own sorted here) is whole, and merged into the sorted
         union (the index of variables) where the work runs (cels.protocol.sorted_union); with
@@ -216,17 +222,22 @@ class Universe(Stage):
         self.sets_in += 1
         if self.sets_in < seat.r:
             return []
-        n, out = self.union.size(), []
+        n = self.union.size()
+        self._own_columns(n, self.union.columns(seat.name, 0, self.n_own))
+        return [Stream(self._index_messages(n))]
+
+    def _index_messages(self, n: int) -> Iterator[list[Outgoing]]:
+        """P_1's UniverseIndex chunks to every other party, each party's columns asked of the
+        union as the link drains the chunks before; the union is closed after the last."""
+        seat = self.seat
         for party in seat.parties:
             if party == seat.name:
                 continue
             for first, stop, more in chunks(self.complete[party][0].position, STREAM_IDS):
                 columns = self.union.columns(party, first, stop)
                 index = cels_pb2.UniverseIndex(session_id=seat.session_id, size=n, columns=columns.tolist(), first=first, more=more)
-                out += seat.send(party, universe_index=index)
-        self._own_columns(n, self.union.columns(seat.name, 0, self.n_own))
+                yield seat.send(party, universe_index=index)
         self.union.close()
-        return out
 
     def on_index(self, sender: str, msg: cels_pb2.UniverseIndex) -> list[Outgoing]:
         """A chunk of the index size and the columns of this party's ids, in the sorted order it

@@ -289,17 +289,17 @@ class LogShard(ShardState):
             self.column_of_own = np.zeros(size, dtype=columns.dtype)
         self.column_of_own[lo : lo + len(columns)] = columns
 
-    def index(self, n: int) -> str:
+    def index(self, n: int) -> tuple[str, int]:
         """Own pair t is index column ``column_of_own[t]`` (:meth:`own_columns`) of ``n``: this
         shard's counts c^k over the index.  Handed over in slices: "columns", each held pair's
-        column; "sums", their column sums.  Returns the sums' type."""
+        column; "sums", their column sums.  Returns the sums' type and largest."""
         self.column_of_pair, self.column_of_own = self.column_of_own[self.own_of_pair], np.zeros(0, dtype=np.int64)
         counts = self.counts
         self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
         self.local.sort_indices()  # in place: on copies, not on the counts' arrays
         sums = smallest(np.asarray(counts.sum(axis=0)).ravel())
         self.handed = {"columns": self.column_of_pair, "sums": sums}
-        return sums.dtype.str
+        return sums.dtype.str, int(sums.max(initial=0))
 
     def column_max(self) -> str:
         """Per held pair, the largest count of one of this shard's users, handed over in slices
@@ -408,7 +408,7 @@ class ShardedLog:
         so the node holds no per-pair array."""
         source, path = self._place()
         sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
-        every, self.rows = shard_positions(self.handed("users", [users for users, *_ in sizes], [np.uint64] * self.shards))
+        every, self.rows = shard_positions(self.take_handed([(s, "users", users, np.uint64) for s, (users, *_) in enumerate(sizes)]))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
         self.held_pairs = [held for _, held, _ in sizes]
         if not sum(self.held_pairs):
@@ -431,12 +431,13 @@ class ShardedLog:
         self.own_pairs = offsets[-1]
         return LoadResult(self.own_pairs, source)
 
-    def handed(self, name: str, lengths: Sequence[int], dtypes: Sequence) -> list[np.ndarray]:
-        """Every log shard's array ``name`` of ``lengths[s]`` items of ``dtypes[s]``, asked in
-        slices at once (cels.engine.workers.fetch: no object store pages in the node)."""
-        refs = [fetch(a, name, length, dtype) for a, length, dtype in zip(self.actors, lengths, dtypes)]
-        got = iter(self.get([ref for shard in refs for ref in shard]))
-        return [np.concatenate([np.zeros(0, dtype=dtype), *(next(got) for _ in shard)]) for shard, dtype in zip(refs, dtypes)]
+    def take_handed(self, arrays: Sequence[tuple[int, str, int, np.dtype]]) -> list[np.ndarray]:
+        """Arrays the log shards set aside for the node (``LogShard.handed``), each given as
+        (shard, name, length, type), asked in slices at once (cels.engine.workers.fetch: no
+        object store pages in the node)."""
+        refs = [fetch(self.actors[s], name, length, dtype) for s, name, length, dtype in arrays]
+        got = iter(self.get([ref for array in refs for ref in array]))
+        return [np.concatenate([np.zeros(0, dtype=dtype), *(next(got) for _ in array)]) for (*_, dtype), array in zip(arrays, refs)]
 
     def _place(self) -> tuple[dict, str]:
         """Every user's rows onto its log shard; the log's ``source`` and its path (for errors).
@@ -478,20 +479,19 @@ class ShardedLog:
         size = len(columns)
         self.get([a.own_columns.remote(lo, columns[lo:hi], size) for a in self.actors for lo, hi in in_slices(size, columns.itemsize)])
         kinds = self.get([a.index.remote(n) for a in self.actors])
-        columns = self.handed("columns", self.held_pairs, [column_type(n)] * self.shards)
-        sums = self.handed("sums", self.held_pairs, kinds)
-        local = np.zeros(n, dtype=np.min_scalar_type(sum(int(s.max(initial=0)) for s in sums)))  # holds every sum (issue 25)
-        for cols, part in zip(columns, sums):
+        local = np.zeros(n, dtype=np.min_scalar_type(sum(most for _, most in kinds)))  # holds every sum (issue 25)
+        for s, (kind, _) in enumerate(kinds):  # a shard at a time: its held pairs' columns and sums, then the next
+            cols, part = self.take_handed([(s, "columns", self.held_pairs[s], column_type(n)), (s, "sums", self.held_pairs[s], kind)])
             local[cols] += part
         return local
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         """One of the party's users holds all of pair i iff one shard's largest count there does
-        (no vector of the largest counts over the index)."""
+        (no vector of the largest counts over the index; a shard's held pairs at a time)."""
         held = np.zeros(len(totals), dtype=np.uint8)
         kinds = self.get([a.column_max.remote() for a in self.actors])
-        columns = self.handed("columns", self.held_pairs, [column_type(len(totals))] * self.shards)
-        for cols, most in zip(columns, self.handed("top", self.held_pairs, kinds)):
+        for s, kind in enumerate(kinds):
+            cols, most = self.take_handed([(s, "columns", self.held_pairs[s], column_type(len(totals))), (s, "top", self.held_pairs[s], kind)])
             held[cols[most >= totals[cols]]] = 1
         held[totals <= 0] = 0
         return held

@@ -90,16 +90,18 @@ class MaskedSum(RingMember):
         return self.ring[0]
 
     def start(self) -> list[Outgoing | Stream]:
-        """Mask this party's vector chunk by chunk; P_1 adds its own, the others send theirs to
-        P_1, each chunk masked as the link drains the ones before (cels.protocol.roles.Stream)."""
+        """Mask this party's vector chunk by chunk: the others send theirs to P_1, each chunk
+        masked as the link drains the ones before (cels.protocol.roles.Stream); P_1 adds its
+        own to each chunk's running total when a peer's share of it comes in."""
         if self.started:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"sum {self.sum_id!r} started twice")
         self.started = True
         if self.name != self.aggregator:
             return [Stream(self._share_messages())]
-        for first, stop, _more in chunks(len(self.values), SUM_CHUNK):
-            self._add(first, self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first))
-        return [Stream(self._result_messages())]
+        if self.r == 1:  # no peer: each chunk is P_1's own share alone
+            for first, stop, _more in chunks(len(self.values), SUM_CHUNK):
+                self._add(first, stop)
+        return [Stream(self._result_messages())]  # P_1's own share of a chunk is added with the first peer's (:meth:`_add`)
 
     def _share_messages(self) -> Iterator[list[Outgoing]]:
         """This party's masked vector to P_1, a MaskedSumShare per chunk."""
@@ -136,19 +138,24 @@ class MaskedSum(RingMember):
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
         width = self._word.itemsize
         self._take(what, cursor, msg.first, len(msg.words) // width if len(msg.words) % width == 0 else -1, msg.more)
-        self._add(msg.first, np.frombuffer(msg.words, dtype=self._word))
+        self._add(msg.first, cursor.position, np.frombuffer(msg.words, dtype=self._word))
         return []  # the total's chunks go out through P_1's Stream (:meth:`_result_messages`)
 
-    def _add(self, first: int, share: np.ndarray) -> None:
-        """P_1 adds a chunk of one party's share to that chunk's running total as it arrives (it
-        keeps no share, and a running total only for the chunks not all r shares of which are
-        in); once all are, its masks cancel (checked here: a bad share is refused to its
+    def _add(self, first: int, stop: int, share: np.ndarray | None = None) -> None:
+        """P_1 adds a chunk (first..stop) of one party's ``share`` to that chunk's running total as it arrives (it
+        keeps no share, and a running total only for the chunks some peer's share of which is
+        in and some not: its own share starts it); once all r are, its masks cancel (checked here: a bad share is refused to its
         sender), the chunk of the total is kept compact and :meth:`_result_messages` can send
         it (the last one ends the sum)."""
-        stop, chunk = first + len(share), first // SUM_CHUNK
-        running = self._running.setdefault(chunk, np.zeros(len(share), dtype=self._word))
-        running += share.astype(self._word, copy=False)  # wraps mod 2^w (P_1's own share comes as 64-bit words)
-        self._shares[chunk] += 1
+        chunk = first // SUM_CHUNK
+        running = self._running.get(chunk)
+        if running is None:  # a peer's first share of this chunk: P_1's own is the running total's start
+            own = self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first)
+            running = self._running[chunk] = own.astype(self._word)  # the low w bits of the 64-bit masked words
+            self._shares[chunk] += 1
+        if share is not None:
+            running += share  # wraps mod 2^w
+            self._shares[chunk] += 1
         if self._shares[chunk] < self.r:
             return
         del self._running[chunk]

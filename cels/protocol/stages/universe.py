@@ -102,7 +102,8 @@ class Universe(Stage):
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
-        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the sorted order of the complete set (made with the first UniverseIndex)
+        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the order the ids left (made with the first UniverseIndex)
+        self.last_column = -1  # the last column a UniverseIndex chunk gave
         self.ids_seen = self.n_own  # every party's set passes this party: the union has at most this many
 
     def start(self) -> list[Stream]:
@@ -257,22 +258,25 @@ class Universe(Stage):
         if len(self.columns) != n:  # the first chunk: the index size gives the columns' type
             self.columns = np.zeros(n, dtype=column_type(msg.size))
         by_id = np.asarray(msg.columns, dtype=np.int64)
-        before = self.columns[msg.first - 1 : msg.first] if msg.first else np.full(1, -1)
-        if np.any(np.diff(np.concatenate([before, by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
+        if np.any(np.diff(np.concatenate([[self.last_column], by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
             raise malformed(
                 f"{seat.name}: universe_index: columns {msg.first}..{stop} of {n} ids "
                 f"not strictly increasing below the index size {msg.size}"
             )
-        self.columns[msg.first : stop] = by_id
+        self.columns[self.sorted_from[msg.first : stop]] = by_id
+        self.last_column = int(by_id[-1]) if len(by_id) else self.last_column
         if msg.more:
             return []
-        self._own_columns(int(msg.size), self.columns)
+        self._known(int(msg.size), self.columns)
         return []
 
     def _own_columns(self, n: int, columns: np.ndarray) -> None:
-        """``columns``: the index columns (of ``n``) of this party's ids in their sorted order;
-        the t-th own id it sent is the column of its id: the universe is known."""
+        """P_1: ``columns``, the index columns (of ``n``) of its ids in their sorted order."""
         cols = np.empty(self.n_own, dtype=column_type(n))
         cols[self.sorted_from] = columns
-        self.sorted_from = np.zeros(0, dtype=np.int64)
+        self._known(n, cols)
+
+    def _known(self, n: int, cols: np.ndarray) -> None:
+        """The t-th own id this party sent is index column ``cols[t]`` of ``n``: the universe is known."""
+        self.sorted_from, self.columns = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         self.result = UniverseResult(n, self.work.index(n, cols))

@@ -57,10 +57,14 @@ def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork
     works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
         n = work.load().own_pairs
-        ids = id_list(hashed(work, INDEX_KEY))
-        columns = np.empty(n, dtype=np.int64)
-        columns[sorted(range(n), key=ids.__getitem__)] = np.arange(n)
-        work.index(n, columns)
+        ids = hashed(work, INDEX_KEY)
+        for first in range(0, n, 100):  # back in chunks, as the ring returns them
+            work.keep_returned(first, ids[first : first + 100])
+        keys = np.concatenate(list(work.sorted_returned(64)))
+        assert id_list(keys) == sorted(id_list(ids))
+        for first in range(0, n, 50):  # the index: the party's sorted ids alone
+            work.place_columns(n, first, np.arange(first, min(first + 50, n)))
+        work.index(n)
     return works
 
 

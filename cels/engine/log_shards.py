@@ -25,7 +25,7 @@ node merely relays the chunks.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,8 @@ from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
 from cels.logs.readers import LogFile
 from cels.mechanism.conditions import apply_cap
 from cels.protocol.rolebase import RoleFailure
-from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart
+from cels.protocol.chunked import chunks
+from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart, part_of
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
 from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, column_type, encode_item, pair_digests, smallest
@@ -201,7 +202,9 @@ class LogShard(ShardState):
         self.totals = np.zeros(0, dtype=np.int64)  # held pair -> its total c_i here, before the cap (until key_ranges)
         self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
         self.hashes = np.zeros(0, dtype=bool)  # held pair -> this shard hashes it (the first holding it)
-        self.column_of_own = np.zeros(0, dtype=np.int64)  # own pair -> index column, as the node hands it over
+        self.kept: list[tuple[np.ndarray, np.ndarray]] = []  # returned union keys of its key range, with their own pairs
+        self.sorted_own = np.zeros(0, dtype=np.int64)  # the own pair of each of its kept keys, sorted
+        self.sorted_columns = np.zeros(0, dtype=np.int64)  # the index column of each of its kept keys, sorted
         self.handed: dict[str, np.ndarray] = {}  # arrays set aside for the node, which takes them in slices
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
@@ -283,17 +286,43 @@ class LogShard(ShardState):
             for first, lo, hi in zip(range(0, own_pairs, size), bounds, bounds[1:])
         ]  # fmt: skip
 
-    def own_columns(self, lo: int, columns: np.ndarray, size: int) -> None:
-        """Own pairs lo.. (a slice) are these index columns, of the party's ``size`` own pairs."""
-        if len(self.column_of_own) != size:
-            self.column_of_own = np.zeros(size, dtype=columns.dtype)
-        self.column_of_own[lo : lo + len(columns)] = columns
+    def keep_keys(self, own: np.ndarray, keys: np.ndarray) -> None:
+        """Returned union keys of its key range (cels.protocol.sorted_union.part_of), each
+        with the own pair it is of (a slice: :func:`in_slices`)."""
+        self.kept.append((own, keys))
 
-    def index(self, n: int) -> tuple[str, int]:
-        """Own pair t is index column ``column_of_own[t]`` (:meth:`own_columns`) of ``n``: this
-        shard's counts c^k over the index.  Handed over in slices: "columns", each held pair's
-        column; "sums", their column sums.  Returns the sums' type and largest."""
-        self.column_of_pair, self.column_of_own = self.column_of_own[self.own_of_pair], np.zeros(0, dtype=np.int64)
+    def sort_keys(self) -> int:
+        """Its kept keys sorted, handed over in slices as "sorted", with the own pair of each
+        kept in that order; returns how many."""
+        own = np.concatenate([np.zeros(0, dtype=np.int64), *(o for o, _ in self.kept)])
+        keys = np.concatenate([k for _, k in self.kept]) if self.kept else np.zeros(0, dtype="V16")
+        self.kept = []
+        order = np.argsort(keys)  # distinct keys (a repeat is malformed): no stable sort needed
+        self.sorted_own, self.handed = own[order], {"sorted": keys[order]}
+        self.sorted_columns = np.zeros(len(order), dtype=np.int64)
+        return len(order)
+
+    def place_columns(self, lo: int, columns: np.ndarray) -> None:
+        """Its sorted keys lo.. (a slice) are these index columns."""
+        self.sorted_columns = self.sorted_columns.astype(columns.dtype, copy=False)
+        self.sorted_columns[lo : lo + len(columns)] = columns
+
+    def key_range_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """The own pairs of its key range and their index columns (for every log shard's
+        :meth:`index`, through the object store)."""
+        placed = self.sorted_own, self.sorted_columns
+        self.sorted_own, self.sorted_columns, self.handed = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), {}
+        return placed
+
+    def index(self, n: int, own_pairs: int, *placed: tuple[np.ndarray, np.ndarray]) -> tuple[str, int]:
+        """Every key range's own pairs and their columns of ``n`` (:meth:`key_range_columns`):
+        this shard's counts c^k over the index.  Handed over in slices: "columns", each held
+        pair's column; "sums", their column sums.  Returns the sums' type and largest."""
+        column_of_own = np.zeros(own_pairs, dtype=column_type(n))
+        for own, columns in placed:
+            column_of_own[own] = columns
+        self.column_of_pair = column_of_own[self.own_of_pair]
+        del column_of_own
         counts = self.counts
         self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
         self.local.sort_indices()  # in place: on copies, not on the counts' arrays
@@ -376,6 +405,9 @@ class ShardedLog:
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
         self.rows: list[np.ndarray] = []  # log shard -> its users' rows in the party's draw order (ascending)
         self.own_pairs = 0  # distinct pairs over all log shards
+        self.key_type = np.dtype("V16")  # the returned union keys' type
+        self.sorted_starts = np.zeros(1, dtype=np.int64)  # log shard -> the first of its key range's sorted keys
+        self.calls: list = []  # calls to the shards not yet waited for (keys kept, columns placed)
         self.held_pairs: list[int] = []  # log shard -> the pairs it holds
         self.active_counts: sp.csr_matrix | None = None  # users x the pairs ``active`` (counts_over)
         self.active = np.zeros(0, dtype=np.int64)
@@ -472,13 +504,47 @@ class ShardedLog:
         the first shard holding it)."""
         return list(zip(*self.get([a.pair_id_chunks.remote(size, self.own_pairs) for a in self.actors])))
 
-    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
-        """Own pair t is index column ``columns[t]``: every log shard's counts over the index;
-        their sum is the party's c^k, in the smallest unsigned type that holds it (a byte or two
-        a pair where 8 would be mostly zeros)."""
-        size = len(columns)
-        self.get([a.own_columns.remote(lo, columns[lo:hi], size) for a in self.actors for lo, hi in in_slices(size, columns.itemsize)])
-        kinds = self.get([a.index.remote(n) for a in self.actors])
+    def keep_returned(self, first: int, keys: np.ndarray) -> None:
+        """Own ids ``first``.. came back (own numbering = the order they left): each union key
+        to the log shard of its key range (cels.protocol.sorted_union.part_of), with its own
+        pair, in slices; the node keeps none."""
+        self.key_type, part = keys.dtype, part_of(keys, self.shards)
+        for t, actor in enumerate(self.actors):
+            at = np.flatnonzero(part == t)
+            own = (at + first).astype(column_type(self.own_pairs))
+            self.calls += [actor.keep_keys.remote(own[lo:hi], keys[at[lo:hi]]) for lo, hi in in_slices(len(at), keys.itemsize + own.itemsize)]
+
+    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
+        """Every kept key sorted: each log shard sorts its key range's, and the ranges follow
+        one another; chunks of ``size`` asked of the shards in slices as the link drains."""
+        self.get(self.calls)
+        self.calls = []
+        self.sorted_starts = np.cumsum([0, *self.get([a.sort_keys.remote() for a in self.actors])])
+        for lo, hi, _more in chunks(int(self.sorted_starts[-1]), size):
+            refs = [self.actors[t].slice.remote("sorted", a + x, a + y) for t, a, b in self._in_ranges(lo, hi) for x, y in in_slices(b - a, self.key_type.itemsize)]
+            yield np.concatenate([np.zeros(0, dtype=self.key_type), *self.get(refs)])
+
+    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        """The sorted keys ``first``.. are these index columns: to the log shards holding them, in slices."""
+        columns = columns.astype(column_type(n))
+        for t, a, b in self._in_ranges(first, first + len(columns)):
+            shift = int(self.sorted_starts[t]) - first  # its key a is columns[a + shift]
+            self.calls += [self.actors[t].place_columns.remote(a + x, columns[a + x + shift : a + y + shift]) for x, y in in_slices(b - a, columns.itemsize)]
+
+    def _in_ranges(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """(shard, from, to) of the sorted keys lo..hi, numbered in each shard's key range."""
+        starts = self.sorted_starts
+        return [(t, max(lo, int(starts[t])) - int(starts[t]), min(hi, int(starts[t + 1])) - int(starts[t])) for t in range(self.shards) if min(hi, starts[t + 1]) > max(lo, starts[t])]
+
+    def index(self, n: int) -> np.ndarray:
+        """Every own pair's column is placed: every log shard's counts over the index, from the
+        key ranges' own pairs and columns (object references: the node fetches none); their sum
+        is the party's c^k, in the smallest unsigned type that holds it (a byte or two a pair
+        where 8 would be mostly zeros)."""
+        self.get(self.calls)
+        self.calls = []
+        placed = [a.key_range_columns.remote() for a in self.actors]
+        kinds = self.get([a.index.remote(n, self.own_pairs, *placed) for a in self.actors])
         local = np.zeros(n, dtype=np.min_scalar_type(sum(most for _, most in kinds)))  # holds every sum (issue 25)
         for s, (kind, _) in enumerate(kinds):  # a shard at a time: its held pairs' columns and sums, then the next
             cols, part = self.take_handed([(s, "columns", self.held_pairs[s], column_type(n)), (s, "sums", self.held_pairs[s], kind)])

@@ -93,6 +93,7 @@ from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
+from cels.protocol.chunked import chunks
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.work import CommutativeHash, encode_records, id_list, id_width, pruned_constraint_rows
 
@@ -625,9 +626,8 @@ class RayWork:
         fewer, dividing ``size``), at most ``max_in_flight`` ahead of the chunk asked for."""
         task_ids = math.gcd(size, CHUNK_IDS)
         results = self.pair_tasks.run(cipher, self.log.id_chunks(task_ids), hash_first=True, size=task_ids)
-        for lo in range(0, self.log.own_pairs, size):
-            parts = [next(results) for _ in range(lo, min(lo + size, self.log.own_pairs), task_ids)]
-            yield np.concatenate(parts) if len(parts) > 1 else parts[0]
+        for lo, hi, _more in chunks(self.log.own_pairs, size):
+            yield np.concatenate([np.zeros(0, dtype=f"V{id_width(cipher)}"), *(next(results) for _ in range(lo, hi, task_ids))])
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         chunks = [(ids[lo : lo + self.layer_ids],) for lo in range(0, len(ids), self.layer_ids)]
@@ -636,8 +636,17 @@ class RayWork:
     def union(self, width: int) -> RangedUnion:
         return self.log.union(width)
 
-    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
-        return self.log.index(n, columns)
+    def keep_returned(self, first: int, keys: np.ndarray) -> None:
+        self.log.keep_returned(first, keys)
+
+    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
+        return self.log.sorted_returned(size)
+
+    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        self.log.place_columns(n, first, columns)
+
+    def index(self, n: int) -> np.ndarray:
+        return self.log.index(n)
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
         return self.log.held_whole(totals)

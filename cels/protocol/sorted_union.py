@@ -88,12 +88,27 @@ PartCall = Callable[[Sequence[tuple[int, str, tuple]]], list]
 """Runs each (part, UnionPart method, arguments) where the part lives, and returns their results in order."""
 
 
+def prefixes(keys: np.ndarray) -> np.ndarray:
+    """Each key's first two bytes, big-endian (what puts it in a part's key range)."""
+    raw = keys.view(np.uint8).reshape(len(keys), keys.dtype.itemsize)
+    return raw[:, 0].astype(np.int64) << 8 | (raw[:, 1] if keys.dtype.itemsize > 1 else 0)
+
+
+def range_starts(parts: int) -> list[int]:
+    """The first prefix of each of ``parts`` key ranges, and the end: part s holds the keys
+    whose prefix is in [starts[s], starts[s + 1])."""
+    return [s * PREFIX_VALUES // parts for s in range(parts + 1)]
+
+
 def ranges(keys: np.ndarray, parts: int) -> np.ndarray:
     """Where the sorted ``keys`` cross from one part's key range to the next: part s holds
     ``keys[bounds[s]:bounds[s + 1]]``."""
-    raw = keys.view(np.uint8).reshape(len(keys), keys.dtype.itemsize)
-    prefix = raw[:, 0].astype(np.int64) << 8 | (raw[:, 1] if keys.dtype.itemsize > 1 else 0)
-    return np.searchsorted(prefix, [s * PREFIX_VALUES // parts for s in range(parts + 1)])
+    return np.searchsorted(prefixes(keys), range_starts(parts))
+
+
+def part_of(keys: np.ndarray, parts: int) -> np.ndarray:
+    """The part whose key range holds each of ``keys`` (in any order)."""
+    return np.searchsorted(range_starts(parts), prefixes(keys), side="right") - 1
 
 
 class RangedUnion:

@@ -26,6 +26,7 @@ from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.greedy import verdicts
+from cels.protocol.chunked import chunks
 from cels.protocol.sampling import StagedSampler, paper_trials
 from cels.protocol.sorted_union import UnionPart
 from cels.protocol.stages.results import LoadResult
@@ -144,10 +145,24 @@ class LocalWork(Protocol):
         held where the work runs."""
         ...
 
-    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
-        """The t-th own pair :meth:`hashed_ids` gave is universe column ``columns[t]`` of ``n``:
-        the local counts c^k over the universe, in the smallest unsigned integer type that holds
-        them."""
+    def keep_returned(self, first: int, keys: np.ndarray) -> None:
+        """Own ids ``first``.. (in the order :meth:`hashed_ids` gave them) came back with every
+        layer: their union keys, kept where the work runs."""
+        ...
+
+    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
+        """Every kept union key, sorted (the complete set P_k sends P_1): chunks of ``size``
+        (at least one, the last maybe shorter), each made as it is asked for."""
+        ...
+
+    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        """The sorted union keys ``first``.. (:meth:`sorted_returned`'s order) are columns
+        ``columns`` of the index of ``n`` pairs."""
+        ...
+
+    def index(self, n: int) -> np.ndarray:
+        """Every own pair's column is placed: the local counts c^k over the index of ``n``
+        pairs, in the smallest unsigned integer type that holds them."""
         ...
 
     def held_whole(self, totals: np.ndarray) -> np.ndarray:
@@ -191,6 +206,9 @@ class InProcessWork:
         self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
         self.own = np.zeros(0, dtype=np.int64)  # the pairs this party holds (log numbering, ascending)
         self.sent = np.zeros(0, dtype=np.int64)  # the own pairs in the order their ids left (hashed_ids)
+        self.returned = np.zeros(0, dtype="V16")  # their union keys, every layer applied, in that order
+        self.sorted_from = np.zeros(0, dtype=np.int64)  # the position in that order of each returned key, sorted
+        self.columns = np.zeros(0, dtype=np.int64)  # the index column of each own pair, in that order
         self.local: sp.csr_matrix | None = None  # users x universe
         self.pair_of: dict[int, int] = {}  # universe column -> own pair index
         self.row_users = np.zeros(0, dtype=np.int64)  # the user (log row) of each constraint row
@@ -210,8 +228,23 @@ class InProcessWork:
         encoded = [encode_item(*pairs[i]) for i in self.own]
         order = np.argsort(pair_digests(self.draws.secret(PAIR_ORDER), encoded), kind="stable")
         self.sent = self.own[order]
-        for lo in range(0, len(order), size):
-            yield id_array(cipher.hash([encoded[t] for t in order[lo : lo + size].tolist()]), id_width(cipher))
+        for lo, hi, _more in chunks(len(order), size):
+            yield id_array(cipher.hash([encoded[t] for t in order[lo:hi].tolist()]), id_width(cipher))
+
+    def keep_returned(self, first: int, keys: np.ndarray) -> None:
+        if len(self.returned) != len(self.sent) or self.returned.dtype != keys.dtype:
+            self.returned = np.zeros(len(self.sent), dtype=keys.dtype)
+        self.returned[first : first + len(keys)] = keys
+
+    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
+        self.sorted_from = np.argsort(self.returned)  # distinct keys (a repeat is malformed): no stable sort needed
+        for lo, hi, _more in chunks(len(self.returned), size):
+            yield self.returned[self.sorted_from[lo:hi]]
+
+    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        if len(self.columns) != len(self.sent):
+            self.columns = np.zeros(len(self.sent), dtype=column_type(n))
+        self.columns[self.sorted_from[first : first + len(columns)]] = columns
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         return id_array(cipher.apply(id_list(ids)), id_width(cipher))
@@ -219,8 +252,9 @@ class InProcessWork:
     def union(self, width: int) -> UnionPart:
         return UnionPart(width)
 
-    def index(self, n: int, columns: np.ndarray) -> np.ndarray:
-        own = self.sent
+    def index(self, n: int) -> np.ndarray:
+        own, columns = self.sent, self.columns
+        self.returned, self.sorted_from, self.columns = self.returned[:0].copy(), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         select = sp.csr_matrix((np.ones(len(columns), dtype=np.int64), (np.arange(len(columns)), columns)), shape=(len(columns), n))
         self.local = (self.counts[:, own] @ select).tocsr()
         self.pair_of = dict(zip(columns.tolist(), own.tolist()))

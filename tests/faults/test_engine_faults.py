@@ -260,10 +260,10 @@ def test_a_lost_log_shard_is_engine_worker_lost(engine) -> None:
     """A log shard holds the only copy of its users' rows in the session: its loss is not
     repaired but ends the work with the session's abort reason (docs/deployment.md)."""
     remote = RayWork(synthetic_log(seed=5, users=60, pairs=40), 4, DrawKeys.fresh(), 2, 2)
-    own = remote.load().own_pairs
+    remote.load()
     sigkill(actor_pids(remote.log.actors)[1])
     with pytest.raises(RoleFailure, match="a log shard or reader task is lost") as failed:
-        remote.index(own, np.arange(own))
+        list(remote.hashed_ids(X25519Hash(bytes(range(32))), 64))
     assert (failed.value.reason, failed.value.kind) == (WORKER_LOST, LOCAL_FAILURE)
     remote.release()
 

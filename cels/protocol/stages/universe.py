@@ -29,7 +29,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork, column_type, id_width
+from cels.protocol.work import CommutativeHash, LocalWork, id_width
 
 
 STREAM_IDS = 16384
@@ -93,8 +93,6 @@ class Universe(Stage):
         self.width = id_width(cipher)
         self.n_own = loaded.own_pairs
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
-        self.full_ids = np.zeros(self.n_own, dtype=f"V{self.key_width}")  # own ids, every layer applied (union_keys), in the order they left
-        self.sorted_from = np.zeros(0, dtype=np.int64)  # position (in the order they left) of each own id in the sorted complete set
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.complete: dict[str, tuple[ChunkCursor, np.ndarray]] = {}  # P_1: each party's complete ids so far, and the last one
@@ -102,7 +100,6 @@ class Universe(Stage):
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
-        self.columns = np.zeros(0, dtype=np.int64)  # own columns, in the order the ids left (made with the first UniverseIndex)
         self.last_column = -1  # the last column a UniverseIndex chunk gave
         self.ids_seen = self.n_own  # every party's set passes this party: the union has at most this many
 
@@ -155,33 +152,26 @@ class Universe(Stage):
             raise fail(f"{seat.name}: complete universe ids of {msg.owner} from {sender}")
         return self._complete(msg)
 
-    def _returned(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
-        """A chunk of this party's own ids is back (it keeps their :func:`union_keys`); once all
-        are, P_k sends the keys sorted to P_1 and keeps only where each came from."""
+    def _returned(self, msg: cels_pb2.UniverseHop) -> list[Outgoing | Stream]:
+        """A chunk of this party's own ids is back: the work keeps their :func:`union_keys`;
+        once all are, P_k sends them sorted to P_1, a chunk at a time as the link drains."""
         seat, n = self.seat, self.n_own
         ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
-        self.full_ids[msg.first : self.returned.position] = ids
+        self.work.keep_returned(msg.first, ids)
         if msg.more:
             return []
-        self.sorted_from = np.argsort(self.full_ids).astype(column_type(n))  # int32 below 2^31 own pairs; keys are distinct (else malformed), no stable sort needed
-        keys = (self.full_ids[self.sorted_from[lo:hi]] for lo, hi, _ in chunks(n, STREAM_IDS))  # gathered a chunk at a time
+        keys = self.work.sorted_returned(STREAM_IDS)
         if seat.name != seat.key_holder:
-            return self._stream(seat.key_holder, seat.name, list(msg.applied), self._dropping_ids(keys), n)
-        last = self.full_ids[:0]
+            return self._stream(seat.key_holder, seat.name, list(msg.applied), keys, n)
+        last = np.zeros(0, dtype=f"V{self.key_width}")
         for chunk in keys:
             if not increasing(chunk, last):  # P_1's own come back in the order they left, not sorted
                 raise malformed(f"{self.returned.what}: two of its ids came back equal")
             self.union.add(seat.name, chunk)
             last = chunk[-1:]
-        self.full_ids = np.zeros(0, dtype=self.full_ids.dtype)
         return self._collect(seat.name)
-
-    def _dropping_ids(self, keys: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """``keys``, then the returned ids they are gathered from are dropped."""
-        yield from keys
-        self.full_ids = np.zeros(0, dtype=self.full_ids.dtype)
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -224,7 +214,9 @@ class Universe(Stage):
         if self.sets_in < seat.r:
             return []
         n = self.union.size()
-        self._own_columns(n, self.union.columns(seat.name, 0, self.n_own))
+        for first, stop, _more in chunks(self.n_own, STREAM_IDS):
+            self.work.place_columns(n, first, self.union.columns(seat.name, first, stop))
+        self.result = UniverseResult(n, self.work.index(n))
         return [Stream(self._index_messages(n))]
 
     def _index_messages(self, n: int) -> Iterator[list[Outgoing]]:
@@ -255,28 +247,15 @@ class Universe(Stage):
         self.size, stop = msg.size, self.indexed.position
         if stop > n or (self.indexed.done and stop != n):
             raise malformed(f"{seat.name}: universe_index: {stop} columns for {n} ids")
-        if len(self.columns) != n:  # the first chunk: the index size gives the columns' type
-            self.columns = np.zeros(n, dtype=column_type(msg.size))
         by_id = np.asarray(msg.columns, dtype=np.int64)
         if np.any(np.diff(np.concatenate([[self.last_column], by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
             raise malformed(
                 f"{seat.name}: universe_index: columns {msg.first}..{stop} of {n} ids "
                 f"not strictly increasing below the index size {msg.size}"
             )
-        self.columns[self.sorted_from[msg.first : stop]] = by_id
+        self.work.place_columns(int(msg.size), msg.first, by_id)
         self.last_column = int(by_id[-1]) if len(by_id) else self.last_column
         if msg.more:
             return []
-        self._known(int(msg.size), self.columns)
+        self.result = UniverseResult(int(msg.size), self.work.index(int(msg.size)))
         return []
-
-    def _own_columns(self, n: int, columns: np.ndarray) -> None:
-        """P_1: ``columns``, the index columns (of ``n``) of its ids in their sorted order."""
-        cols = np.empty(self.n_own, dtype=column_type(n))
-        cols[self.sorted_from] = columns
-        self._known(n, cols)
-
-    def _known(self, n: int, cols: np.ndarray) -> None:
-        """The t-th own id this party sent is index column ``cols[t]`` of ``n``: the universe is known."""
-        self.sorted_from, self.columns = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        self.result = UniverseResult(n, self.work.index(n, cols))

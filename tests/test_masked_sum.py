@@ -121,7 +121,12 @@ def test_a_sum_streams_in_chunks_and_totals_as_whole(monkeypatch) -> None:
         np.frombuffer(b"".join(m.words for m in shares), dtype="<u8"), roles["b"].masks.masked_values(values["b"], 2, 0)
     )
     results = [env.sum_result for src, dst, step, env in sent if step == "sum_result" and dst == "c"]
-    assert [(m.first, m.more, m.rows, len(m.values)) for m in results] == [(0, True, 50, 16), (16, True, 50, 16), (32, True, 50, 16), (48, False, 50, 2)]
+    assert [(m.first, m.more, m.rows, len(m.words) // m.word_bytes) for m in results] == [(0, True, 50, 16), (16, True, 50, 16), (32, True, 50, 16), (48, False, 50, 2)]
+    total = sum(values.values())
+    for m in results:  # each chunk of the total in the smallest words that hold it, not 8 bytes a varint entry
+        chunk = total[m.first : m.first + len(m.words) // m.word_bytes]
+        assert not m.values and m.word_bytes == np.min_scalar_type(int(chunk.max())).itemsize
+        np.testing.assert_array_equal(np.frombuffer(m.words, dtype=f"<u{m.word_bytes}"), chunk)
 
 
 def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
@@ -153,12 +158,19 @@ def test_chunks_out_of_place_are_refused(monkeypatch) -> None:
     out = [o for _, env in ready(roles["c"].start()) for o in [*roles["a"].receive("c", env), *take_ready(totals)]]
     to_b = [env for dst, env in out if dst == "b"]
     assert len(to_b) == 3 and roles["a"].done
-    short = type(to_b[0])()
-    short.CopyFrom(to_b[0])
-    del short.sum_result.values[-1]
-    with pytest.raises(ProtocolError) as err:
-        roles["b"].receive("a", short)
-    assert err.value.code == ProtocolError.INVALID_ARGUMENT
+    for spoil in (
+        lambda m: setattr(m, "words", m.words[: -m.word_bytes]),  # a word short
+        lambda m: setattr(m, "words", m.words[:-1]),  # not a whole number of words
+        lambda m: setattr(m, "word_bytes", 3),  # no such word
+        lambda m: m.values.append(1),  # values beside the words
+        lambda m: setattr(m, "words", b"\xff" * (16 * 8)) or setattr(m, "word_bytes", 8),  # above r * bound
+    ):
+        bad = type(to_b[0])()
+        bad.CopyFrom(to_b[0])
+        spoil(bad.sum_result)
+        with pytest.raises(ProtocolError) as err:
+            roles["b"].receive("a", bad)
+        assert err.value.code == ProtocolError.INVALID_ARGUMENT
     with pytest.raises(ProtocolError) as err:  # the second chunk first
         roles["b"].receive("a", to_b[1])
     assert err.value.code == ProtocolError.FAILED_PRECONDITION

@@ -170,8 +170,9 @@ class MaskedSum(RingMember):
         for c, (first, stop, more) in enumerate(chunks(len(self.values), SUM_CHUNK)):
             while not self.done and self._total[c] is None:
                 yield None
+            part = self.result[first:stop] if self.done else self._total[c]
             result = cels_pb2.SumResult(
-                session_id=self.session_id, sum_id=self.sum_id, values=(self.result[first:stop] if self.done else self._total[c]).tolist(),
+                session_id=self.session_id, sum_id=self.sum_id, words=part.astype(f"<u{part.itemsize}", copy=False).tobytes(), word_bytes=part.itemsize,
                 rows=len(self.values), cols=1, first=first, more=more,
             )  # fmt: skip
             yield [(p, self.envelope(sum_result=result)) for p in self.others()]
@@ -182,11 +183,14 @@ class MaskedSum(RingMember):
         what = f"SumResult of {self.sum_id!r}"
         if (msg.rows, msg.cols, msg.scale_bits) != (len(self.values), 1, 0):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what}: a {msg.rows}x{msg.cols} total, not {len(self.values)}x1")
+        if msg.values or msg.word_bytes not in (1, 2, 4, 8) or len(msg.words) % msg.word_bytes:
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what}: not a chunk of 1, 2, 4 or 8-byte words ({len(msg.words)} bytes of {msg.word_bytes})")
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
-        self._take(what, cursor, msg.first, len(msg.values), msg.more)
-        total = np.array(msg.values, dtype=np.int64)  # one chunk's Python ints at a time
-        self._check(total, f"{what} outside [0, r * bound]")
-        self._complete(msg.first // SUM_CHUNK, total)  # checked: within [0, r * bound]
+        total = np.frombuffer(msg.words, dtype=f"<u{msg.word_bytes}")
+        if int(total.max(initial=0)) > self.r * self.bound:
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{what} outside [0, r * bound]")
+        self._take(what, cursor, msg.first, len(total), msg.more)
+        self._complete(msg.first // SUM_CHUNK, total)
         return []
 
     def _check(self, total: np.ndarray, refusal: str) -> None:

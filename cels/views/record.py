@@ -119,7 +119,8 @@ def describe(role: object, direction: str, envelope: Envelope) -> tuple[dict, di
     content = _summary(msg)
     arrays: dict[str, np.ndarray] = {}
     if step == "sum_result":
-        arrays["values"] = np.asarray(msg.values, dtype=np.int64)  # a masked sum's: one chunk
+        words = np.frombuffer(msg.words, dtype=f"<u{msg.word_bytes}") if msg.word_bytes in (1, 2, 4, 8) else None  # a masked sum's: one chunk
+        arrays["values"] = np.asarray(msg.values if words is None else words, dtype=np.int64)
     elif step == "nlp_solution":
         arrays["x"] = np.asarray(msg.x, dtype=np.int64)
     if step in PLAINTEXT_STEPS:

@@ -429,9 +429,9 @@ class PairTasks:
         self.cpu_seconds = 0.0
         self.tasks = 0
 
-    def run(self, cipher: CommutativeHash, chunks: Iterable[tuple], hash_first: bool, size: int) -> Iterator[np.ndarray]:
+    def run(self, cipher: CommutativeHash, tasks: Iterable[tuple], hash_first: bool, size: int) -> Iterator[np.ndarray]:
         """Each chunk's result as an :func:`id_array`, in order, as it is asked for, with at most
-        ``max_in_flight`` tasks submitted ahead (a chunk: the parts of :func:`_pair_chunk` for
+        ``max_in_flight`` tasks submitted ahead (``tasks``: each chunk's parts of :func:`_pair_chunk`,
         ``size`` ids, the last maybe fewer)."""
         raw, group = key_material(cipher)
         key = ray.put(raw)
@@ -454,7 +454,7 @@ class PairTasks:
             self.tasks += 1
             return np.frombuffer(ids, dtype=dtype)
 
-        for t, parts in enumerate(chunks):
+        for t, parts in enumerate(tasks):
             if len(pending) >= self.max_in_flight:
                 yield collect()
             pending.append((task.remote(key, group, hash_first, *parts), t))

@@ -47,7 +47,7 @@ UNION_KEY_BYTES = 16
 """Bytes of a fully hashed id that its owner keeps and sends P_1, and P_1 keeps for the union
 (its first ones): two distinct ids of a session share them with probability about
 n^2 / 2^129, the bet the Ray engine's pair digests make too
-(cels.engine.log_shards.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
+(cels.protocol.work.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
 bytes of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
 
 
@@ -93,7 +93,7 @@ class Universe(Stage):
 
     def __init__(self, seat: Seat, work: LocalWork, cipher: CommutativeHash, loaded: LoadResult) -> None:
         super().__init__(seat)
-        self.work, self.cipher, self.loaded = work, cipher, loaded
+        self.work, self.cipher = work, cipher
         self.width = id_width(cipher)
         self.n_own = loaded.own_pairs
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys

@@ -15,11 +15,12 @@ until the universe hashes them.
 
 The node keeps what the protocol needs and no row: each shard's users' digests (for the
 party's draw order).  The party's own pairs are the distinct pair ids over all shards,
-numbered in the order of their keyed digests (cels.protocol.work.pair_digests, 16 bytes): the
-node finds them with one ``np.unique`` and tells every shard the own index of each of its
-pairs.  That is the order the party's ids leave in on either engine (docs/protocol.md,
-"Universe"), so a shard hashes its pairs' ids chunk by chunk of the own numbering and the
-node merely relays the chunks.
+numbered in the order of their keyed digests (cels.protocol.work.pair_digests, 16 bytes) by
+the shards themselves, each numbering one key range of the digests (:meth:`ShardedLog.load`).
+That is the order the party's ids leave in on either engine (docs/protocol.md, "Universe"),
+so a shard hashes its pairs' ids chunk by chunk of the own numbering and the node merely
+relays the chunks; the ids' returned union keys are kept on the shards by key range too, as
+P_1's union is split, and so are the index's columns (:meth:`ShardedLog.keep_returned`).
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b), verdicts(rows.tocsc(), loads, proposals[::-1].copy(), b))
     if shards > 1:  # the shortcut the walk avoids: each shard's own verdicts, OR-ed
-        members = [np.flatnonzero(remote.shard_of(remote.row_users) == s) for s in range(shards)]
+        members = [np.flatnonzero(remote.log.shard_of(remote.row_users) == s) for s in range(shards)]
         ored = np.zeros_like(expected)
         for m in members:
             ored |= verdicts(rows[m].tocsc(), loads[m], proposals, b)
@@ -206,7 +206,7 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     assert (remote.constraint_rows(np.arange(len(pairs)), totals) != rows).nnz == 0 and rows.shape[0] == len(users)
     b = 1.0
     is_b = np.array([local.log.users[j].startswith("B") for j in local.row_users])
-    assert [remote.user_names(remote.row_users)] == [[local.log.users[j] for j in local.row_users]]
+    assert [remote.log.user_names(remote.row_users)] == [[local.log.users[j] for j in local.row_users]]
     loads = np.where(is_b, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
     column = {pair: col for col, pair in local.pair_of.items()}
     proposals = np.array([column[i] for i in range(len(pairs))])  # the pairs in gadget order
@@ -227,7 +227,7 @@ def test_the_shards_follow_the_session_bucket_key(engine) -> None:
         work = RayWork(log, 4, draws, 4, 2)
         work.load()
         rows = np.arange(log.n_users)
-        return dict(zip(work.user_names(rows), work.shard_of(rows).tolist()))
+        return dict(zip(work.log.user_names(rows), work.log.shard_of(rows).tolist()))
 
     fresh = shard_by_user(DrawKeys.fresh())
     assert set(fresh.values()) == {0, 1, 2, 3} and fresh != shard_by_user(DrawKeys.fresh())
@@ -493,7 +493,7 @@ def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_re
     assert loaded.source["format"] == "parquet" and loaded.source["skipped_lines"] == 0
     whole = shares[0]()
     assert loaded.own_pairs == whole.n_pairs and work.n_users == whole.n_users
-    assert sorted(work.user_names(np.arange(work.n_users))) == sorted(whole.users)
+    assert sorted(work.log.user_names(np.arange(work.n_users))) == sorted(whole.users)
 
 
 TEXT = st.text(alphabet=st.sampled_from(['a', 'b', '"', "\\", "\n", "é", "\u2028", "\x00"]), max_size=4)

@@ -421,6 +421,11 @@ class ShardedLog:
         """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
         return self.user_draws.buckets[rows] % self.shards
 
+    def shard_members(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Shard s -> the positions in ``rows`` whose users live on it (ascending)."""
+        shard = self.shard_of(rows)
+        return [np.flatnonzero(shard == s) for s in range(self.shards)]
+
     def get(self, refs: list) -> list:
         """The log shards' (or reader tasks') answers; a bad row's LogError as it was raised; a
         lost worker: "engine worker lost" (a log shard is not re-created: docs/deployment.md)."""

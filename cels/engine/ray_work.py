@@ -662,18 +662,6 @@ class RayWork:
         users = self.log.user_names if keep_user_ids else self.user_draws.pseudonyms
         return encode_records(sampled, users, lambda col: names[int(active[col])])
 
-    def user_names(self, rows: np.ndarray) -> list[str]:
-        return self.log.user_names(rows)
-
-    def shard_of(self, rows: np.ndarray) -> np.ndarray:
-        """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
-        return self.log.shard_of(rows)
-
-    def shard_members(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Shard s -> the positions in ``rows`` whose users live on it (ascending)."""
-        shard = self.shard_of(rows)
-        return [np.flatnonzero(shard == s) for s in range(self.shards)]
-
     def _shard(self, kind, shard: int):
         """Shard ``shard``'s actor of ``kind``, empty: the node's warm one if it is idle
         (:class:`ShardPool`), else a new one in shard ``shard``'s bundle of this session's
@@ -710,7 +698,7 @@ class RayWork:
     def sampling_shards(self, active: np.ndarray) -> list:
         """One sampling actor per shard with its users' counts over the ``active`` pairs."""
         local = self.log.counts_over(active)
-        self._sample_members = self.shard_members(np.arange(local.shape[0]))
+        self._sample_members = self.log.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
         self._sampling_actors = self._sampling_actors or [self._shard(SamplingShard, s) for s in range(self.shards)]
@@ -761,7 +749,7 @@ class RayWork:
         if len(self.row_users) != rows.shape[0]:
             raise ValueError(f"verdicts over {rows.shape[0]} rows, but this party's constraint rows are {len(self.row_users)}")
         csr = sp.csr_matrix(rows, dtype=np.float64)
-        self._members = self.shard_members(self.row_users)
+        self._members = self.log.shard_members(self.row_users)
         self._shard_rows = [csr[members].tocsc() for members in self._members]
         self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
         for actor, held in zip(self._actors, self._shard_rows):

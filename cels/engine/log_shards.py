@@ -527,7 +527,7 @@ class ShardedLog:
         self.calls = []
         self.sorted_starts = np.cumsum([0, *self.get([a.sort_keys.remote() for a in self.actors])])
         for lo, hi, _more in chunks(int(self.sorted_starts[-1]), size):
-            refs = [self.actors[t].slice.remote("sorted", a + x, a + y) for t, a, b in self._in_ranges(lo, hi) for x, y in in_slices(b - a, self.key_type.itemsize)]
+            refs = [ref for t, a, b in self._in_ranges(lo, hi) for ref in fetch(self.actors[t], "sorted", b - a, self.key_type, a)]
             yield np.concatenate([np.zeros(0, dtype=self.key_type), *self.get(refs)])
 
     def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:

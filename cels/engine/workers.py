@@ -76,10 +76,11 @@ def in_slices(length: int, itemsize: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + step, length)) for lo in range(0, length, step)]
 
 
-def fetch(actor: Any, name: str, length: int, dtype: np.dtype) -> list:
-    """Object references of the slices of ``actor``'s array ``name`` (:meth:`ShardState.slice`),
-    all asked at once; their concatenation is the array."""
-    return [actor.slice.remote(name, lo, hi) for lo, hi in in_slices(length, np.dtype(dtype).itemsize)]
+def fetch(actor: Any, name: str, length: int, dtype: np.dtype, start: int = 0) -> list:
+    """Object references of the slices of ``length`` items from ``start`` on of ``actor``'s
+    array ``name`` (:meth:`ShardState.slice`), all asked at once; their concatenation is that
+    part of the array."""
+    return [actor.slice.remote(name, start + lo, start + hi) for lo, hi in in_slices(length, np.dtype(dtype).itemsize)]
 
 
 def windowed(items: Iterable, submit: Callable[[Any], tuple[Any, Any]], collect: Callable[[Any, Any], None], limit: int) -> None:

@@ -16,6 +16,7 @@ arrays, not Python bytes.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -41,6 +42,14 @@ STREAM_IDS = 16384
 most this many (issue 25), a hop's ids packed in one bytes field.  16,384 X25519 ids are
 512 KiB, within one 1 MiB transport frame (cels.node.framing); Pohlig-Hellman ids (the
 group's size each) span a few frames."""
+
+
+RING_WINDOW = 4
+"""Chunks of a party's own ids in the ring at once: its first hop sends the next chunk only
+while fewer than this many have not come back with every layer (docs/protocol.md, "Flow
+around the ring").  So at most r x RING_WINDOW hops are anywhere in the ring, however fast one
+party layers and the next one does not; a forwarded hop is never held back (only new ids
+wait), so the ring cannot deadlock."""
 
 
 UNION_KEY_BYTES = 16
@@ -99,6 +108,7 @@ class Universe(Stage):
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
+        self.relay: deque[list[Outgoing]] = deque()  # peers' chunks layered, for the ring Stream to send first
         self.complete: dict[str, tuple[ChunkCursor, np.ndarray]] = {}  # P_1: each party's complete ids so far, and the last one
         self.union = work.union(self.key_width) if seat.name == seat.key_holder else None  # P_1: the index, where the work runs
         self.sets_in = 0  # P_1: complete sets merged into it
@@ -108,26 +118,43 @@ class Universe(Stage):
         self.ids_seen = self.n_own  # every party's set passes this party: the union has at most this many
 
     def start(self) -> list[Stream]:
-        """The first hop: this party's own ids with its layer, in the order of their keyed
-        digests (cels.protocol.work.pair_digests: not the log's order), hashed as the link
-        drains them (no list of them all is ever held)."""
-        seat = self.seat
-        return self._stream(seat.successor, seat.name, [seat.name], self.work.hashed_ids(self.cipher, STREAM_IDS), self.n_own)
+        """This party's hops to its successor, as one Stream (:meth:`_ring`)."""
+        return [Stream(self._ring())]
 
-    def _stream(self, recipient: str, owner: str, applied: list[str], ids: Iterable[np.ndarray], count: int) -> list[Stream]:
+    def _ring(self) -> Iterator[list[Outgoing] | None]:
+        """What this party sends its successor in the ring, as the link drains: first the
+        peers' chunks it has layered (:meth:`on_hop`: never held back), else the next chunk of
+        its own ids if fewer than :data:`RING_WINDOW` of its chunks are out in the ring, else
+        nothing yet (the next hop taken asks again); over once its own ids are all sent and
+        every peer's have passed it.  Its own ids leave in the order of their keyed digests
+        (cels.protocol.work.pair_digests: not the log's order), hashed as the link drains them
+        (no list of them all is ever held)."""
+        seat = self.seat
+        own = self._hops(seat.successor, seat.name, [seat.name], self.work.hashed_ids(self.cipher, STREAM_IDS), self.n_own)
+        own_left, sent = True, 0  # own ids in the ring so far
+        while True:
+            if self.relay:
+                yield self.relay.popleft()
+            elif own_left and sent - self.returned.position < RING_WINDOW * STREAM_IDS:
+                hop = next(own, None)
+                own_left = hop is not None
+                if own_left:
+                    sent = min(sent + STREAM_IDS, self.n_own)
+                    yield hop
+            elif not own_left and all(p in self.forwarded and self.forwarded[p].done for p in seat.parties if p != seat.name):
+                return
+            else:
+                yield None
+
+    def _hops(self, recipient: str, owner: str, applied: list[str], ids: Iterable[np.ndarray], count: int) -> Iterator[list[Outgoing]]:
         """``owner``'s ``count`` ids (layers ``applied``) to ``recipient``: ``ids`` gives them in
-        chunks of STREAM_IDS, each taken as the link drains the ones before
-        (cels.protocol.roles.Stream: the chunks are never all built at once)."""
+        chunks of STREAM_IDS, each taken when its message is asked for (never all built at once)."""
         seat = self.seat
-
-        def hops():
-            for (first, stop, more), chunk in zip(chunks(count, STREAM_IDS), ids):
-                if len(chunk) != stop - first:
-                    raise RoleFailure("lost its own universe ids", f"its work gave {len(chunk)} ids for {first}..{stop}")
-                hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more, ids=chunk.tobytes())
-                yield seat.send(recipient, universe_hop=hop)
-
-        return [Stream(hops())]
+        for (first, stop, more), chunk in zip(chunks(count, STREAM_IDS), ids):
+            if len(chunk) != stop - first:
+                raise RoleFailure("lost its own universe ids", f"its work gave {len(chunk)} ids for {first}..{stop}")
+            hop = cels_pb2.UniverseHop(session_id=seat.session_id, owner=owner, applied=applied, first=first, more=more, ids=chunk.tobytes())
+            yield seat.send(recipient, universe_hop=hop)
 
     def on_hop(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         seat, applied = self.seat, list(msg.applied)
@@ -148,7 +175,8 @@ class Universe(Stage):
             hop = cels_pb2.UniverseHop(
                 session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids.tobytes(), first=msg.first, more=msg.more
             )
-            return seat.send(seat.successor, universe_hop=hop)
+            self.relay.append(seat.send(seat.successor, universe_hop=hop))  # sent by the ring Stream, before any own chunk
+            return []
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
             return self._returned(msg)
@@ -168,7 +196,7 @@ class Universe(Stage):
             return []
         keys = self.work.sorted_returned(STREAM_IDS)
         if seat.name != seat.key_holder:
-            return self._stream(seat.key_holder, seat.name, list(msg.applied), keys, n)
+            return [Stream(self._hops(seat.key_holder, seat.name, list(msg.applied), keys, n))]
         last = np.zeros(0, dtype=f"V{self.key_width}")
         for chunk in keys:
             if not increasing(chunk, last):  # P_1's own come back in the order they left, not sorted

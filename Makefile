@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 ## make faults: the whole fault suite (tests/faults: kill matrix, fuzzing with 10,000 messages,
 ## load, slow network, bad logs, restart) on real node processes; prints the kill table and a

@@ -292,11 +292,11 @@ class LogShard(ShardState):
         with the own pair it is of (a slice: :func:`in_slices`)."""
         self.kept.append((own, keys))
 
-    def sort_keys(self) -> int:
-        """Its kept keys sorted, handed over in slices as "sorted", with the own pair of each
-        kept in that order; returns how many."""
+    def sort_keys(self, key_type: np.dtype) -> int:
+        """Its kept keys (of ``key_type``) sorted, handed over in slices as "sorted", with the
+        own pair of each kept in that order; returns how many."""
         own = np.concatenate([np.zeros(0, dtype=np.int64), *(o for o, _ in self.kept)])
-        keys = np.concatenate([k for _, k in self.kept]) if self.kept else np.zeros(0, dtype="V16")
+        keys = np.concatenate([np.zeros(0, dtype=key_type), *(k for _, k in self.kept)])
         self.kept = []
         order = np.argsort(keys)  # distinct keys (a repeat is malformed): no stable sort needed
         self.sorted_own, self.handed = own[order], {"sorted": keys[order]}
@@ -525,7 +525,7 @@ class ShardedLog:
         one another; chunks of ``size`` asked of the shards in slices as the link drains."""
         self.get(self.calls)
         self.calls = []
-        self.sorted_starts = np.cumsum([0, *self.get([a.sort_keys.remote() for a in self.actors])])
+        self.sorted_starts = np.cumsum([0, *self.get([a.sort_keys.remote(self.key_type) for a in self.actors])])
         for lo, hi, _more in chunks(int(self.sorted_starts[-1]), size):
             refs = [ref for t, a, b in self._in_ranges(lo, hi) for ref in fetch(self.actors[t], "sorted", b - a, self.key_type, a)]
             yield np.concatenate([np.zeros(0, dtype=self.key_type), *self.get(refs)])
@@ -552,8 +552,7 @@ class ShardedLog:
         placed = [a.key_range_columns.remote() for a in self.actors]
         kinds = self.get([a.index.remote(n, self.own_pairs, *placed) for a in self.actors])
         local = np.zeros(n, dtype=np.min_scalar_type(sum(most for _, most in kinds)))  # holds every sum (issue 25)
-        for s, (kind, _) in enumerate(kinds):  # a shard at a time: its held pairs' columns and sums, then the next
-            cols, part = self.take_handed([(s, "columns", self.held_pairs[s], column_type(n)), (s, "sums", self.held_pairs[s], kind)])
+        for cols, part in self._by_column(n, "sums", [kind for kind, _ in kinds]):
             local[cols] += part
         return local
 
@@ -561,12 +560,18 @@ class ShardedLog:
         """One of the party's users holds all of pair i iff one shard's largest count there does
         (no vector of the largest counts over the index; a shard's held pairs at a time)."""
         held = np.zeros(len(totals), dtype=np.uint8)
-        kinds = self.get([a.column_max.remote() for a in self.actors])
-        for s, kind in enumerate(kinds):
-            cols, most = self.take_handed([(s, "columns", self.held_pairs[s], column_type(len(totals))), (s, "top", self.held_pairs[s], kind)])
+        for cols, most in self._by_column(len(totals), "top", self.get([a.column_max.remote() for a in self.actors])):
             held[cols[most >= totals[cols]]] = 1
         held[totals <= 0] = 0
         return held
+
+    def _by_column(self, n: int, name: str, kinds: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Per log shard, one at a time: its held pairs' columns of the index of ``n`` pairs
+        (as :meth:`LogShard.index` handed them) and the array ``name`` of type ``kinds[s]``
+        it handed beside them."""
+        for s, kind in enumerate(kinds):
+            held = self.held_pairs[s]
+            yield tuple(self.take_handed([(s, "columns", held, column_type(n)), (s, name, held, kind)]))
 
     def union(self, width: int) -> RangedUnion:
         """P_1's sorted union split by key range over the log shards (cels.protocol.sorted_union):

@@ -44,7 +44,7 @@ most this many (issue 25), a hop's ids packed in one bytes field.  16,384 X25519
 group's size each) span a few frames."""
 
 
-RING_WINDOW = 4
+RING_WINDOW = 8
 """Chunks of a party's own ids in the ring at once: its first hop sends the next chunk only
 while fewer than this many have not come back with every layer (docs/protocol.md, "Flow
 around the ring").  So at most r x RING_WINDOW hops are anywhere in the ring, however fast one

@@ -6,12 +6,13 @@ assembles their sorted union (the index of variables) and tells every party its 
 columns of that party's own ids (CELS section 4.2, Algorithm 3's cipher).
 
 Every list travels in chunks of at most :data:`STREAM_IDS` (docs/protocol.md, "Universe"): a
-forwarding party applies its layer to each chunk as it arrives and sends it on, so it never
-holds a peer's whole list.  A party's own ids are hashed as its first hop drains
-(``LocalWork.hashed_ids``), their returned union keys are kept where its work runs
-(``LocalWork.keep_returned``) and leave sorted a chunk at a time, and the index's columns go
-back there: this machine holds no list of the party's ids.  Ids are fixed-width numpy
-arrays, not Python bytes.
+forwarding party applies its layer to each chunk as it arrives and sends it on before any
+chunk of its own, so it never holds a peer's whole list, and an owner has at most
+:data:`RING_WINDOW` chunks in the ring (docs/protocol.md, "Flow around the ring").  A
+party's own ids are hashed as its first hop drains (``LocalWork.hashed_ids``), their
+returned union keys are kept where its work runs (``LocalWork.keep_returned``) and leave
+sorted a chunk at a time, and the index's columns go back there: this machine holds no list
+of the party's ids.  Ids are fixed-width numpy arrays, not Python bytes.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 BIN = Path(sys.executable).parent
 EXPORTED = {
     "cels_node_info", "cels_sessions_total", "cels_active_sessions", "cels_phase_seconds", "cels_sent_bytes_total",
-    "cels_received_bytes_total", "cels_grpc_pool_threads_busy", "cels_grpc_pool_threads",
+    "cels_received_bytes_total", "cels_grpc_pool_threads_busy", "cels_grpc_pool_threads", "cels_outbox_bytes",
 }  # fmt: skip
 LEDGER = {"cels_ledger_epsilon", "cels_ledger_delta"}
 
@@ -141,6 +141,7 @@ def test_metrics_after_a_session(operated) -> None:
         assert samples["cels_active_sessions"][()] == 0
         assert samples["cels_grpc_pool_threads"][()] == 32
         assert 0 <= samples["cels_grpc_pool_threads_busy"][()] <= 32  # the scrape is no RPC: idle but for a key refresh
+        assert samples["cels_outbox_bytes"][()] == 0  # every session's outbox sent
         assert sum(samples["cels_sent_bytes_total"].values()) > 0 and sum(samples["cels_received_bytes_total"].values()) > 0
         assert samples["cels_node_info"][(("node", name), ("role", "party" if name == "party-1" else "solver"))] == 1
     # party-1 saw every peer and every phase of its part; the solver only the parties and its solve

@@ -474,3 +474,40 @@ def test_a_link_asks_for_the_next_window_before_its_outbox_counts_as_drained() -
     link.outbox.put(None)
     assert [cels_pb2.Envelope.FromString(d).mask_key.public_key for d in delivered] == [bytes([k]) for k in range(6)]
     assert asked == [0, 1, 2, 3, 4, 5, 6]  # once per emptied outbox; the last finds the Stream over
+
+
+def test_the_outbox_gauge_counts_what_waits_behind_a_delivery() -> None:
+    """``cels_outbox_bytes``: while a delivery hangs (a successor that does not keep up), the
+    messages queued behind it are counted at the scrape, the one in delivery is not; once the
+    link has sent them all the gauge is 0."""
+    from types import SimpleNamespace
+
+    from cels.node.link import SessionLink
+    from cels.node.sessions import SessionDriver
+    from cels.node.telemetry import NodeTelemetry
+
+    options = SessionOptions.create(["party-1", "party-2"], session_id="gauge", epsilon=1.0, delta=0.4, deadline=30.0)
+    hops = [cels_pb2.Envelope(session_id="gauge", sender="party-1", universe_hop=cels_pb2.UniverseHop(owner="party-1", ids=bytes(32 * n))) for n in (10, 20, 40)]
+    in_delivery, release = threading.Event(), threading.Event()
+
+    def deliver(peer, frames, timeout) -> None:
+        in_delivery.set()
+        assert release.wait(10)
+
+    telemetry = NodeTelemetry("party-1", "party")
+    owner = SimpleNamespace(
+        config=SimpleNamespace(name="party-1", peers={"party-2": "127.0.0.1:1"}), host=SimpleNamespace(state=lambda sid: (SessionState.DONE, None)),
+        peers=SimpleNamespace(deliver=deliver), drained=lambda sid: None, expire=lambda: None,
+    )  # fmt: skip
+    link = SessionLink(owner, options)
+    driver = SessionDriver(owner.config, owner.host, owner.peers, None, telemetry)  # the gauge reads the driver's links
+    driver.links["gauge"] = link
+    for hop in hops:
+        link.outbox.put(("party-2", hop))
+    assert in_delivery.wait(10)
+    assert telemetry.registry.get_sample_value("cels_outbox_bytes") == hops[1].ByteSize() + hops[2].ByteSize() > 60 * 32
+    release.set()
+    link.outbox.join()
+    assert telemetry.registry.get_sample_value("cels_outbox_bytes") == 0
+    link.stopped.set()
+    link.outbox.put(None)

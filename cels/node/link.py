@@ -101,6 +101,11 @@ class SessionLink:
             phase=phase_to_wire(self.node.host.role(self.id).phase),
         )  # fmt: skip
 
+    def queued_bytes(self) -> int:
+        """Bytes of the messages waiting in the outbox (not the one being delivered now)."""
+        with self.outbox.mutex:
+            return sum(item[1].ByteSize() for item in self.outbox.queue if item is not None)
+
     def _send_loop(self) -> None:
         """Send queued messages one at a time, in order (causal delivery: cels.node.sessions);
         once the outbox is empty, the role's next window of a pending Stream is queued

@@ -48,6 +48,11 @@ class SessionDriver:
         self.lock = threading.Lock()  # the host: one call at a time
         self.changed = threading.Condition(self.lock)
         self.notices: list[threading.Thread] = []  # Abort notices in flight
+        telemetry.watch_outboxes(self.queued_bytes)
+
+    def queued_bytes(self) -> int:
+        """Bytes made and not yet sent, over every live session's outbox (``cels_outbox_bytes``)."""
+        return sum(link.queued_bytes() for link in list(self.links.values()))
 
     def link(self, session_id: str) -> SessionLink | None:
         """The link of a live or recently ended session."""

@@ -169,6 +169,7 @@ class NodeTelemetry:
         self.received = Counter("cels_received_bytes", "bytes of protocol frames this node received (Deliver), by peer", ["peer"], registry=r)
         self.pool_busy = Gauge("cels_grpc_pool_threads_busy", "gRPC server threads inside an RPC now", registry=r)
         self.pool_size = Gauge("cels_grpc_pool_threads", "size of the gRPC server's thread pool", registry=r)
+        self.outbox = Gauge("cels_outbox_bytes", "bytes of protocol messages this node made and has not sent yet, all sessions", registry=r)
         if ledger is not None:
             r.register(LedgerCollector(ledger))
 
@@ -176,6 +177,10 @@ class NodeTelemetry:
     def watch_pool(self, pool: CountingPool) -> None:
         self.pool_size.set(pool.size)
         self.pool_busy.set_function(lambda: pool.busy)
+
+    def watch_outboxes(self, queued: Callable[[], int]) -> None:
+        """``queued()``: the bytes waiting in the node's session outboxes, read at every scrape."""
+        self.outbox.set_function(queued)
 
     def session_created(self, session_id: str, initiator: str) -> None:
         now = time.monotonic()

@@ -440,6 +440,22 @@ def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) 
     finally:
         pool.close()
 
+def test_an_actor_of_a_cluster_left_is_dropped_when_given_back(engine) -> None:
+    """CI saw a session's work, collected after its process had joined another cluster, give
+    its warm actors back: Ray refuses their reset ("Can't find actor", a bare Exception).  The
+    pool drops such an actor (the next session starts its own) and raises nothing."""
+
+    class Gone:
+        class reset:
+            @staticmethod
+            def remote():
+                raise Exception("Failed to submit task to actor: Can't find actor. It might be dead or it's from a different cluster")
+
+    pool = ShardPool(1, group=None)
+    pool.give_back(LogShard, 0, Gone())
+    assert pool._idle == {}
+
+
 def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monkeypatch) -> None:
     """A Ray client server that fails once under compose is not a cluster that is gone: the
     join is tried JOIN_ATTEMPTS times, then the node is refused naming the address."""

@@ -511,10 +511,17 @@ class ShardPool:
 
     def give_back(self, kind, shard: int, actor) -> None:
         """A session is done with ``actor``: it is reset and waits for the next one (does not
-        block: a dead one is found, and replaced, when it is next borrowed)."""
-        if ray.is_initialized():
-            with self._lock:
-                self._idle[(kind, shard)] = actor, actor.reset.remote()
+        block: a dead one is found, and replaced, when it is next borrowed).  One this process's
+        cluster no longer knows (the process joined another since: Ray refuses the call with a
+        bare Exception) is dropped: the next session starts a fresh one."""
+        if not ray.is_initialized():
+            return
+        try:
+            ready = actor.reset.remote()
+        except Exception:  # noqa: BLE001 - Ray's "Can't find actor" when the actor's cluster is gone
+            return
+        with self._lock:
+            self._idle[(kind, shard)] = actor, ready
 
     def close(self) -> None:
         """The node stops: its idle actors and their group go."""

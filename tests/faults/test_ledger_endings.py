@@ -5,6 +5,10 @@ refusal by a peer's budget, ``cels run`` stopped by SIGTERM, and a session that 
 released sessions of delta 0.4 on party-1 and party-2, so any reservation left over refuses
 the last session, as it did before: "running ones reserve 1.2 of the budget 2" after three
 aborted sessions, still past the deadline.
+
+A long case (``make faults``, about 50 s of seven sessions and a restart): ``make test`` keeps
+the ledger's own tests of reservations released once per ending (tests/test_ledger.py) and the
+bounded kill matrix.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def aborted_by(cluster: FaultCluster, out: Path, epsilon: float = 1.0) -> Sessio
     return aborted.value
 
 
+@pytest.mark.faults_long
 def test_every_ending_releases_the_reservation(nodes: FaultCluster, tmp_path: Path) -> None:
     cluster = nodes
     nodes.run(nodes.options(), tmp_path / "first")  # done: recorded everywhere, nothing held

@@ -152,36 +152,34 @@ def test_pohlig_hellman_universe_gives_the_same_index(log) -> None:
 
 
 class RingWatch:
-    """Wraps a host: counts, per owner, the chunks of its own ids delivered to its successor
-    (their first hop) and not yet back with every layer, and keeps the most seen at once."""
+    """Wraps a host: counts in ``ring``, shared by the session's hosts, per owner the chunks of
+    its own ids delivered to its successor (their first hop) and not yet back with every layer
+    (``ring["out"]``), and the most seen at once (``ring["most"]``)."""
 
-    out: dict[str, int] = {}
-    most: dict[str, int] = {}
-
-    def __init__(self, host) -> None:
-        self.host = host
+    def __init__(self, host, ring: dict[str, dict[str, int]]) -> None:
+        self.host, self.ring = host, ring
 
     def receive(self, sender, env):
         if env.WhichOneof("step") == "universe_hop":
-            hop, out = env.universe_hop, RingWatch.out
+            hop, out, most = env.universe_hop, self.ring["out"], self.ring["most"]
             if len(hop.applied) == 1:
                 out[hop.owner] = out.get(hop.owner, 0) + 1
-                RingWatch.most[hop.owner] = max(RingWatch.most.get(hop.owner, 0), out[hop.owner])
+                most[hop.owner] = max(most.get(hop.owner, 0), out[hop.owner])
             elif len(hop.applied) == 3 and sender != hop.owner:  # back at its owner (not its complete set to P_1)
                 out[hop.owner] -= 1
         return self.host.receive(sender, env)
 
 
-def released(log, cipher: str, watch: bool = False) -> tuple[list, InMemoryNetwork]:
+def released(log, cipher: str, ring: dict | None = None) -> tuple[list, InMemoryNetwork]:
     """The release of one private-solve session over 3 parties (every draw replayed from seed
     1000: the same session twice), as sorted (user, query, url, count), and its network
-    (each host in a :class:`RingWatch` with ``watch``)."""
+    (each host in a :class:`RingWatch` counting into ``ring``, if given)."""
     config = SessionOptions.create(
         3, epsilon=EPS, delta=DELTA, objective="max-output", universe_cipher=cipher, key_bits=256, group_bits=1024,
         session_id="stream0000000000",
     )  # fmt: skip
     hosts = session_hosts(split(log, 3), config, seed=1000, allow_insecure_key_bits=True)
-    network = InMemoryNetwork({name: RingWatch(host) for name, host in hosts.items()} if watch else hosts)
+    network = InMemoryNetwork({name: RingWatch(host, ring) for name, host in hosts.items()} if ring is not None else hosts)
     out = start_session(network, config)["party-1"].output
     coo = out.counts.tocoo()
     return sorted([out.users[j], *out.pairs[i], int(v)] for j, i, v in zip(coo.row, coo.col, coo.data)), network
@@ -198,10 +196,10 @@ def test_streamed_universe_gives_the_same_release(log, cipher, monkeypatch) -> N
     whole, network = released(log, cipher)
     assert whole and max(n for _s, _d, step, n in network.log if step == "universe_hop") > 50 * 32
     monkeypatch.setattr(universe, "STREAM_IDS", 7)
-    RingWatch.out, RingWatch.most = {}, {}
-    chunked, network = released(log, cipher, watch=True)
+    ring: dict[str, dict[str, int]] = {"out": {}, "most": {}}
+    chunked, network = released(log, cipher, ring)
     assert chunked == whole
-    assert RingWatch.most == {p: universe.RING_WINDOW for p in ("party-1", "party-2", "party-3")} and set(RingWatch.out.values()) == {0}
+    assert ring["most"] == {p: universe.RING_WINDOW for p in ("party-1", "party-2", "party-3")} and set(ring["out"].values()) == {0}
     width = 32 if cipher == "x25519" else 128
     sizes = [n for _s, _d, step, n in network.log if step in ("universe_hop", "universe_index")]
     assert len(sizes) > 50 and max(sizes) <= 7 * (width + 3) + 120

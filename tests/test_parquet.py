@@ -10,6 +10,8 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from cels.cli import main
 from cels.logs import LoadOptions, LogError, SearchLog, load_log, parse_columns, synthetic_log, write_log
@@ -123,6 +125,79 @@ def test_the_log_total_limit_holds_across_row_groups(tmp_path, monkeypatch) -> N
     assert load_log(path, LoadOptions("parquet", lenient=True)).source["skipped_lines"] == 3
 
 
+USERS = ["7", " 7", "8\t", "9", "", " ", None]
+QUERIES = ["Weather  Boston", " weather boston", "WEATHER\tboston ", "caf\u00e9 paris", "CAF\u00c9 PARIS", "x", " ", None]
+URLS = ["http://weather.com/", " http://weather.com/ ", "http://cafe.fr/", "", "  ", None]
+COUNTS = [1, 2, 5, 0, -1, 2**31, None]
+
+
+def read_both(path, options: LoadOptions) -> tuple:
+    """The columnar reader's histogram and the row reader's (SearchLog.from_records), or the
+    error each raised."""
+    from cels.logs.parquet import ParquetReader
+
+    out = []
+    for read in (lambda: load_parquet(path, options), lambda: SearchLog.from_records((reader := ParquetReader(path, options)).records(), reader.source)):
+        try:
+            log = read()
+            out.append((log.users, log.pairs, histogram(log), log.source))
+        except LogError as exc:
+            out.append(str(exc))
+    return tuple(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(USERS), st.sampled_from(QUERIES), st.sampled_from(URLS), st.sampled_from(COUNTS)), max_size=30),
+    with_count=st.booleans(), integer_users=st.booleans(), lenient=st.booleans(),
+    row_group_size=st.integers(1, 12), batch_rows=st.integers(1, 8),
+)
+@example(  # a user and a query first seen without a click: numbered where first clicked
+    rows=[("7", "x", None, 1), ("8", "caf\u00e9 paris", "http://cafe.fr/", 1), ("7", "x", "http://weather.com/", 1)],
+    with_count=False, integer_users=False, lenient=False, row_group_size=12, batch_rows=8,
+)
+def test_the_columnar_reader_reads_as_the_row_reader(rows, with_count, integer_users, lenient, row_group_size, batch_rows) -> None:
+    """Batch by batch through distinct values, or row by row where a batch has a bad row: the
+    same users and pairs in the same order, the same counts, the same skips, or the same error
+    (users with whitespace, queries normalised, null, empty and blank urls, bad counts)."""
+    import tempfile
+    from unittest import mock
+
+    from cels.logs import parquet
+
+    columns = {
+        "user": [None if u is None else (int(u) if u.strip() else None) for u in (r[0] for r in rows)] if integer_users else [r[0] for r in rows],
+        "query": [r[1] for r in rows], "url": [r[2] for r in rows],
+    }  # fmt: skip
+    types = [("user", pa.int64() if integer_users else pa.string()), ("query", pa.string()), ("url", pa.string())]
+    if with_count:
+        columns["count"] = [r[3] for r in rows]
+        types.append(("count", pa.int64()))
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(parquet, "BATCH_ROWS", batch_rows):
+        path = put(f"{tmp}/h.parquet", columns, row_group_size, pa.schema(types))
+        columnar, by_rows = read_both(path, LoadOptions("parquet", lenient=lenient))
+    assert columnar == by_rows
+
+
+def test_only_the_batches_with_a_bad_row_are_read_row_by_row(tmp_path, monkeypatch) -> None:
+    """A clean log is read through distinct values alone; with one bad row (skipped), only its
+    batch goes row by row."""
+    from cels.logs import parquet
+
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 2)
+    by_rows = []
+    row_reader = parquet.ParquetReader._batch_records
+    monkeypatch.setattr(parquet.ParquetReader, "_batch_records", lambda self, group, first, *rest: by_rows.append((group.index, first)) or row_reader(self, group, first, *rest))
+    clean = put(tmp_path / "clean.parquet", ROWS, row_group_size=6)
+    assert histogram(load_parquet(clean, LoadOptions("parquet"))) == HISTOGRAM
+    assert by_rows == []
+    bad = put(tmp_path / "bad.parquet", {**ROWS, "user": ["7", "7", "7", " ", "9", "8"]}, row_group_size=6)
+    log = load_parquet(bad, LoadOptions("parquet", lenient=True))
+    assert by_rows == [(0, 2)]
+    assert log.source["skipped_lines"] == 1 and log.source["skipped_at"] == [f"{bad}:4:user"]
+    assert histogram(log) == {key: count for key, count in HISTOGRAM.items() if key[0] != "9"}
+
+
 def test_runs_of_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
     """The Ray engine's reader tasks each read a run of row groups (of every file of a
     dataset: cels.engine.log_shards.read_batches); their histograms merged are the whole log's,
@@ -225,3 +300,17 @@ def test_a_party_node_reads_parquet_columns_from_its_data_table(tmp_path) -> Non
     assert path == tmp_path / "lake" and options.columns == table["columns"]
     flags = parser.parse_args(["--data", str(tmp_path), "--format", "parquet", "--columns", "user=AnonID,query=Query,url=ClickURL"])
     assert data_source(flags, {})[1].columns == table["columns"]
+
+
+def test_bench_read_compares_both_readers_on_one_file(tmp_path, capsys) -> None:
+    """`cels bench read` reads one synthetic Parquet log both ways; both histograms equal, the
+    rows and pairs are the log's, and the JSON file is what it printed."""
+    from cels.logs.synthetic import synthetic_histogram
+
+    out = tmp_path / "read.json"
+    assert main(["bench", "read", "--pairs", "3000", "--repeat", "1", "--json", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    shape = synthetic_histogram(3000).shape()
+    assert printed == json.loads(out.read_text())
+    assert (printed["rows"], printed["pairs"], printed["users"], printed["size"]) == (shape["entries"], shape["pairs"], shape["users"], shape["size"])
+    assert printed["same_histogram"] is True and printed["cpu_speedup"] > 0

@@ -1,11 +1,11 @@
-"""``cels bench {mechanism,crypto,protocol,scale,engine}``: benchmarks that print JSON."""
+"""``cels bench {mechanism,crypto,protocol,scale,engine,read}``: benchmarks that print JSON."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol", "cels.bench.scale", "cels.bench.engine")
+BENCHMARKS = ("cels.bench.mechanism", "cels.bench.crypto", "cels.bench.protocol", "cels.bench.scale", "cels.bench.engine", "cels.bench.read")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -99,26 +99,10 @@ class SearchLog:
     @classmethod
     def from_records(cls, records: Iterable[LogRecord], source: dict | None = None) -> SearchLog:
         """Histogram of the click events (records without a url make no pair)."""
-        user_index: dict[str, int] = {}
-        pair_index: dict[Pair, int] = {}
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[int] = []
+        histogram = Histogram()
         for rec in records:
-            if rec.url is None:
-                continue
-            j = user_index.setdefault(rec.user, len(user_index))
-            i = pair_index.setdefault((rec.query, rec.url), len(pair_index))
-            rows.append(j)
-            cols.append(i)
-            vals.append(rec.count)
-        counts = sp.csr_matrix(
-            (np.asarray(vals, dtype=np.int64), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
-            shape=(len(user_index), len(pair_index)),
-            dtype=np.int64,
-        )
-        counts.sum_duplicates()
-        return cls(list(user_index), list(pair_index), counts, dict(source or {}))
+            histogram.add(rec)
+        return histogram.log(source)
 
     @property
     def n_users(self) -> int:
@@ -154,6 +138,52 @@ class SearchLog:
             return [self.select_users(np.arange(k, self.n_users, parties)) for k in range(parties)]
         order = np.random.default_rng(seed).permutation(self.n_users)
         return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]
+
+
+class Histogram:
+    """The histogram c_ij built as a log is read: users and pairs numbered in the order they are
+    first seen among the click events (a record without a url makes neither), counts summed.
+    Events come one record at a time (:meth:`add`) or as a batch coded over its distinct
+    values (:meth:`add_coded`, the Parquet reader's columnar path); both number alike."""
+
+    def __init__(self) -> None:
+        self.user_index: dict[str, int] = {}
+        self.pair_index: dict[Pair, int] = {}
+        self.rows: list[int] = []  # one per record added
+        self.cols: list[int] = []
+        self.vals: list[int] = []
+        self.coded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, cols, counts) per coded batch
+
+    def add(self, rec: LogRecord) -> None:
+        """One event in log order."""
+        if rec.url is None:
+            return
+        self.rows.append(self.user_index.setdefault(rec.user, len(self.user_index)))
+        self.cols.append(self.pair_index.setdefault((rec.query, rec.url), len(self.pair_index)))
+        self.vals.append(rec.count)
+
+    def add_coded(self, users: list[str], user_codes: np.ndarray, pairs: list[Pair], pair_codes: np.ndarray, counts: np.ndarray) -> None:
+        """Click events in log order, event k being user ``users[user_codes[k]]``, pair
+        ``pairs[pair_codes[k]]``, count ``counts[k]``: as :meth:`add` of each in turn."""
+        self.coded.append((_numbered(self.user_index, users, user_codes), _numbered(self.pair_index, pairs, pair_codes), np.asarray(counts, dtype=np.int64)))
+
+    def log(self, source: dict | None = None) -> SearchLog:
+        """The histogram of every event added."""
+        parts = [tuple(np.asarray(column, dtype=np.int64) for column in (self.rows, self.cols, self.vals)), *self.coded]
+        rows, cols, vals = (np.concatenate([part[k] for part in parts]) for k in range(3))
+        counts = sp.csr_matrix((vals, (rows, cols)), shape=(len(self.user_index), len(self.pair_index)), dtype=np.int64)
+        counts.sum_duplicates()
+        return SearchLog(list(self.user_index), list(self.pair_index), counts, dict(source or {}))
+
+
+def _numbered(index: dict, values: list, codes: np.ndarray) -> np.ndarray:
+    """The numbers in ``index`` of ``values[codes]``, a value not in it yet numbered next in the
+    order its first code comes in ``codes`` (as ``index.setdefault`` event by event would)."""
+    distinct, first = np.unique(codes, return_index=True)
+    numbers = np.zeros(len(values), dtype=np.int64)
+    for code in distinct[np.argsort(first, kind="stable")].tolist():
+        numbers[code] = index.setdefault(values[code], len(index))
+    return numbers[codes]
 
 
 def check_pair_totals(log: SearchLog, path: str) -> None:

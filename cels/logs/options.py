@@ -94,6 +94,15 @@ class Admission:
         self.total += record.count
         return True
 
+    def admit_batch(self, total: int) -> bool:
+        """True, counting them: a batch of records (no user cut) whose counts add up to
+        ``total`` keeps the log within MAX_LOG_TOTAL; False, counting nothing: one of its records
+        would not (:meth:`admit` names it)."""
+        if self.max_users is not None or self.total + total > MAX_LOG_TOTAL:
+            return False
+        self.total += total
+        return True
+
 
 def check_columns(columns: dict[str, int] | dict[str, str], by_name: bool = False) -> None:
     """Raise ValueError unless ``columns`` maps user, query, url (and maybe count) to distinct

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog
+from cels.logs.model import MAX_COUNT, Histogram, LogError, LogRecord, SearchLog
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
 
 PARQUET_COLUMNS = {"user": "user", "query": "query", "url": "url", "count": "count"}
@@ -44,6 +44,21 @@ def pyarrow_modules() -> tuple[Any, Any, Any]:
     except ImportError:
         raise ValueError("the Parquet format needs pyarrow: pip install 'cels[parquet]'") from None
     return pyarrow, pyarrow.dataset, pyarrow.parquet
+
+
+def pyarrow_compute() -> Any:
+    """``pyarrow.compute`` (after :func:`pyarrow_modules` has checked the extra)."""
+    pyarrow_modules()
+    import pyarrow.compute
+
+    return pyarrow.compute
+
+
+def _distinct(pc: Any, array: Any, clean: Callable[[Any], Any]) -> tuple[list, np.ndarray]:
+    """``array`` (no nulls) as ``clean`` of each of its distinct values, and each row's number
+    among them."""
+    encoded = pc.dictionary_encode(array)
+    return [clean(value) for value in encoded.dictionary.to_pylist()], encoded.indices.to_numpy().astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -110,31 +125,83 @@ class ParquetReader:
     def records(self) -> Iterator[LogRecord]:
         """The rows in file order (files sorted by path), each checked (docs/formats.md, Limits)."""
         admission = Admission(self.options.max_users)
+        for group, first, columns in self._batches():
+            yield from self._batch_records(group, first, columns, admission)
+
+    def histogram(self) -> SearchLog:
+        """The log's histogram c_ij, the same as ``SearchLog.from_records(self.records())``, a
+        record batch at a time: a batch whose every row passes the checks at once (no null or
+        empty user, no null query, integer counts in 1..MAX_COUNT, the log's total within its
+        limit, no cut to the first ``max_users`` users) is numbered over its distinct values
+        (:meth:`_coded`); any other goes row by row, so a bad row's error or skip is the row
+        reader's."""
+        histogram = Histogram()
+        admission = Admission(self.options.max_users)
+        for group, first, columns in self._batches():
+            if not self._coded(histogram, admission, columns):
+                for record in self._batch_records(group, first, columns, admission):
+                    histogram.add(record)
+        return histogram.log(self.source)
+
+    def _batches(self) -> Iterator[tuple[RowGroup, int, dict[str, Any]]]:
+        """``(group, rows of the group before this batch, the batch's columns)`` for every record
+        batch of at most BATCH_ROWS rows, in file order, each column checked (:meth:`_validated`)."""
         for file, groups in itertools.groupby(self.row_groups, key=lambda group: group.file):
             self._check_schema(file, self.log.schemas[file])
             with self.log.filesystem.open_input_file(file) as handle:
                 parquet = pyarrow_modules()[2].ParquetFile(handle)
                 for group in groups:
-                    for where, values, k in self._rows(parquet, group):
-                        try:
-                            record = self._record(values, k, where)
-                            if not admission.admit(record, lambda reason: self._error(where, self.names.get("count"), reason)):
-                                continue
-                        except LogError as exc:
-                            skip_or_raise(self.options, self.source, exc)
-                            continue
-                        yield record
+                    first = 0
+                    batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group.index], columns=list(self.names.values()), use_threads=False)
+                    for batch in batches:
+                        yield group, first, {name: self._validated(group, batch.column(column), name) for name, column in self.names.items()}
+                        first += batch.num_rows
 
-    def _rows(self, parquet: Any, group: RowGroup) -> Iterator[tuple[tuple[str, int, int, int], dict[str, list], int]]:
-        """``(where, the batch's columns as Python lists, row k of the batch)`` for every row of
-        ``group``, one record batch of at most BATCH_ROWS rows converted at a time."""
-        row = 0  # rows of the group read so far
-        batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group.index], columns=list(self.names.values()), use_threads=False)
-        for batch in batches:
-            values = {name: self._values(group, batch.column(column), name) for name, column in self.names.items()}
-            for k in range(batch.num_rows):
-                row += 1
-                yield (group.file, group.first_row + row, group.index, row), values, k
+    def _batch_records(self, group: RowGroup, first: int, columns: dict[str, Any], admission: Admission) -> Iterator[LogRecord]:
+        """The checked records of one batch, row by row (its columns converted to Python values
+        at once); a bad row raises, or is skipped and counted with ``lenient``."""
+        values = {name: array.to_pylist() for name, array in columns.items()}
+        for k in range(len(values["user"])):
+            where = (group.file, group.first_row + first + k + 1, group.index, first + k + 1)
+            try:
+                record = self._record(values, k, where)
+                if not admission.admit(record, lambda reason: self._error(where, self.names.get("count"), reason)):
+                    continue
+            except LogError as exc:
+                skip_or_raise(self.options, self.source, exc)
+                continue
+            yield record
+
+    def _coded(self, histogram: Histogram, admission: Admission, columns: dict[str, Any]) -> bool:
+        """Add one batch to ``histogram`` through its distinct values if every row passes the
+        checks: the users stripped, the queries normalised and the urls stripped once per
+        distinct value (``options.normalise`` is a function of its text).  False, having added
+        nothing, if a row does not."""
+        pa, pc = pyarrow_modules()[0], pyarrow_compute()
+        user, query, url = columns["user"], columns["query"], columns["url"]
+        if user.null_count or query.null_count:
+            return False
+        if "count" in columns:
+            count = columns["count"]
+            if not pa.types.is_integer(count.type) or count.null_count:
+                return False
+            if len(count) and (pc.min(count).as_py() < 1 or pc.max(count).as_py() > MAX_COUNT):
+                return False
+            counts = count.to_numpy().astype(np.int64)
+        else:
+            counts = np.ones(len(user), dtype=np.int64)
+        users, user_codes = _distinct(pc, user, lambda value: str(value).strip())
+        if "" in users or not admission.admit_batch(int(counts.sum())):
+            return False
+        queries, query_codes = _distinct(pc, query, self.options.normalise)
+        urls, url_codes = _distinct(pc, url.fill_null(""), lambda value: value.strip() or None)
+        clicks = np.flatnonzero(np.array([u is not None for u in urls], dtype=bool)[url_codes]) if urls else np.zeros(0, dtype=np.int64)
+        if len(clicks):
+            keys, pair_codes = np.unique(query_codes[clicks] * len(urls) + url_codes[clicks], return_inverse=True)
+            query_of, url_of = np.divmod(keys, len(urls))
+            pairs = list(zip(map(queries.__getitem__, query_of.tolist()), map(urls.__getitem__, url_of.tolist())))
+            histogram.add_coded(users, user_codes[clicks], pairs, pair_codes.ravel(), counts[clicks])
+        return True
 
     def _check_schema(self, file: str, schema: Any) -> None:
         """Every mapped column exists, with a type the format reads (refused for the whole file)."""
@@ -158,14 +225,14 @@ class ParquetReader:
         file, line, group, row = where
         return LogError(file, line, column, reason, row_group=(group, row))
 
-    def _values(self, group: RowGroup, array: Any, name: str) -> list:
-        """One column of a record batch as Python values (UTF-8 checked)."""
+    def _validated(self, group: RowGroup, array: Any, name: str) -> Any:
+        """One column of a record batch, its UTF-8 and offsets checked."""
         pa = pyarrow_modules()[0]
         try:
             array.validate(full=True)
         except pa.ArrowInvalid as exc:
             raise LogError(group.file, None, self.names[name], f"row group {group.index}: {exc}") from None
-        return array.to_pylist()
+        return array
 
     def _record(self, values: dict[str, list], k: int, where: tuple[str, int, int, int]) -> LogRecord:
         names = self.names
@@ -198,10 +265,7 @@ class ParquetReader:
 
 def load_parquet(path: str | os.PathLike[str], options: LoadOptions, row_groups: Sequence[RowGroup] | None = None) -> SearchLog:
     """The histogram c_ij of the Parquet log at ``path`` (of ``row_groups`` only, if given)."""
-    reader = ParquetReader(path, options, row_groups)
-    log = SearchLog.from_records(reader.records())
-    log.source = reader.source
-    return log
+    return ParquetReader(path, options, row_groups).histogram()
 
 
 def write_parquet(log: SearchLog, path: str | os.PathLike[str], source: dict | None = None, row_group_rows: int = ROW_GROUP_ROWS) -> int:

@@ -175,3 +175,42 @@ def test_a_resumed_run_reruns_a_size_on_every_engine_it_compares(tmp_path, monke
     assert result["targets"][0]["ray_vs_local_seconds"]["ratio"] == 1.0
     assert main(ray) == 0 and len(calls) == 3
     capsys.readouterr()
+
+
+def test_a_repeated_point_is_its_median_run_and_the_time_target_shows_each_pair() -> None:
+    """--repeat 3: a point's figures are its median run's (the lower middle of two ran when one
+    failed), every run's seconds kept in order; the time target divides the medians and lists
+    the ratio of each pair of runs made in turn."""
+    from cels.bench.scale import median_run
+
+    local = [point("local", 1_000_000, total_seconds=s, online_seconds=s, run=k) for k, s in enumerate((52.0, 50.0, 55.0))]
+    ray = [point("ray P=2", 1_000_000, total_seconds=s, online_seconds=s, run=k) for k, s in enumerate((60.0, 57.0, 66.0))]
+    ray[2] |= {"status": "failed"}
+    local_point, ray_point = median_run(local), median_run(ray)
+    assert (local_point["run"], local_point["total_seconds"]) == (0, 52.0)
+    assert (ray_point["run"], ray_point["total_seconds"]) == (1, 57.0)
+    assert [r["total_seconds"] for r in ray_point["repeats"]] == [60.0, 57.0, 66.0] and ray_point["repeats"][2]["status"] == "failed"
+    verdict = ray_time([local_point, ray_point], "ray P=2", 3)
+    assert verdict["ratio"] == pytest.approx(57 / 52) and verdict["pass"] is True
+    assert verdict["paired_ratios"] == pytest.approx([57 / 50, 60 / 52])
+    assert median_run(local[:1]) == local[0] and "paired_ratios" not in ray_time(local[:1] + ray[:1], "ray P=2", 3)
+
+
+def test_repeated_runs_take_the_engines_in_turn_on_one_input(monkeypatch) -> None:
+    """generate_and_run with --repeat 2 runs local, Ray, local, Ray on the same shares, retries
+    a failed run once, and keeps each engine's median run."""
+    from cels.bench import scale
+
+    calls = []
+
+    def fake(histogram, shares, solve, args, engine):
+        calls.append((engine.kind, tuple(shares)))
+        failed = len(calls) == 2
+        return point(engine.kind, histogram.pairs, status="failed" if failed else "ok", error="x" if failed else None, total_seconds=float(len(calls)))
+
+    monkeypatch.setattr(scale, "run_point", fake)
+    args = argparse.Namespace(log_seed=7, log_format="histogram", repeat=2)
+    points = scale.generate_and_run(1000, 2, "private", args, {"local": EngineOptions(), "ray P=2": EngineOptions(kind="ray", shards=2)})
+    assert [kind for kind, _ in calls] == ["local", "ray", "ray", "local", "ray"] and len({shares for _, shares in calls}) == 1
+    assert [r["total_seconds"] for r in points["local"]["repeats"]] == [1.0, 4.0] and points["local"]["total_seconds"] == 1.0
+    assert [r["total_seconds"] for r in points["ray P=2"]["repeats"]] == [3.0, 5.0] and points["ray P=2"]["retried_after"] == "x"

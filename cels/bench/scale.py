@@ -82,6 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--delta", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True, help="directory for scale.json, scale.csv and scale.png")
     parser.add_argument("--resume", action="store_true", help="keep the points of --out's scale.json that ran or ran out of time (same settings)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="sessions per point, the engines in turn on one input; a point is its median run, every run's seconds beside it (default 1)")  # fmt: skip
     add_engine_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -352,13 +354,26 @@ def generate_and_run(pairs: int, parties: int, solve: str, args: argparse.Namesp
         start = time.perf_counter()
         shares = histogram.write_shares(tmp, parties, args.log_format)
         written = time.perf_counter() - start
-        points = {}
-        for label, engine in todo.items():
-            point = run_point(histogram, shares, solve, args, engine)
-            if point["status"] == "failed":
-                point = run_point(histogram, shares, solve, args, engine) | {"retried_after": point["error"]}
-            points[label] = point | {"generate_seconds": generated, "write_seconds": written}
-        return points
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label in todo}
+        for _ in range(args.repeat):  # the engines in turn, so a change in the machine's load falls on each alike
+            for label, engine in todo.items():
+                point = run_point(histogram, shares, solve, args, engine)
+                if point["status"] == "failed":
+                    point = run_point(histogram, shares, solve, args, engine) | {"retried_after": point["error"]}
+                runs[label].append(point)
+        return {label: median_run(mine) | {"generate_seconds": generated, "write_seconds": written} for label, mine in runs.items()}
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A point's figures: its one run, or (``--repeat``) the run of median total seconds among
+    those that ran (the lower of the middle two), with every run's seconds and status in order
+    under ``repeats``; if none ran, the first run."""
+    ran = sorted((p for p in runs if p["status"] == "ok"), key=lambda p: p["total_seconds"])
+    point = ran[(len(ran) - 1) // 2] if ran else runs[0]
+    if len(runs) == 1:
+        return point
+    figures = ("status", "total_seconds", "online_seconds", "point_seconds", "load_average_start")
+    return point | {"repeats": [{key: run[key] for key in figures if key in run} for run in runs]}
 
 
 def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[tuple[str, int, str, int], dict[str, Any]]:
@@ -371,7 +386,7 @@ def resumed_points(args: argparse.Namespace, settings: dict[str, Any]) -> dict[t
         return {}
     earlier = json.loads(path.read_text())
     for key, value in settings.items():
-        if earlier.get(key) != value:
+        if earlier.get(key, 1 if key == "repeat" else None) != value:  # a file from before --repeat ran each point once
             raise ValueError(f"--resume: {path} has {key} = {earlier.get(key)!r}, this run {value!r}")
     return {(*series_key(p), p["pairs"]): p for p in earlier["points"] if p["status"] in ("ok", "time_limit")}
 
@@ -396,6 +411,8 @@ def run(args: argparse.Namespace) -> int:
     solves = list(dict.fromkeys(args.solve or ["private"]))
     if args.point_time_limit <= 0:
         raise ValueError("--point-time-limit must be > 0 seconds")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
     if min(parties) < 2:
         raise ValueError("--parties: a session needs r >= 2")
     compared = {engine_label(e.kind, e.shards): e for e in engines(args)}
@@ -411,12 +428,13 @@ def run(args: argparse.Namespace) -> int:
         "solves": solves,
         "engines": [asdict(e) for e in compared.values()],
         "point_time_limit_seconds": args.point_time_limit,
+        "repeat": args.repeat,
         "offline": "none" if args.no_stock else "private: none (masked sums); transformed: obfuscators of the secure sums stocked under P_1's node key before each session",
         "synthetic": {"generator": "cels.logs.synthetic.synthetic_histogram", "seed": args.log_seed, "format": args.log_format},
         "points": [],
         "series": [],
     }
-    kept = resumed_points(args, {k: result[k] for k in ("key_bits", "point_time_limit_seconds", "offline", "synthetic")})
+    kept = resumed_points(args, {k: result[k] for k in ("key_bits", "point_time_limit_seconds", "repeat", "offline", "synthetic")})
     if kept:
         result["resumed"] = {"points_kept": len(kept), "machine_before": json.loads((args.out / "scale.json").read_text())["machine"]}
     with tqdm(total=len(sizes) * len(parties) * len(solves) * len(compared), desc="scale points", unit="point", file=sys.stderr, disable=None) as bar:

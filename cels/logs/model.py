@@ -99,7 +99,7 @@ class SearchLog:
     @classmethod
     def from_records(cls, records: Iterable[LogRecord], source: dict | None = None) -> SearchLog:
         """Histogram of the click events (records without a url make no pair)."""
-        histogram = Histogram()
+        histogram = HistogramBuilder()
         for rec in records:
             histogram.add(rec)
         return histogram.log(source)
@@ -140,7 +140,7 @@ class SearchLog:
         return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]
 
 
-class Histogram:
+class HistogramBuilder:
     """The histogram c_ij built as a log is read: users and pairs numbered in the order they are
     first seen among the click events (a record without a url makes neither), counts summed.
     Events come one record at a time (:meth:`add`) or as a batch coded over its distinct

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cels.logs.model import MAX_COUNT, Histogram, LogError, LogRecord, SearchLog
+from cels.logs.model import MAX_COUNT, HistogramBuilder, LogError, LogRecord, SearchLog
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
 
 PARQUET_COLUMNS = {"user": "user", "query": "query", "url": "url", "count": "count"}
@@ -135,7 +135,7 @@ class ParquetReader:
         limit, no cut to the first ``max_users`` users) is numbered over its distinct values
         (:meth:`_coded`); any other goes row by row, so a bad row's error or skip is the row
         reader's."""
-        histogram = Histogram()
+        histogram = HistogramBuilder()
         admission = Admission(self.options.max_users)
         for group, first, columns in self._batches():
             if not self._coded(histogram, admission, columns):
@@ -172,7 +172,7 @@ class ParquetReader:
                 continue
             yield record
 
-    def _coded(self, histogram: Histogram, admission: Admission, columns: dict[str, Any]) -> bool:
+    def _coded(self, histogram: HistogramBuilder, admission: Admission, columns: dict[str, Any]) -> bool:
         """Add one batch to ``histogram`` through its distinct values if every row passes the
         checks: the users stripped, the queries normalised and the urls stripped once per
         distinct value (``options.normalise`` is a function of its text).  False, having added

@@ -6,7 +6,9 @@ an AOL row), or the names a column mapping gives.  A null or empty url is a quer
 click (as AOL).  Every row goes through the text readers' checks and limits (docs/formats.md,
 "Limits"); a bad row raises :class:`LogError` naming the file, the row (its number in the file,
 its row group and its row in that group) and the column, or is skipped and counted with
-``lenient``.  pyarrow is the optional extra ``parquet``, imported only when the format is used.
+``lenient``.  A record batch whose every row passes is read through its distinct values
+(:meth:`ParquetReader.histogram`), any other row by row.  pyarrow is the optional extra
+``parquet``, imported only when the format is used.
 """
 
 from __future__ import annotations

@@ -278,7 +278,8 @@ def csv_row(point: dict[str, Any]) -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """Log-log seconds (offline + online), bytes and peak RSS against pairs: one line per
-    (solve, r, engine) with its fitted slope in the legend, Table 5's 405 MB beside the 4M x
+    (solve, r, engine) with its fitted slope in the legend (a repeated point's runs as dashes
+    beside its median), Table 5's 405 MB beside the 4M x
     10 point, and an x where a series ran out of time; the RSS panel has the party node's peak
     (every engine) and, for Ray, the largest shard's and pair-work worker's."""
     from cels.experiments.common import panels, save_figure
@@ -298,6 +299,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
             slope = s["slope"][what]
             label = f"{s['solve']}, r = {s['parties']}, {engine}" + ("" if slope is None else f" (slope {slope:.2f})")
             ax.plot([p["pairs"] for p in ran], [p[what] for p in ran], styles.get(s["solve"], ":"), marker="o", color=colour, label=label)
+        runs = [(p["pairs"], run["total_seconds"]) for p in ran for run in p.get("repeats", []) if run["status"] == "ok"]
+        if runs:  # --repeat: every run of a point beside its median
+            axes[0, 0].plot(*zip(*runs), "_", color=colour, markersize=12, alpha=0.7)
         for what, (name, marker) in rss_kinds.items():
             drawn = [p for p in ran if p.get(what)]
             if drawn:
@@ -308,7 +312,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 axes[0, 0].plot([p["pairs"]], [p["point_seconds"]], "x", color=colour, markersize=9)
     axes[0, 1].plot([PAPER_POINT["pairs"] * 1.12], [PAPER_POINT["bytes"]], "*", color="k", markersize=12,
                     label="paper Table 5: AOL 4M, r = 10, 512-bit keys (405 MB)")  # fmt: skip
-    titles = ("seconds (offline + online); x: over the time limit", "bytes of protocol messages (all nodes)",
+    titles = ("seconds (offline + online; a repeated point: its median, each run a dash); x: over the time limit", "bytes of protocol messages (all nodes)",
               "peak RSS (MiB): party node, Ray shard, Ray pair worker")  # fmt: skip
     for ax, title in zip(axes[0], titles):
         ax.set_xscale("log")

@@ -150,16 +150,17 @@ def read_both(path, options: LoadOptions) -> tuple:
 @given(
     rows=st.lists(st.tuples(st.sampled_from(USERS), st.sampled_from(QUERIES), st.sampled_from(URLS), st.sampled_from(COUNTS)), max_size=30),
     with_count=st.booleans(), integer_users=st.booleans(), lenient=st.booleans(),
-    row_group_size=st.integers(1, 12), batch_rows=st.integers(1, 8),
+    row_group_size=st.integers(1, 12), batch_rows=st.integers(1, 8), max_users=st.none() | st.integers(1, 3),
 )
 @example(  # a user and a query first seen without a click: numbered where first clicked
     rows=[("7", "x", None, 1), ("8", "caf\u00e9 paris", "http://cafe.fr/", 1), ("7", "x", "http://weather.com/", 1)],
-    with_count=False, integer_users=False, lenient=False, row_group_size=12, batch_rows=8,
+    with_count=False, integer_users=False, lenient=False, row_group_size=12, batch_rows=8, max_users=None,
 )
-def test_the_columnar_reader_reads_as_the_row_reader(rows, with_count, integer_users, lenient, row_group_size, batch_rows) -> None:
+def test_the_columnar_reader_reads_as_the_row_reader(rows, with_count, integer_users, lenient, row_group_size, batch_rows, max_users) -> None:
     """Batch by batch through distinct values, or row by row where a batch has a bad row: the
     same users and pairs in the same order, the same counts, the same skips, or the same error
-    (users with whitespace, queries normalised, null, empty and blank urls, bad counts)."""
+    (users with whitespace, queries normalised, null, empty and blank urls, bad counts, a cut
+    to the first users)."""
     import tempfile
     from unittest import mock
 
@@ -175,7 +176,7 @@ def test_the_columnar_reader_reads_as_the_row_reader(rows, with_count, integer_u
         types.append(("count", pa.int64()))
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(parquet, "BATCH_ROWS", batch_rows):
         path = put(f"{tmp}/h.parquet", columns, row_group_size, pa.schema(types))
-        columnar, by_rows = read_both(path, LoadOptions("parquet", lenient=lenient))
+        columnar, by_rows = read_both(path, LoadOptions("parquet", lenient=lenient, max_users=max_users))
     assert columnar == by_rows
 
 

@@ -17,8 +17,9 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cels.fileio import atomic_write_json
 from cels.logs import LoadOptions, SearchLog, parse_columns

@@ -95,10 +95,10 @@ class Admission:
         return True
 
     def admit_batch(self, total: int) -> bool:
-        """True, counting them: a batch of records (no user cut) whose counts add up to
-        ``total`` keeps the log within MAX_LOG_TOTAL; False, counting nothing: one of its records
-        would not (:meth:`admit` names it)."""
-        if self.max_users is not None or self.total + total > MAX_LOG_TOTAL:
+        """True, counting them: a batch of records whose counts add up to ``total`` keeps the
+        log within MAX_LOG_TOTAL; False, counting nothing: one of its records would not
+        (:meth:`admit` names it).  Only where no user is cut (``max_users`` None)."""
+        if self.total + total > MAX_LOG_TOTAL:
             return False
         self.total += total
         return True

@@ -179,6 +179,8 @@ class ParquetReader:
         checks: the users stripped, the queries normalised and the urls stripped once per
         distinct value (``options.normalise`` is a function of its text).  False, having added
         nothing, if a row does not."""
+        if admission.max_users is not None:  # the cut to the first users is made row by row, in file order
+            return False
         pa, pc = pyarrow_modules()[0], pyarrow_compute()
         user, query, url = columns["user"], columns["query"], columns["url"]
         if user.null_count or query.null_count:

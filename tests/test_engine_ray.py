@@ -22,7 +22,7 @@ from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
 from cels.engine.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
-from cels.engine.ray_work import RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
+from cels.engine.ray_work import CHUNK_IDS, RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
 from cels.logs.model import LogError, LogRecord, SearchLog  # noqa: E402
@@ -330,6 +330,33 @@ def test_simulate_passes_the_engine_flags_to_every_party_node() -> None:
         engine_options(argparse.Namespace(engine="ray", engine_address=None, shards=-1, max_in_flight=None), {})
 
 
+@ray.remote
+def _ids_of(size: int) -> bytes:
+    """A pair-work task's result of ``size`` bytes."""
+    return bytes(size)
+
+
+def test_the_instance_a_node_starts_passes_a_chunk_in_the_call_and_runs_no_log_monitor(engine) -> None:
+    """The Ray instance a node starts (address "local") runs with LOCAL_RAY_CONFIG: a result
+    of a pair-work task of CHUNK_IDS 2048-bit ids (2 MiB) is held in the caller, not in the
+    object store on a node, where one of 8 MiB still goes; and its log monitor is gone
+    (stop_log_monitor).  docs/deployment.md, "Where Ray's CPU goes"."""
+    chunk, large = _ids_of.remote(CHUNK_IDS * 256), _ids_of.remote(8 << 20)
+    ray.wait([chunk, large], num_returns=2)
+    where = ray.experimental.get_object_locations([chunk, large])
+    assert where[chunk]["node_ids"] == [] and len(where[large]["node_ids"]) == 1, where
+    session = ray._private.worker._global_node.get_session_dir_path().encode()
+    monitors = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"log_monitor.py" in argv and session in argv:
+            monitors.append(int(entry.name))
+    assert monitors == []
+
+
 def ray_processes() -> set[int]:
     """Pids of Ray's own processes on this machine (raylet, GCS, workers and agents)."""
     found = set()
@@ -410,11 +437,11 @@ def test_a_seeded_release_is_the_same_in_process_and_on_any_number_of_shards(eng
 
 
 def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) -> None:
-    """The node's warm shard actors (ShardPool: a log, user and sampling shard per shard) serve
+    """The node's warm shard actors (ShardPool: a log shard and a user shard per shard) serve
     a session, are reset and serve the next: the same seeded release as in process each time
     (a log shard that kept the first session's pieces would count every row twice), from the
     same actor processes.  Of the session's two parties on one node's engine, the first takes
-    the warm actors and the second, finding them busy, makes its own six; an actor that died
+    the warm actors and the second, finding them busy, makes its own four; an actor that died
     idle is replaced when it is next asked for.  The node here starts a pool of its own, as a
     node does: what earlier tests' works borrowed from the module's engine, and give back only
     when collected, is not this test's to count (CI once found that pool empty)."""
@@ -425,17 +452,17 @@ def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) 
     node = RayEngine(engine.options, pool=pool)
     try:
         warm = {slot: actor._actor_id for slot, (actor, _) in pool._idle.items()}
-        assert len(warm) == 3 * pool.shards == 6
+        assert len(warm) == 2 * pool.shards == 4
         made = []
         monkeypatch.setattr("cels.engine.ray_work.in_bundle", lambda *args: made.append(args) or in_bundle(*args))
         for session in range(2):
             assert released(seeded_release(log, config, node)) == local, session
-            assert len(made) == 6 * (session + 1)  # the second party's; the first's were warm
+            assert len(made) == 4 * (session + 1)  # the second party's; the first's were warm
             assert {slot: actor._actor_id for slot, (actor, _) in pool._idle.items()} == warm
         lost = (LogShard, 1)
         ray.kill(pool._idle[lost][0])
         assert released(seeded_release(log, config, node)) == local
-        assert pool._idle[lost][0]._actor_id != warm[lost] and len(made) == 6 * 2 + 1 + 6
+        assert pool._idle[lost][0]._actor_id != warm[lost] and len(made) == 4 * 2 + 1 + 4
     finally:
         pool.close()
 

@@ -26,8 +26,9 @@ another party.
   against the OR of their rejections until it is settled (:meth:`RayWork.verdicts`), and the
   result is the same bitmap as in one process for any P.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
-  multinomial trials -- run on P :class:`SamplingShard` actors holding their users' counts;
-  every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
+  multinomial trials -- run on the same P :class:`UserShard` actors, which hold their users'
+  counts over the active pairs from the sampling on (one actor for both phases, so a node's
+  Ray instance keeps 2P actor processes, not 3P: docs/deployment.md, "Where Ray's CPU goes"); every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
   the shards draw what the party draws in one process, for any P.
 
 Faults (docs/deployment.md, "Faults of the engine"): a pair-work or reader task whose worker
@@ -114,20 +115,31 @@ NODE_WALK_NONZEROS = 1 << 18
 is walked on the node (cels.mechanism.greedy.verdicts over the rows it holds anyway): such a
 walk takes a few milliseconds, one call to each user shard about as long again under load.
 A larger round goes to the user shards (module docstring, docs/deployment.md)."""
-LOCAL_RAY_CONFIG = {"task_events_report_interval_ms": 0, "enable_timeline": False, "enable_metrics_collection": False, "event_stats": False}
-"""Ray's system settings for the instance a node starts itself (``address = "local"``): no task
-events, timeline, metrics or event-loop statistics, which nothing here reads (no dashboard).
-One party of 1M pairs alone, every process's CPU counted: its first hash took 8.9-9.1 CPU
-seconds with them off against 9.3-9.5 on (docs/deployment.md, "What runs where").  A cluster
-the node joins keeps its operator's settings."""
+LOCAL_RAY_CONFIG = {
+    "max_direct_call_object_size": 4 << 20,
+    "task_events_report_interval_ms": 0, "enable_timeline": False, "enable_metrics_collection": False, "event_stats": False,
+}  # fmt: skip
+"""Ray's system settings for the instance a node starts itself (``address = "local"``).
+
+- Values up to 4 MiB pass in the call itself, not through the object store (Ray's default
+  bound is 100 KiB): a pair-work task's ids and result (256 KiB of X25519 ids, 2 MiB of
+  2048-bit Pohlig-Hellman ids per :data:`CHUNK_IDS`).  A task of 8,192 X25519 ids that only
+  echoes them cost 6.3 ms of CPU over all processes through the store and 2.6 ms inline
+  (docs/deployment.md, "Where Ray's CPU goes").
+- No task events, timeline, metrics or event-loop statistics, which nothing here reads (no
+  dashboard).  One party of 1M pairs alone, every process's CPU counted: its first hash took
+  8.9-9.1 CPU seconds with them off against 9.3-9.5 on (docs/deployment.md, "What runs where").
+
+A cluster the node joins keeps its operator's settings (``ray start --system-config`` on its
+head: docs/deployment.md)."""
 SHARD_RESTARTS = 3
-"""Shard actors (user-shard and sampling) a session re-creates after losing them, before it aborts."""
+"""User-shard actors a session re-creates after losing them (in the private solve or the sampling), before it aborts."""
 SHARD_MEMORY = 1 << 20
 """The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
 Ray to place it in its bundle.  A sliver of CPU instead would leave a node one core short for
 the whole-core pair-work and reader tasks (on a 2-CPU node, one task at a time)."""
-SHARD_ACTORS = 3
-"""Actors in a shard's bundle: its log shard, user shard (private solve) and sampling shard."""
+SHARD_ACTORS = 2
+"""Actors in a shard's bundle: its log shard and its user shard (private solve and sampling)."""
 PLACE_SECONDS = 60.0
 """How long a session waits for its shards' placement group before it gives up."""
 READY_SECONDS = 10.0
@@ -169,6 +181,17 @@ def join(address: str) -> None:
             if attempt == JOIN_ATTEMPTS:
                 raise ValueError(f"cannot join the Ray cluster at {address} ({JOIN_ATTEMPTS} attempts): {exc}") from None
             time.sleep(JOIN_BACKOFF_SECONDS * 2 ** (attempt - 1))
+
+
+def stop_log_monitor() -> None:
+    """End the log monitor of the Ray instance this process started.  It tails every worker's
+    log files ten times a second for drivers that print them, and a node does not
+    (``log_to_driver=False``; the files stay in the session directory): 0.67 % of a core per
+    instance, about 1.2 CPU seconds of a 1M x 3 session on three instances (docs/deployment.md,
+    "Where Ray's CPU goes").  ``ray.init`` has no switch for it (``ray start
+    --include-log-monitor=false`` has), so this ends it through Ray's handle on the node it
+    started, a private one (tests/test_engine_ray.py checks that it is gone)."""
+    ray._private.worker._global_node.kill_log_monitor(check_alive=False)
 
 
 def spread_group(bundles: int) -> PlacementGroup | None:
@@ -217,6 +240,7 @@ class RayEngine:
         if not ray.is_initialized():
             if options.address == LOCAL_RAY:
                 context = ray.init(include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG)
+                stop_log_monitor()
                 reaper = watch(context.address_info["session_dir"])
             else:
                 check_reachable(options.address)
@@ -339,20 +363,28 @@ def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], to
 
 @ray.remote
 class UserShard(ShardState):
-    """The constraint rows of the users whose HMAC falls on this shard, and one round's
-    starting loads and proposals (cels.mechanism.greedy.verdicts, walked against a veto)."""
+    """The users whose HMAC falls on this shard after the load: for the private solve, their
+    constraint rows and one round's starting loads and proposals
+    (cels.mechanism.greedy.verdicts, walked against a veto); for the sampling (docs/protocol.md,
+    "Sampling"), their counts over the active pairs, in draw order, and their draws, bucket by
+    bucket from the party's keys (cels.protocol.user_draws), so the shards draw what the party
+    would in one process.  Each phase places its own state (:meth:`place_rows`,
+    :meth:`place_counts`), so a shard re-created in one phase needs that phase's alone."""
 
     def __init__(self) -> None:
-        self.place(sp.csc_matrix((0, 0)))
+        self.place_rows(sp.csc_matrix((0, 0)))
+        self.counts: sp.csr_matrix | None = None
+        self.user_draws: BucketDraws | None = None
+        self.sampler: StagedSampler | None = None
 
-    def place(self, rows: sp.csc_matrix) -> None:
+    def place_rows(self, rows: sp.csc_matrix) -> None:
         """This shard's users' constraint rows, for the session's rounds."""
         self.rows = rows
         self.loads = np.zeros(rows.shape[0])
         self.proposals = np.zeros(0, dtype=np.int64)
         self.limit = 0.0
 
-    def begin(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
+    def begin_round(self, loads: np.ndarray, proposals: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
         """A round begins: the proposals this shard rejects if no other shard rejects any, and
         those that touch its users (the others change none of its loads)."""
         self.loads, self.proposals, self.limit = loads, proposals, limit
@@ -373,25 +405,13 @@ class UserShard(ShardState):
                 tentative[users] += cost
         return out
 
-
-@ray.remote
-class SamplingShard(ShardState):
-    """One shard's users during the sampling (docs/protocol.md, "Sampling"): their counts over
-    the active pairs, in draw order, and their draws, bucket by bucket from the party's keys
-    (cels.protocol.user_draws), so the shards draw what the party would in one process."""
-
-    def __init__(self) -> None:
-        self.counts: sp.csr_matrix | None = None
-        self.user_draws: BucketDraws | None = None
-        self.sampler: StagedSampler | None = None
-
-    def place(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
+    def place_counts(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
         """This shard's users' counts over the active pairs, and their buckets' draw keys."""
         self.counts = counts.copy()  # Ray hands numpy arrays over read-only
         self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
         self.sampler = None
 
-    def begin(self, totals: np.ndarray, x: np.ndarray, theta: float) -> bool:
+    def begin_sampling(self, totals: np.ndarray, x: np.ndarray, theta: float) -> bool:
         """The exact staged sampling starts; whether it is already done (x = 0)."""
         self.sampler = StagedSampler(self.counts, totals, x, self.user_draws.poisson, theta)
         return self.sampler.done
@@ -464,7 +484,7 @@ class PairTasks:
 
 class ShardPool:
     """A node's warm shard actors (docs/deployment.md, "Warm shards"): one of each kind -- log
-    shard, user shard, sampling shard -- per shard, started with the node in a placement group
+    shard and user shard -- per shard, started with the node in a placement group
     of its own (spread as a session's would be), so that a session starts no actor process:
     each costs about 1 s of CPU to start and import numpy, scipy and pyarrow (measured:
     docs/deployment.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
@@ -472,7 +492,7 @@ class ShardPool:
     before the next session gets it.  One that another session holds is not waited for: the
     session makes its own, in its own group, as a node without a pool does."""
 
-    KINDS = (LogShard, UserShard, SamplingShard)
+    KINDS = (LogShard, UserShard)
 
     def __init__(self, shards: int, group: PlacementGroup) -> None:
         self.shards, self.group = shards, group
@@ -539,7 +559,7 @@ def _give_back(pool: ShardPool, borrowed: list) -> None:
 
 
 class ShardedSampler:
-    """:class:`StagedSampler`'s interface to the party's stage over its sampling shards: the
+    """:class:`StagedSampler`'s interface to the party's stage over its user shards: the
     node adds the shards' stage totals (integers, so in any order) and hands every shard the
     summed totals of the secure sum.  A shard lost on the way is re-created from the counts
     the node placed and replayed: begun again, then every past stage proposed (its draws are
@@ -552,7 +572,7 @@ class ShardedSampler:
         self.proposed = False
         self.begin = (totals, x, theta)
         self.actors = work.sampling_shards(active)
-        self.done = all(self._each(lambda a: a.begin.remote(*self.begin)))
+        self.done = all(self._each(lambda a: a.begin_sampling.remote(*self.begin)))
 
     @property
     def stage(self) -> int:
@@ -563,7 +583,7 @@ class ShardedSampler:
 
     def _replay(self, actor) -> None:
         """A re-created shard brought to where the others are."""
-        ray.get(actor.begin.remote(*self.begin))
+        ray.get(actor.begin_sampling.remote(*self.begin))
         for totals in self.settled:
             ray.get(actor.propose.remote())
             ray.get(actor.settle.remote(totals))
@@ -587,7 +607,7 @@ class ShardedSampler:
 class RayWork:
     """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards``
     log shards (cels.engine.log_shards), the universe's pair work on tasks, the private solve's
-    verdicts on user-shard actors and the sampling on sampling shards (module docstring).
+    verdicts and the sampling on user-shard actors (module docstring).
     ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is read
     by reader tasks, row group by row group; any other is read by the node and split).  Its shard
     actors are the node's warm ones where ``pool`` has them idle (:class:`ShardPool`)."""
@@ -611,7 +631,6 @@ class RayWork:
         self.shard_restarts = 0  # user-shard actors re-created in this session
         self.verdict_rounds = self.verdict_passes = 0  # private-solve rounds on the user shards, and their passes over them
         self.node_rounds = 0  # private-solve rounds walked on the node (NODE_WALK_NONZEROS)
-        self._sampling_actors: list = []
         self._group = None  # this session's placement group of the shards (made at the first shard)
         self.pair_tasks = PairTasks(max_in_flight)
 
@@ -674,7 +693,7 @@ class RayWork:
         (:class:`ShardPool`), else a new one in shard ``shard``'s bundle of this session's
         placement group: P bundles spread (:func:`spread_group`), so the shards go to as many of
         the cluster's nodes as it has (Ray's default placement may put them all on one).  A
-        shard's log, user-shard and sampling actors share its bundle.  The group is made at the
+        shard's log-shard and user-shard actors share its bundle.  The group is made at the
         first shard made here and removed by :meth:`release`."""
         actor = self._pool.borrow(kind, shard) if self._pool is not None else None
         if actor is not None:
@@ -692,29 +711,29 @@ class RayWork:
         """The session ended here: the warm actors it borrowed go back to the node's pool, the
         shard actors it made end and its placement group goes."""
         warm = {id(actor) for _, _, actor in self._borrowed}  # the very handles _shard lent out
-        for actor in [*(self.log.actors if self.log else []), *self._actors, *self._sampling_actors]:
+        for actor in [*(self.log.actors if self.log else []), *self._actors]:
             if id(actor) not in warm:
                 ray.kill(actor)
         if self._pool is not None:
             self._give_back()
-        self.log, self._actors, self._sampling_actors = None, [], []
+        self.log, self._actors = None, []
         if self._group is not None:
             self._drop_group()
             self._group = None
 
     def sampling_shards(self, active: np.ndarray) -> list:
-        """One sampling actor per shard with its users' counts over the ``active`` pairs."""
+        """Every user shard with its users' counts over the ``active`` pairs (:meth:`UserShard.place_counts`)."""
         local = self.log.counts_over(active)
         self._sample_members = self.log.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
-        self._sampling_actors = self._sampling_actors or [self._shard(SamplingShard, s) for s in range(self.shards)]
-        for actor, args in zip(self._sampling_actors, self._sampling_args):
-            actor.place.remote(*args)
-        return self._sampling_actors  # a lost one is replaced in this list (sampling_call)
+        self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
+        for actor, args in zip(self._actors, self._sampling_args):
+            actor.place_counts.remote(*args)
+        return self._actors  # a lost one is replaced in this list (sampling_call)
 
     def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:
-        """``call(actor)`` on every sampling shard, in order.  A shard lost on the way is
+        """``call(actor)`` on every user shard in the sampling, in order.  A shard lost on the way is
         re-created from its placed counts, brought up by ``replay(actor)`` and called again,
         out of the session's :data:`SHARD_RESTARTS`; past them: "engine worker lost"."""
         refs = [call(a) for a in actors]
@@ -726,8 +745,8 @@ class RayWork:
                     break
                 except ray.exceptions.RayActorError as exc:
                     self._count_restart(exc)
-                    actors[s] = self._shard(SamplingShard, s)
-                    actors[s].place.remote(*self._sampling_args[s])
+                    actors[s] = self._shard(UserShard, s)
+                    actors[s].place_counts.remote(*self._sampling_args[s])
                     if replay is not None:
                         replay(actors[s])
                     ref = call(actors[s])
@@ -760,7 +779,7 @@ class RayWork:
         self._shard_rows = [csr[members].tocsc() for members in self._members]
         self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
         for actor, held in zip(self._actors, self._shard_rows):
-            actor.place.remote(held)
+            actor.place_rows.remote(held)
         self._placed = rows
 
     def verdicts(self, rows: sp.spmatrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
@@ -785,7 +804,7 @@ class RayWork:
         it is settled.  Each pass makes the veto right through its first wrong entry (the walks
         before it saw the party's accepted set), so it ends, with the one-process bitmap; a
         pass costs one call per shard, however many proposals the round rejects."""
-        answers = ray.get([a.begin.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
+        answers = ray.get([a.begin_round.remote(loads[m], proposals, limit) for a, m in zip(self._actors, self._members)])
         touched = [t for _, t in answers]
         rejected = [r for r, _ in answers]
         walked, veto = np.zeros(len(proposals), dtype=bool), np.logical_or.reduce(rejected)
@@ -809,17 +828,17 @@ class RayWork:
         named = [s for s, actor in enumerate(self._actors) if actor._actor_id.hex() == exc.actor_id]
         for s in named or range(self.shards):  # an actor dropped here ends with its last handle
             self._actors[s] = self._shard(UserShard, s)
-            self._actors[s].place.remote(self._shard_rows[s])
+            self._actors[s].place_rows.remote(self._shard_rows[s])
 
     def usage(self) -> dict[str, Any]:
         """What this session's workers used so far: every shard's peak RSS (asked of its actors
         now; none before the private solve or the sampling placed them), and the pair-work tasks'
         workers' peak RSS and CPU seconds."""
-        kinds = [actors for actors in (self.log.actors if self.log else [], self._actors, self._sampling_actors) if actors]
+        kinds = [actors for actors in (self.log.actors if self.log else [], self._actors) if actors]
         answers = ray.get([a.peak_rss.remote() for actors in kinds for a in actors], timeout=USAGE_SECONDS)
         by_kind = [answers[k * self.shards : (k + 1) * self.shards] for k in range(len(kinds))]
         return {
-            # shard s: the largest peak of its log shard, user shard (private solve) and sampling actors
+            # shard s: the larger peak of its log shard and its user shard
             "shard_peak_rss_bytes": [max(rss for _, rss in peaks) for peaks in zip(*by_kind)],
             "node_rounds": self.node_rounds,
             "verdict_rounds": self.verdict_rounds,

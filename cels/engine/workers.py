@@ -64,7 +64,8 @@ class ShardState:
 
 SLICE_BYTES = 96 << 10
 """Bytes of an array per call between a node and its shards (:func:`in_slices`): under Ray's
-100 KiB bound for passing a value in the call itself (``max_direct_call_object_size``), so no
+default 100 KiB bound for passing a value in the call itself (``max_direct_call_object_size``;
+4 MiB on the instance a node starts: cels.engine.ray_work.LOCAL_RAY_CONFIG), so no
 per-pair array of the load goes through the object store, whose pages the node would keep
 mapped for the rest of its life (RssShmem: 40 MB at 4M pairs; docs/deployment.md)."""
 

@@ -5,7 +5,7 @@ processes ended, a party node killed by SIGKILL.
 
 - a pair-work task whose worker dies runs again and the ids are the in-process ones;
 - a user-shard actor that dies is re-created and the round walked again (the in-process
-  verdicts); a sampling-shard actor is re-created and replayed (the in-process draws); past :data:`SHARD_RESTARTS` the session aborts: LOCAL_FAILURE in phase solve,
+  verdicts); one lost in the sampling is re-created and replayed (the in-process draws); past :data:`SHARD_RESTARTS` the session aborts: LOCAL_FAILURE in phase solve,
   blaming the party, "engine worker lost", nothing more;
 - a joined cluster that stopped answering refuses a StartSession with its address;
 - a SIGKILLed party node that started its own Ray instance leaves no Ray process behind.
@@ -234,7 +234,7 @@ def test_a_shard_lost_too_often_is_engine_worker_lost(engine) -> None:
 
 
 def test_a_lost_sampling_shard_is_recreated_and_replayed_to_the_same_draws(engine) -> None:
-    """Sampling shards killed between a stage's proposal and its settlement (twice): each is
+    """User shards killed in the sampling between a stage's proposal and its settlement (twice): each is
     re-created, replays the stages so far and the pending proposal, and the sampled x_ij are
     the in-process ones (same draw keys)."""
     local, remote = loaded_pair(2, synthetic_log(seed=5, users=300, pairs=200))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cels.cli import main
 from cels.logs import LoadOptions, LogError, SearchLog, load_log, parse_columns, synthetic_log, write_log
-from cels.logs.parquet import ParquetLog, load_parquet, write_parquet
+from cels.logs.parquet import ParquetLog, RowGroup, load_parquet, write_parquet
 from tests.test_logs import histogram
 
 
@@ -222,6 +222,27 @@ def test_runs_of_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
         parts = [load_parquet(lake, LoadOptions("parquet"), batch) for batch in batches]
         assert sum(p.source["row_groups"] for p in parts) == len(groups)
         assert merged(parts) == histogram(log)
+
+
+def test_runs_of_row_groups_are_as_even_as_whole_groups_allow() -> None:
+    """A 1M party's log (326,629 rows in groups of 65,536) in runs of at most 262,144 rows:
+    two runs, 131,072 and 195,557 rows (cut at the first 262,144 they were 262,144 and 64,485);
+    runs never pass the bound, and a log within it is one run."""
+    from cels.engine.log_shards import read_batches
+
+    def groups(*sizes: int) -> list[RowGroup]:
+        return [RowGroup("a.parquet", k, n, sum(sizes[:k])) for k, n in enumerate(sizes)]
+
+    def runs(sizes: tuple[int, ...], rows: int) -> list[int]:
+        batches = read_batches(groups(*sizes), rows)
+        assert [g for batch in batches for g in batch] == groups(*sizes)
+        return [sum(g.rows for g in batch) for batch in batches]
+
+    assert runs((65_536,) * 4 + (64_485,), 262_144) == [131_072, 195_557]
+    assert runs((10,) * 10, 40) == [30, 40, 30]  # 100 rows in three runs: not 40, 40, 20
+    assert runs((10,) * 10, 100) == [100]
+    assert runs((60, 60, 60), 100) == [60, 60, 60]  # no two groups fit in one run
+    assert runs((300, 10, 10), 100) == [300, 20]  # a larger group alone
 
 
 def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch) -> None:

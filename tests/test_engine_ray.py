@@ -165,7 +165,8 @@ def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
 def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(engine, monkeypatch) -> None:
     """The bound is the nonzeros of the round's proposed columns: a round at the bound is
     walked on the node (no user shard placed), one above it on the shards; both give the
-    in-process bitmap and are counted apart in the session summary."""
+    in-process bitmap and are counted apart in the session summary.  The user shards then
+    serve the sampling, which drops their rows: a later round places them again."""
     local, remote = loaded_pair(2, synthetic_log(seed=5, users=120, pairs=80))
     totals = np.asarray(local.local.sum(axis=0)).ravel() * 3
     active = np.flatnonzero(totals)
@@ -183,6 +184,11 @@ def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(
     assert np.array_equal(remote.verdicts(rows, loads, large, b), verdicts(rows, loads, large, b))
     assert (remote.node_rounds, remote.verdict_rounds, len(remote._actors)) == (1, 1, 2)
     assert remote.usage()["node_rounds"] == 1
+    # the same actors take the sampling's counts, and drop the rows; a round after it places them again
+    shards = list(remote._actors)
+    assert remote.sampling_shards(active) == shards
+    assert np.array_equal(remote.verdicts(rows, loads, large, b), verdicts(rows, loads, large, b))
+    assert remote._actors == shards and remote.verdict_rounds == 2
     remote.release()
 
 

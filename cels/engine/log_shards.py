@@ -162,9 +162,9 @@ def read_batches(row_groups: Sequence[RowGroup], rows: int) -> list[list[RowGrou
     """Consecutive runs of row groups of at most ``rows`` rows (a larger group alone), as even
     as whole groups allow: a run's share is the rows not yet in a run over as many runs as
     they need, and a run closes before the group that would take it further past that share
-    than it stays short of it.  A party
-    of 326,629 rows in groups of 65,536 is read in runs of 131,072 and 195,557 rows, not
-    262,144 and 64,485 (where cores are free, the larger run is the load's wall time)."""
+    than it stays short of it.  A party of 326,629 rows in groups of 65,536 is read in runs
+    of 131,072 and 195,557 rows, not 262,144 and 64,485 (where cores are free, the larger run
+    is the load's wall time)."""
     left = sum(group.rows for group in row_groups)  # rows not in a closed run
     batches: list[list[RowGroup]] = []
     size = share = 0

@@ -28,8 +28,10 @@ another party.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
   multinomial trials -- run on the same P :class:`UserShard` actors, which hold their users'
   counts over the active pairs from the sampling on (one actor for both phases, so a node's
-  Ray instance keeps 2P actor processes, not 3P: docs/deployment.md, "Where Ray's CPU goes"); every draw comes from the stream of the user's draw bucket (cels.protocol.user_draws), so
-  the shards draw what the party draws in one process, for any P.
+  Ray instance keeps 2P actor processes, not 3P: docs/deployment.md, "Where Ray's CPU
+  goes"); every draw comes from the stream of the user's draw bucket
+  (cels.protocol.user_draws), so the shards draw what the party draws in one process, for
+  any P.
 
 Faults (docs/deployment.md, "Faults of the engine"): a pair-work or reader task whose worker
 dies is run again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A
@@ -406,7 +408,9 @@ class UserShard(ShardState):
         return out
 
     def place_counts(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
-        """This shard's users' counts over the active pairs, and their buckets' draw keys."""
+        """This shard's users' counts over the active pairs, and their buckets' draw keys; the
+        private solve is over, so its rows go (the shard holds one phase's state at a time)."""
+        self.place_rows(sp.csc_matrix((0, 0)))
         self.counts = counts.copy()  # Ray hands numpy arrays over read-only
         self.user_draws = BucketDraws(DrawKeys(root, seeded=seeded), buckets)
         self.sampler = None
@@ -729,7 +733,8 @@ class RayWork:
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
         self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
         for actor, args in zip(self._actors, self._sampling_args):
-            actor.place_counts.remote(*args)
+            actor.place_counts.remote(*args)  # which drops the shard's constraint rows
+        self._placed = None
         return self._actors  # a lost one is replaced in this list (sampling_call)
 
     def sampling_call(self, actors: list, call: Callable, replay: Callable | None = None) -> list:

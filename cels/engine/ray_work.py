@@ -725,14 +725,19 @@ class RayWork:
             self._drop_group()
             self._group = None
 
+    def _user_shards(self) -> list:
+        """The session's P user-shard actors, made at the first phase that places state on them
+        (a round of the private solve, or the sampling) and kept for the other."""
+        self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
+        return self._actors
+
     def sampling_shards(self, active: np.ndarray) -> list:
         """Every user shard with its users' counts over the ``active`` pairs (:meth:`UserShard.place_counts`)."""
         local = self.log.counts_over(active)
         self._sample_members = self.log.shard_members(np.arange(local.shape[0]))
         root, seeded = self.draws.root_bytes(), self.draws.seeded
         self._sampling_args = [(local[m], self.user_draws.buckets[m], root, seeded) for m in self._sample_members]
-        self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
-        for actor, args in zip(self._actors, self._sampling_args):
+        for actor, args in zip(self._user_shards(), self._sampling_args):
             actor.place_counts.remote(*args)  # which drops the shard's constraint rows
         self._placed = None
         return self._actors  # a lost one is replaced in this list (sampling_call)
@@ -782,8 +787,7 @@ class RayWork:
         csr = sp.csr_matrix(rows, dtype=np.float64)
         self._members = self.log.shard_members(self.row_users)
         self._shard_rows = [csr[members].tocsc() for members in self._members]
-        self._actors = self._actors or [self._shard(UserShard, s) for s in range(self.shards)]
-        for actor, held in zip(self._actors, self._shard_rows):
+        for actor, held in zip(self._user_shards(), self._shard_rows):
             actor.place_rows.remote(held)
         self._placed = rows
 

@@ -5,6 +5,7 @@ session on Ray, and the ``[engine]`` options' checks."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 import time
 
@@ -352,19 +353,12 @@ def test_the_instance_a_node_starts_passes_a_chunk_in_the_call_and_runs_no_log_m
     where = ray.experimental.get_object_locations([chunk, large])
     assert where[chunk]["node_ids"] == [] and len(where[large]["node_ids"]) == 1, where
     session = ray._private.worker._global_node.get_session_dir_path().encode()
-    monitors = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
-        except OSError:
-            continue
-        if b"log_monitor.py" in argv and session in argv:
-            monitors.append(int(entry.name))
-    assert monitors == []
+    assert pids_whose_argv(lambda argv: any(a.endswith(b"log_monitor.py") for a in argv) and any(session in a for a in argv)) == set()
 
 
-def ray_processes() -> set[int]:
-    """Pids of Ray's own processes on this machine (raylet, GCS, workers and agents)."""
+def pids_whose_argv(match: Callable[[list[bytes]], bool]) -> set[int]:
+    """Pids of this machine's processes whose argv (``/proc/PID/cmdline`` split at its NULs)
+    ``match`` accepts."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -372,9 +366,14 @@ def ray_processes() -> set[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv and (argv[0].startswith(b"ray::") or any(b"raylet" in a or b"gcs_server" in a or b"ray/dashboard" in a for a in argv[:2])):
+            if match(argv):
                 found.add(int(entry.name))
     return found
+
+
+def ray_processes() -> set[int]:
+    """Pids of Ray's own processes on this machine (raylet, GCS, workers and agents)."""
+    return pids_whose_argv(lambda argv: argv[0].startswith(b"ray::") or any(b"raylet" in a or b"gcs_server" in a or b"ray/dashboard" in a for a in argv[:2]))
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ from cels.logs import LoadOptions, load_log, synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.node.cluster import LOOPBACK, free_port  # noqa: E402
 from cels.protocol.work import id_list  # noqa: E402
-from test_engine_ray import loaded_pair, ray_processes  # noqa: E402
+from test_engine_ray import loaded_pair, pids_whose_argv, ray_processes  # noqa: E402
 from test_private_solve import audit  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("rounds_on_the_user_shards")]
@@ -61,15 +61,7 @@ def descendants(roots: set[int]) -> set[int]:
 def cluster_processes(temp_dir: str) -> set[int]:
     """The processes of the cluster whose session lives in ``temp_dir`` (GCS, raylets, agents,
     monitors, and the workers below them)."""
-    own = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if temp_dir.encode() in (entry / "cmdline").read_bytes():
-                    own.add(int(entry.name))
-            except OSError:
-                continue
-    return descendants(own)
+    return descendants(pids_whose_argv(lambda argv: any(temp_dir.encode() in a for a in argv)))
 
 
 def end_processes(pids: set[int], grace: float = 5.0) -> set[int]:

@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 ## make demo: the distributed service on one machine: 3 party nodes + 1 solver node as
-## processes on 127.0.0.1 (mutual TLS, 2048-bit keys) sanitize the embedded synthetic log
+## processes on 127.0.0.1 (mutual TLS, 2048-bit keys) sanitize the embedded synthetic log,
+## first as the sampled log, then as the DP histogram (docs/releases.md)
 demo: $(STAMP)
-	$(VENV)/bin/cels simulate --parties 3 --out demo-out
+	$(VENV)/bin/cels simulate --parties 3 --out demo-out/sampled
+	$(VENV)/bin/cels simulate --parties 3 --release dp --synthetic-users 3000 --out demo-out/dp
 
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)

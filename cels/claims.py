@@ -123,11 +123,40 @@ LEARNS: dict[tuple[str, bool], dict[str, Cell]] = {
         ),
         "recipient": _RECIPIENT_NOISY,
     },
+    ("dp", True): {
+        "party": Cell(
+            "its own log, the padded id-set sizes and the index size (DP), which of its own pairs were kept, the release",
+            "its own log; the hashed id sets it forwards in the universe phase, so every party's set size, padded with "
+            "dummy ids so that it is DP; the index size (padded by the solver too) and its own pairs' columns in it; "
+            "which of its own pairs were kept (the solver asks for their strings); the release. Not: any count, "
+            "noisy or not, of a pair it does not release; which of its pairs another party holds; another party's "
+            "noise share. With its own t - 1 partners it still misses h = r - t shares, which add up to the full "
+            "discrete Laplace",
+        ),
+        "solver": Cell(
+            "the noisy totals n + Z of every indexed id, and which parties hold each (NOT DP)",
+            "assembles the index: every party's complete set of hashed ids (linkable to no string), so how many and "
+            "which parties hold each id (this overlap structure is NOT DP) and every party's padded set size; the "
+            "noisy totals n + Z of every id (none noise-free: the r shares it does not know sum to NB(r/h) - NB(r/h)); "
+            "the strings of the released pairs, and so which parties hold each released pair. Not: any noise-free "
+            "count, any noise share, any user or row",
+        ),
+        "recipient": Cell(
+            "the release: (eps, delta)-DP end to end, one user's records at one organisation",
+            "the release: pairs with noisy distinct-user counts n + Z, those at or above the threshold tau. "
+            "(eps, delta)-DP end to end for one user's records at one organisation: each user keeps at most Delta_0 "
+            "pairs, the noise is the sum of every party's share, the same noisy value is tested and released, and "
+            "tau bounds the chance that a pair held by a single user is released by delta'",
+        ),
+    },
 }
 """(setting, noise on) -> observer -> what it learns; setting is "single" (``cels sanitize``),
-"private" (the default solve) or "transformed" (the paper's Algorithm 2)."""
+"private" (the default solve), "transformed" (the paper's Algorithm 2) or "dp" (the DP
+histogram, ``--release dp``, always noisy)."""
 
-MODE_NAMES = {"single": "single holder", "private": "private solve", "transformed": "transformed solve (Algorithm 2)"}
+MODE_NAMES = {
+    "single": "single holder", "private": "private solve", "transformed": "transformed solve (Algorithm 2)", "dp": "DP histogram",
+}  # fmt: skip
 
 TRANSFORMED_WARNING = (
     "WARNING: --solve transformed runs the paper's Algorithm 2: the solver node decrypts A(T|F|B) and can "
@@ -137,8 +166,8 @@ TRANSFORMED_WARNING = (
 
 
 def mode_name(setting: str, noise: bool) -> str:
-    """The row's name, e.g. "private solve, noise on"."""
-    return f"{MODE_NAMES[setting]}, noise {'on' if noise else 'off'}"
+    """The row's name, e.g. "private solve, noise on" (the DP histogram is always noisy)."""
+    return MODE_NAMES[setting] if setting == "dp" else f"{MODE_NAMES[setting]}, noise {'on' if noise else 'off'}"
 
 
 def learns(setting: str, noise: bool) -> dict[str, str]:
@@ -234,6 +263,49 @@ def privacy_accounting(
         "delta_meaning": delta_meaning(delta),
         "sampling_guarantee": sampling,
         "end_to_end": False,
+        "reproducible_seed": seeded,
+        "private": not not_private,
+        "not_private_because": not_private,
+    }
+
+
+def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: bool, single: bool = False) -> dict[str, Any]:
+    """The ``privacy`` of a DP histogram (``--release dp``): ``accounting`` is
+    cels.mechanism.dp_histogram.release_accounting's, per observer; ``single``: one holder
+    (``cels sanitize --release dp``), no partner."""
+    epsilon, delta = accounting["recipient"]
+    recipients = (
+        f"({epsilon:g}, {delta:g})-DP end to end for one user's records at one organisation (at most "
+        f"{accounting['max_items']} pairs a user, threshold tau = {accounting['threshold']})"
+    )
+    if single:
+        partners = "no partner organisation takes part (single data holder)"
+    else:
+        party_eps, party_delta = accounting["party"]
+        partners = (
+            f"each party, pooling up to t = {accounting['collusion']} of the {parties} parties (itself included): "
+            f"({party_eps:g}, {party_delta:g})-DP (the release, and the padded set sizes); the solver: the noisy "
+            "counts and which parties hold each hashed id, which is NOT DP (privacy.learns)"
+        )
+    not_private = ["the draws come from an explicit --seed (reproducible, not secret)"] if seeded else []
+    return {
+        "release": "dp",
+        "epsilon": epsilon,
+        "delta": delta,
+        "unit": "one user's records at one organisation",
+        "threshold": accounting["threshold"],
+        "max_items_per_user": accounting["max_items"],
+        "collusion": accounting["collusion"],
+        "padding_epsilon": accounting["padding_epsilon"],
+        "accounting": accounting,
+        "guarantee": f"against recipients: {recipients}",
+        "against_recipients": recipients,
+        "against_partners": partners,
+        "learns": learns("dp", True) if not single else {
+            "mode": "single holder, DP histogram", "party": LEARNS["single", False]["party"].full,
+            "recipient": LEARNS["dp", True]["recipient"].full, "line": f"learns (single holder): recipient: {LEARNS['dp', True]['recipient'].short}",
+        },
+        "end_to_end": not seeded,
         "reproducible_seed": seeded,
         "private": not not_private,
         "not_private_because": not_private,

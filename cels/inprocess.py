@@ -144,7 +144,8 @@ def session_hosts(logs: Sequence[LogSource], options: SessionOptions, seed: int 
 
     nodes = {name: MemoryNode(SessionHost(name, party(name, log), time.perf_counter)) for name, log in zip(options.parties, logs)}
     solver = options.solver
-    nodes[solver] = MemoryNode(SessionHost(solver, lambda opts: SolverRole(solver, opts, **role_options), time.perf_counter))
+    solver_draws = None if seed is None else DrawKeys.replay(seed, solver)
+    nodes[solver] = MemoryNode(SessionHost(solver, lambda opts: SolverRole(solver, opts, draws=solver_draws, **role_options), time.perf_counter))
     return nodes
 
 

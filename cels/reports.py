@@ -31,14 +31,15 @@ _PUBLIC_PRIVACY = (
     "guarantee", "against_recipients", "against_partners", "learns", "delta_meaning", "end_to_end", "private",
     "not_private_because", "reproducible_seed", "epsilon", "delta", "b", "bound", "noise_epsilon", "sensitivity",
     "cap", "min_count", "method", "definition", "composition", "noise", "dp_claim", "per_kind",
+    "release", "unit", "threshold", "max_items_per_user", "collusion", "padding_epsilon", "accounting",
 )  # fmt: skip
 """The privacy keys a release note keeps: parameters and claims, never a data-derived figure."""
-_PUBLIC_SIZES = ("output_size", "output_records", "output_users", "output_pairs")
+_PUBLIC_SIZES = ("output_size", "output_records", "output_users", "output_pairs", "output_items")
 """Sizes anyone can count in the release itself."""
 _PUBLIC_SETTINGS = {
     "solve": ("solve", "mode"), "round_batch": ("solve", "round_batch"), "sampling": ("sampling", "mode"),
     "parties": ("sizes", "parties"), "key_bits": ("key_bits",), "group_bits": ("group_bits",),
-    "universe_cipher": ("universe_cipher",), "objective": ("params", "objective"),
+    "universe_cipher": ("universe_cipher",), "objective": ("params", "objective"), "release": ("release", "kind"),
 }  # fmt: skip
 """Public session settings: note key -> where the report keeps it."""
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from cels import metrics
-from cels.claims import privacy_accounting
+from cels.claims import dp_release_accounting, privacy_accounting
+from cels.mechanism.dp_histogram import release_accounting
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import solve_phase
 from cels.protocol.wire.codec import phase_label
@@ -26,8 +27,8 @@ def session_privacy(options: SessionOptions, b: float, seeded: bool) -> dict:
     )
 
 
-def session_report(result: SessionResult) -> dict:
-    """The report of a finished session (the keys ``cels run`` and the tests read)."""
+def session_phases(result: SessionResult) -> dict[str, dict]:
+    """Each phase's seconds and bytes per node, and their totals, from every StepReport."""
     phases: dict[str, dict] = {}
     for rep in result.step_reports:
         entry = phases.setdefault(phase_label(rep.phase), {"seconds": {}, "bytes": {}})
@@ -36,6 +37,32 @@ def session_report(result: SessionResult) -> dict:
     for entry in phases.values():
         entry["seconds_total"] = sum(entry["seconds"].values())
         entry["bytes_total"] = sum(entry["bytes"].values())
+    return phases
+
+
+def dp_session_report(result: SessionResult) -> dict:
+    """The report of a DP-histogram session (``--release dp``): its accounting per observer,
+    the threshold, the released items, the phases."""
+    opts, phases = result.options, session_phases(result)
+    accounting = release_accounting(
+        opts.epsilon, opts.delta, opts.max_items_per_user, opts.padding_epsilon, len(opts.parties), opts.collusion
+    )  # fmt: skip
+    return {
+        "method": "cels-dp-histogram",
+        "privacy": dp_release_accounting(accounting, parties=len(opts.parties), seeded=result.seeded),
+        "release": {"kind": "dp", "threshold": result.output.threshold, "items": len(result.output)},
+        "sizes": {"parties": len(opts.parties), "output_items": len(result.output)},
+        "universe_cipher": opts.universe_cipher,
+        "phases": phases,
+        "bytes_total": int(sum(e["bytes_total"] for e in phases.values())),
+    }
+
+
+def session_report(result: SessionResult) -> dict:
+    """The report of a finished session (the keys ``cels run`` and the tests read)."""
+    if result.options.release == "dp":
+        return dp_session_report(result)
+    phases = session_phases(result)
     opts, counts, solved, output = result.options, result.counts, result.solved, result.output
     x_all = np.zeros(counts.n, dtype=np.min_scalar_type(int(solved.x.max(initial=0))))  # x over the index in its smallest type
     x_all[counts.active] = solved.x

@@ -35,7 +35,8 @@ def start(argv: Sequence[str] | None):
 
     from cels.crypto.streams import DrawKeys
     from cels.engine import open_engine
-    from cels.logs import LogFile, write_log
+    from cels.logs import LogFile
+    from cels.releases import write_output
     from cels.node.config import data_source, engine_options, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
@@ -44,6 +45,7 @@ def start(argv: Sequence[str] | None):
     from cels.node.tls import warn_insecure_keys
     from cels.protocol.options import SessionOptions
     from cels.protocol.party import PartyRole
+    from cels.protocol.work import ItemBound
     from cels.session_report import session_report
 
     config = node_config(args, "data")
@@ -70,7 +72,7 @@ def start(argv: Sequence[str] | None):
 
         def role() -> PartyRole:
             draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)
-            works[session.session_id] = work = engine.work(load, session.cap, draws)
+            works[session.session_id] = work = engine.work(load, session.cap, draws, ItemBound.of(session))
             return PartyRole(
                 config.name,
                 session,
@@ -95,7 +97,7 @@ def start(argv: Sequence[str] | None):
             engine.release(work)
         ledger.release(session_id)
 
-    node = Node(config, factory, lambda log, out: write_log(log, out), encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)
+    node = Node(config, factory, write_output, encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)
     return node
 
 

@@ -16,10 +16,11 @@ def build_parser():
     """The flags of ``cels-solver`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
     import argparse
 
-    from cels.node.config import add_node_arguments
+    from cels.node.config import add_node_arguments, add_seed_argument
 
     parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
     add_node_arguments(parser)
+    add_seed_argument(parser)
     parser.add_argument(
         "--time-limit",
         "--solver-time-limit",
@@ -32,6 +33,7 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     def start():
+        from cels.crypto.streams import DrawKeys
         from cels.node.config import node_config
         from cels.node.keys import NodeKeys
         from cels.node.service import Node
@@ -46,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_small = warn_insecure_keys(config)
         # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
         pool = worker_pool(config.keys.workers)
+        if args.seed is not None:
+            DrawKeys.replay(args.seed, config.name)  # a seed out of range is refused at start-up
+            print(f"{config.name}: WARNING: every draw is replayed from --seed {args.seed}: releases are NOT private", file=sys.stderr)
 
         def factory(session: SessionOptions, keys: NodeKeys) -> SolverRole:
             return SolverRole(
@@ -55,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=pool,
                 max_time_limit=None if max_time_limit is None else float(max_time_limit),
+                draws=DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name),
             )
 
         return Node(config, factory)

@@ -18,7 +18,7 @@ def test_documents_carry_the_generated_table(document) -> None:
 
 
 def test_every_mode_names_every_observer() -> None:
-    assert {setting for setting, _ in LEARNS} == {"single", "private", "transformed"}
+    assert {setting for setting, _ in LEARNS} == {"single", "private", "transformed", "dp"}
     for (setting, noise), row in LEARNS.items():
         assert set(row) == set(OBSERVERS)
         cell = learns(setting, noise)

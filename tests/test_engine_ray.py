@@ -32,7 +32,7 @@ from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.protocol.work import PAIR_ORDER, InProcessWork, encode_item, id_array, id_list, pair_digests  # noqa: E402
+from cels.protocol.work import PAIR_ORDER, InProcessWork, ItemBound, encode_item, id_array, id_list, pair_digests  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -249,7 +249,7 @@ def test_a_whole_session_with_ray_work_releases_a_feasible_log(engine) -> None:
     def party(name: str, part):
         def role(opts: SessionOptions) -> PartyRole:
             draws = DrawKeys.fresh()
-            works.append(engine.work(part, opts.cap, draws))
+            works.append(engine.work(part, opts.cap, draws, ItemBound.of(opts)))
             return PartyRole(name, opts, part, draws=draws, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
 
         return MemoryNode(SessionHost(name, role, time.perf_counter))
@@ -404,7 +404,7 @@ def seeded_release(log: SearchLog | list[LogFile], config: SessionOptions, engin
     def party(name: str, part):
         def role(opts: SessionOptions) -> PartyRole:
             draws = DrawKeys.replay(seed, name)
-            works.append(engine.work(part, opts.cap, draws))
+            works.append(engine.work(part, opts.cap, draws, ItemBound.of(opts)))
             return PartyRole(name, opts, part, draws=draws, work=works[-1], allow_insecure_key_bits=True, session_report=session_report)
 
         return MemoryNode(SessionHost(name, role, time.perf_counter))
@@ -439,6 +439,16 @@ def test_a_seeded_release_is_the_same_in_process_and_on_any_number_of_shards(eng
     assert released(seeded_release(log, config, seed=12)) != local  # another seed, other draws
     for shards in shard_counts:
         assert released(seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=shards)))) == local, shards
+
+
+def test_a_seeded_dp_histogram_is_the_same_in_process_and_on_any_number_of_shards(engine) -> None:
+    """The DP release's contribution bound runs on the log shards (keyed priorities per
+    (user, pair)) and its items are named there: the same bytes as in process for P = 3."""
+    log = synthetic_log(seed=4, users=300, pairs=50)
+    config = SessionOptions.create(3, epsilon=4.0, delta=1e-3, release="dp", max_items_per_user=2, **TEST_KEYS)
+    local = seeded_release(log, config)
+    assert len(local) > 3
+    assert seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=3))) == local
 
 
 def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) -> None:

@@ -54,7 +54,7 @@ def test_every_field_is_declared_once_and_reaches_the_proto_the_toml_and_the_fla
         for command, flags in (("simulate", simulate), ("bench protocol", bench)):
             assert flags[declared.name].option_strings[0] == declared.flag, command
             assert flags[declared.name].default == DEMO_BUDGET.get(declared.name, declared.default) or declared.name == "solve"
-        assert (declared.name in sanitize) == declared.mechanism
+        assert (declared.name in sanitize) == (declared.mechanism or declared.holder)
     assert {o.name for o in MECHANISM_FLAGS} == {o.name for o in OPTIONS if o.mechanism}
     assert sanitize["epsilon"].required and sanitize["delta"].required and sanitize["time_limit"].option_strings == ["--time-limit"]
 

@@ -25,8 +25,9 @@ HOST_STEPS = {"start_session", "abort"}
 STEPS = [f.name for f in cels_pb2.Envelope.DESCRIPTOR.oneofs_by_name["step"].fields]
 
 
-def roles(solve: str) -> tuple[SessionOptions, dict[str, object]]:
-    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, solve=solve, session_id=f"table-{solve}", **TEST_KEYS)
+def roles(mode: str) -> tuple[SessionOptions, dict[str, object]]:
+    kind = {"release": "dp", "delta": 1e-3} if mode == "dp" else {"solve": mode, "delta": 0.9}
+    options = SessionOptions.create(3, epsilon=8.0, session_id=f"table-{mode}", **kind, **TEST_KEYS)
     log = synthetic_log(seed=3, users=30)
     shares = log.split_by_user(3)
     made = {p: PartyRole(p, options, shares[k], allow_insecure_key_bits=True) for k, p in enumerate(options.parties)}
@@ -41,10 +42,10 @@ def test_every_row_names_a_step_of_the_schema_and_a_role_phase(role_class) -> No
         assert row.phases and set(row.phases) <= set(ROLE_PHASES), (step, row.phases)
 
 
-@pytest.mark.parametrize("solve", ["private", "transformed"])
+@pytest.mark.parametrize("mode", ["private", "transformed", "dp"])
 @pytest.mark.parametrize("node", ["party-2", "solver"])
-def test_every_pair_outside_a_row_is_refused_and_changes_nothing(solve, node) -> None:
-    options, made = roles(solve)
+def test_every_pair_outside_a_row_is_refused_and_changes_nothing(mode, node) -> None:
+    options, made = roles(mode)
     role = made[node]
     sender = "party-1" if node != "party-1" else "party-2"
     refused = 0
@@ -65,18 +66,26 @@ def test_every_pair_outside_a_row_is_refused_and_changes_nothing(solve, node) ->
     assert refused > len(STEPS)  # the loop refused something for every step outside the rows
 
 
-@pytest.mark.parametrize("solve", ["private", "transformed"])
-def test_every_phase_a_row_names_is_reached_by_a_session(solve) -> None:
-    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, solve=solve, **TEST_KEYS)
+MODE_PHASES = {
+    ("private", PartyRole): {Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE, Phase.SAMPLING, Phase.UNION, Phase.OVER},
+    ("transformed", PartyRole): {Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, Phase.NLP, Phase.SAMPLING, Phase.UNION, Phase.OVER},
+    ("dp", PartyRole): {Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, Phase.OVER},
+    ("private", SolverRole): {Phase.SOLVE}, ("transformed", SolverRole): {Phase.NLP}, ("dp", SolverRole): {Phase.UNIVERSE, Phase.COUNTS},
+}  # fmt: skip
+"""The phases a role goes through in each mode (the sampled release's two solves, the DP release)."""
+
+
+@pytest.mark.parametrize("mode", ["private", "transformed", "dp"])
+def test_every_phase_a_row_names_is_reached_by_a_session(mode) -> None:
+    kind = {"release": "dp", "delta": 1e-3} if mode == "dp" else {"solve": mode, "delta": 0.9}
+    options = SessionOptions.create(3, epsilon=8.0, **kind, **TEST_KEYS)
     log = synthetic_log(seed=3, users=30)
     network = InMemoryNetwork(session_hosts(log.split_by_user(3), options, allow_insecure_key_bits=True))
     ended = start_session(network, options)
     for node, role in ended.items():
         reached = set(role.seconds) | {Phase.READY, role.phase}  # left (charged) phases, the first and the last
         assert role.phase is Phase.OVER, (node, role.phase)
-        named = {p for row in type(role).ACCEPTS.values() for p in row.phases}
-        solve_phase = Phase.SOLVE if solve == "private" else Phase.NLP
-        named &= {Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, solve_phase, Phase.SAMPLING, Phase.UNION, Phase.OVER}
+        named = {p for row in type(role).ACCEPTS.values() for p in row.phases} & MODE_PHASES[mode, type(role)]
         assert named <= reached, (node, named - reached)
 
 

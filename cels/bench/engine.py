@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cels.bench.protocol import bench_processes
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
 from cels.fileio import atomic_write_json
 from cels.logs import load_log
 from cels.logs.options import LoadOptions, default_data_dir
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise ValueError(f"{path} is missing (give --input or set CELS_DATA)")
     log = load_log(path, LoadOptions(format="aol", max_users=args.max_users))
-    options = SessionOptions.create(args.parties, **option_values(args, SESSION_FLAGS))
+    options = SessionOptions.create(args.parties, **session_values(args))
     shares = log.split_by_user(args.parties)
     for share in shares:  # written as histogram TSV: lossless for any input
         share.source = {"format": "histogram"}

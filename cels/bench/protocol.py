@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
 from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS
@@ -36,6 +36,8 @@ from cels.fileio import atomic_write_json
 from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, seed_argv
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
 from cels.protocol.options import SessionOptions
+from cels.protocol.work import ItemBound
+from cels.releases import release_kind
 
 RUNNERS = ("inmemory", "processes")
 
@@ -108,7 +110,7 @@ def bench_inmemory(
     for name, log in zip(options.parties, shares):
         timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
         draws = DrawKeys.fresh() if seed is None else DrawKeys.replay(seed, name)
-        works[name] = engine.work(log, options.cap, draws)
+        works[name] = engine.work(log, options.cap, draws, ItemBound.of(options))
         factory = lambda opts, name=name, log=log, timed=timed, draws=draws: PartyRole(  # noqa: E731
             name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed, session_report=session_report,
             draws=draws, work=works[name],
@@ -159,7 +161,7 @@ def bench_processes(
             node_flags={party: party_flags or [] for party in options.parties},
         )  # fmt: skip
         wall = time.perf_counter() - start
-        release_sha256 = hashlib.sha256((Path(tmp) / "sanitized.tsv").read_bytes()).hexdigest()
+        release_sha256 = hashlib.sha256((Path(tmp) / release_kind(options).output_name(".tsv")).read_bytes()).hexdigest()
     offline = report.get("offline")
     note = (
         "obfuscators from the nodes' stocks (computed_online counts those the stock lacked)"
@@ -244,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
 def bench_solve(args: argparse.Namespace, shares: list[SearchLog], solve: str, engine: Any) -> tuple[SessionOptions, dict[str, Any]]:
     """One session of phase-3 mode ``solve``: in memory on ``engine``, or over node processes
     given the engine flags; its options and figures."""
-    options = SessionOptions.create(args.parties, **{**option_values(args, SESSION_FLAGS), "solve": solve})
+    options = SessionOptions.create(args.parties, **{**session_values(args), "solve": solve})
     if options.key_bits < DEFAULT_KEY_BITS:
         print(f"cels bench protocol: WARNING: {options.key_bits}-bit keys are NOT secure (paper reproduction only)", file=sys.stderr)
     print(f"cels bench protocol: solve = {solve} ...", file=sys.stderr, flush=True)
@@ -261,7 +263,7 @@ def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
     report = result.pop("report")
     return {
         **result,
-        "solve": report["solve"],
+        "solve": report.get("solve"),
         "phases": report["phases"],
         "bytes_total": report["bytes_total"],
         "paper_table5": paper_reference(parties, report["bytes_total"]),
@@ -275,7 +277,7 @@ def solve_result(result: dict[str, Any], parties: int) -> dict[str, Any]:
         "peak_rss_bytes": report.get("peak_rss_bytes"),
         "engine": report.get("engine"),
         "sizes": report.get("sizes"),
-        "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report["solver"]},
+        "solver": {k: report["solver"].get(k) for k in ("objective", "integer_total", "max_output_lp", "seconds", "rounds") if k in report.get("solver", {})},
     }
 
 

@@ -53,7 +53,8 @@ from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
 from cels.node.client import SessionAborted
 from cels.node.config import ENGINE_FLAGS, add_engine_arguments, engine_argv, engine_options
-from cels.protocol.options import SOLVE_MODES, SessionOptions
+from cels.cli.options import DEMO_DELTA
+from cels.protocol.options import OPTION, RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.stages.sums import COUNT_BOUND
 
 DEFAULT_PAIRS = "10K,100K,1M,4M"
@@ -71,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pairs", default=DEFAULT_PAIRS, help=f"input sizes in distinct query-url pairs, comma list with K / M (default {DEFAULT_PAIRS})")
     parser.add_argument("--parties", default=DEFAULT_PARTIES, help=f"numbers of parties r, comma list (default {DEFAULT_PARTIES})")
     parser.add_argument("--solve", action="append", choices=SOLVE_MODES, help="phase 3's mode, one series each; repeat for both (default private)")
+    parser.add_argument("--release", action="append", choices=RELEASES,
+                        help="the release kind, one series each (sampled: one per --solve; dp: the DP histogram, docs/releases.md); repeat for both (default sampled)")
+    parser.add_argument("--max-items-per-user", type=int, default=OPTION["max_items_per_user"].default, metavar="D0",
+                        help=f"the DP histogram's Delta_0 (default {OPTION['max_items_per_user'].default})")
     parser.add_argument("--key-bits", type=int, default=DEFAULT_KEY_BITS, help="Paillier key bits (default 2048; smaller only for tests)")
     parser.add_argument("--point-time-limit", type=float, default=DEFAULT_POINT_TIME_LIMIT, metavar="SECONDS",
                         help="offline phase + session of one point; past it the series stops (default 1800)")  # fmt: skip
@@ -79,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the parties' input files (default histogram TSV; parquet: row groups the Ray engine's reader tasks read on the cluster)")
     parser.add_argument("--log-seed", type=int, default=7, help="seed of the synthetic logs (default 7; --seed elsewhere replays a session's draws)")
     parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--delta", type=float, default=0.4)
+    parser.add_argument("--delta", type=float, default=None, help="default: " + ", ".join(f"{v:g} for --release {k}" for k, v in DEMO_DELTA.items()))
     parser.add_argument("--out", type=Path, required=True, help="directory for scale.json, scale.csv and scale.png")
     parser.add_argument("--resume", action="store_true", help="keep the points of --out's scale.json that ran or ran out of time (same settings)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -154,9 +159,11 @@ def engine_flags(engine: EngineOptions) -> list[str]:
 def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, args: argparse.Namespace, engine: EngineOptions = EngineOptions()) -> dict[str, Any]:
     """One session on ``shares`` on ``engine``; its figures, or its status if it failed or ran out of time."""
     parties = len(shares)
-    options = SessionOptions.create(parties, epsilon=args.epsilon, delta=args.delta, key_bits=args.key_bits, solve=solve)
+    kind = {"release": "dp", "max_items_per_user": args.max_items_per_user} if solve == "dp" else {"solve": solve}
+    delta = args.delta if args.delta is not None else DEMO_DELTA[kind.get("release", "sampled")]
+    options = SessionOptions.create(parties, epsilon=args.epsilon, delta=delta, key_bits=args.key_bits, **kind)
     # the private solve sums by pairwise masks: it encrypts nothing, so it has no offline phase
-    stock = None if args.no_stock or solve == "private" else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
+    stock = None if args.no_stock or solve in ("private", "dp") else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
     point: dict[str, Any] = {
         "solve": solve, "parties": parties, "engine": engine_label(engine.kind, engine.shards), "engine_options": asdict(engine),
         **histogram.shape(), "key_bits": args.key_bits, "load_average_start": os.getloadavg()[0],
@@ -205,7 +212,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
             "computed_online": offline.get("computed_online"),
         },
         "solver": figures["solver"],
-        "output_records": (figures["sizes"] or {}).get("output_records"),
+        "output_records": (figures["sizes"] or {}).get("output_records", (figures["sizes"] or {}).get("output_items")),
     }
 
 
@@ -409,10 +416,37 @@ def record(result: dict[str, Any], point: dict[str, Any], sizes: list[int], out:
     write_outputs(result, out)
 
 
+DP_SESSION_RATIO = 0.25
+"""The DP release's session against the sampled release's (private solve) on the same input: at most this."""
+DP_4M_SECONDS = 120.0
+"""The DP release at 4M pairs x 10 parties: a session of at most this many seconds."""
+
+
+def dp_targets(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The DP release's targets, one row per (parties, pairs, engine) it ran on: its online
+    seconds against the sampled release's (private solve) on the same input, and at 4M x 10
+    its seconds against :data:`DP_4M_SECONDS`."""
+    ok = {(p["solve"], p["parties"], p["pairs"], p.get("engine", LOCAL)): p for p in points if p["status"] == "ok"}
+    rows = []
+    for (mode, parties, pairs, engine), point in sorted(ok.items(), key=lambda kv: kv[0][1:]):
+        if mode != "dp":
+            continue
+        row: dict[str, Any] = {"parties": parties, "pairs": pairs, "engine": engine, "dp_seconds": point["online_seconds"]}
+        sampled = ok.get(("private", parties, pairs, engine))
+        if sampled is not None:
+            row |= {"sampled_seconds": sampled["online_seconds"], "ratio": point["online_seconds"] / sampled["online_seconds"]}
+            row["ratio_passes"] = row["ratio"] <= DP_SESSION_RATIO
+        if (parties, pairs) == (10, 4_000_000):
+            row["passes_120_s"] = point["online_seconds"] <= DP_4M_SECONDS
+        rows.append(row)
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.pairs, "--pairs")
     parties = parse_sizes(args.parties, "--parties")
-    solves = list(dict.fromkeys(args.solve or ["private"]))
+    releases = list(dict.fromkeys(args.release or ["sampled"]))
+    solves = (list(dict.fromkeys(args.solve or ["private"])) if "sampled" in releases else []) + (["dp"] if "dp" in releases else [])  # a series per mode
     if args.point_time_limit <= 0:
         raise ValueError("--point-time-limit must be > 0 seconds")
     if args.repeat < 1:
@@ -459,6 +493,9 @@ def run(args: argparse.Namespace) -> int:
                                 stopped.add(label)
                         record(result, point, sizes, args.out)
                         bar.update(1)
+    if "dp" in solves:
+        result["dp_targets"] = dp_targets(result["points"])
+        write_outputs(result, args.out)
     ran = {(*series_key(p), p["pairs"]) for p in result["points"]}
     for key, point in kept.items():  # a resumed file's other series stay in it
         if key not in ran:

@@ -16,8 +16,10 @@ def privacy_notice(privacy: dict[str, Any]) -> list[str]:
     guarantee against recipients and against partners, what each observer learned in the mode
     that ran (one line), and what delta means here (cels.claims)."""
     lines = [f"privacy: against recipients: {privacy['against_recipients']}.", f"privacy: against partners: {privacy['against_partners']}."]
-    lines.append(f"privacy: {privacy['learns']['line']}.")
-    lines.append(f"privacy: {privacy['delta_meaning']}.")
+    if "line" in privacy.get("learns", {}):
+        lines.append(f"privacy: {privacy['learns']['line']}.")
+    if "delta_meaning" in privacy:
+        lines.append(f"privacy: {privacy['delta_meaning']}.")
     return lines
 
 
@@ -27,6 +29,8 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
     are linear in b (EDBT section 4.2), so b / max u_i is the smallest b at which one record
     of some pair fits (``max_pair_bound``, single holder), and b / |O_max| a lower bound of it."""
     solver, p = report.get("solver") or {}, report.get("privacy") or {}
+    if p.get("release") == "dp":
+        return empty_dp_reason(report)
     if not solver:
         return empty_baseline_reason(report)
     if int(solver.get("integer_total", 0)) > 0:
@@ -60,6 +64,18 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
     if float(solver.get("output_size", lp)) < 1:
         return f"{head}, but the requested |O| = {solver['output_size']:.4g} < 1: raise --output-size"
     return f"{head} >= 1, but no integer solution was found: raise --time-limit or try --integer greedy"
+
+
+def empty_dp_reason(report: dict[str, Any]) -> str | None:
+    """None if the DP histogram holds a pair, else why not: no noisy count reached tau."""
+    p = report["privacy"]
+    if (report.get("release") or {}).get("items", 1):
+        return None
+    return (
+        f"EMPTY RELEASE: no pair's noisy distinct-user count reached the threshold tau = {p['threshold']} at eps {p['epsilon']:g}, "
+        f"delta {p['delta']:g}, {p['max_items_per_user']} pairs a user; a pair needs about tau users: raise --epsilon or --delta, "
+        "lower --max-items-per-user, or add users (docs/releases.md)"
+    )
 
 
 def empty_baseline_reason(report: dict[str, Any]) -> str | None:

@@ -18,8 +18,14 @@ SESSION_FLAGS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.flag)
 """Every session option on the command line of ``cels simulate`` / ``cels bench protocol``."""
 MECHANISM_FLAGS: tuple[Option, ...] = tuple(o for o in SESSION_FLAGS if o.mechanism)
 """The session options that are ``cels sanitize``'s (SanitizeParams)."""
-DEMO_BUDGET = {"epsilon": 1.0, "delta": 0.4}
-"""``cels simulate`` / ``cels bench protocol`` run without --epsilon / --delta; ``cels sanitize`` needs both."""
+HOLDER_FLAGS: tuple[Option, ...] = tuple(o for o in SESSION_FLAGS if o.holder)
+"""The session options ``cels sanitize`` takes besides the mechanism's (the release kind)."""
+DEMO_BUDGET = {"epsilon": 1.0, "delta": None}
+"""``cels simulate`` / ``cels bench protocol`` run without --epsilon / --delta (delta: by the
+release kind, :data:`DEMO_DELTA`); ``cels sanitize`` needs both."""
+DEMO_DELTA = {"sampled": 0.4, "dp": 1e-6}
+"""delta when a demo command is given none: the sampled release's per-user disclosure
+probability (probabilistic DP), or approximate DP's negligible delta for the DP histogram."""
 
 
 def add_option_arguments(
@@ -33,7 +39,8 @@ def add_option_arguments(
     defaults, overrides = defaults or {}, overrides or {}
     for declared in options:
         default = defaults.get(declared.name, declared.default)
-        kwargs: dict[str, Any] = {"dest": declared.name, "help": declared.help if default is None or declared.kind is bool else with_default(declared.help, default)}
+        shown = ", ".join(f"{v:g} for --release {k}" for k, v in DEMO_DELTA.items()) if declared.name == "delta" and declared.name in defaults else default
+        kwargs: dict[str, Any] = {"dest": declared.name, "help": declared.help if shown is None or declared.kind is bool else with_default(declared.help, shown)}
         if declared.kind is bool:
             kwargs["action"] = "store_true"
         else:
@@ -45,6 +52,14 @@ def add_option_arguments(
 def option_values(args: argparse.Namespace, options: Iterable[Option]) -> dict[str, Any]:
     """The parsed values of ``options``' flags, by option name."""
     return {o.name: getattr(args, o.name) for o in options}
+
+
+def session_values(args: argparse.Namespace) -> dict[str, Any]:
+    """A demo command's session options (:data:`SESSION_FLAGS`), delta by the release kind if not given."""
+    values = option_values(args, SESSION_FLAGS)
+    if values["delta"] is None:
+        values["delta"] = DEMO_DELTA[values["release"]]
+    return values
 
 
 def with_default(help: str, default: Any) -> str:

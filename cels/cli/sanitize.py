@@ -19,14 +19,20 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cels.cli.options import MECHANISM_FLAGS, add_option_arguments, option_values
+from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_option_arguments, option_values
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
 from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
 from cels.logs.textio import ENCODING
+from cels.claims import dp_release_accounting
+from cels.crypto.streams import DrawKeys
+from cels.mechanism.dp_histogram import release_accounting
+from cels.mechanism.dp_release import TOP, release_utility, sanitize_dp
 from cels.mechanism.sanitize import SanitizeParams, sanitize
+from cels.protocol.options import DEFAULT_PADDING_EPSILON
+from cels.releases import DP_HISTOGRAM
 from cels.reports import default_operator_path, release_note_path, write_reports
 from cels.mechanism.solvers import INTEGER_METHODS
 
@@ -63,6 +69,23 @@ def run_optimal(args: argparse.Namespace) -> Release:
     """CELS/EDBT: optimal counts under the privacy conditions, then multinomial sampling."""
     out, report = sanitize(load_input(args), params_from_args(args), progress=not args.quiet)
     return Release(report, lambda path: write_log(out, path))
+
+
+def run_dp_histogram(args: argparse.Namespace) -> Release:
+    """``--release dp``: one holder's DP histogram of query-url pairs (cels.mechanism.dp_release)."""
+    log = load_input(args)
+    draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, "holder")
+    histogram, n, _ = sanitize_dp(log, args.epsilon, args.delta, args.max_items_per_user, draws)
+    accounting = release_accounting(args.epsilon, args.delta, args.max_items_per_user, DEFAULT_PADDING_EPSILON, 1, 0)
+    true = {log.pairs[i]: int(c) for i, c in enumerate(n.tolist()) if c}
+    report = {
+        "method": "dp-histogram",
+        "privacy": dp_release_accounting(accounting, parties=1, seeded=args.seed is not None, single=True),
+        "release": {"kind": "dp", "threshold": histogram.threshold, "items": len(histogram)},
+        "sizes": {"users": log.n_users, "pairs": log.n_pairs, "output_items": len(histogram)},
+        "utility": {**release_utility(histogram, true), "against": "the distinct-user counts after the bound"},
+    }
+    return Release(report, lambda path: DP_HISTOGRAM.write(histogram, path))
 
 
 def baseline_method(baseline: Baseline) -> Method:
@@ -105,6 +128,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("input", metavar="INPUT", help="the search log to sanitize")
     add_input_arguments(parser)
     add_option_arguments(parser, [o for o in MECHANISM_FLAGS if o.required])  # --epsilon, --delta
+    add_option_arguments(parser, HOLDER_FLAGS)
     parser.add_argument("--method", choices=sorted(METHODS), default="optimal", help="release method (default optimal)")
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
     parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input; a path ending in .parquet: Parquet)")
@@ -186,6 +210,10 @@ def summary_line(report: dict) -> str:
     s, u, p = report.get("solver", {}), report.get("utility", {}), report.get("privacy", {})
     sizes = report.get("sizes", {})
     parts = [f"{report.get('method', 'optimal')}: users {sizes.get('users')}"]
+    if "release" in report:
+        r = report["release"]
+        return ", ".join([*parts, f"pairs {sizes['pairs']}", f"released {r['items']} pairs at tau = {r['threshold']}",
+                          f"recall of the top {TOP} {report['utility'][f'recall_top{TOP}']:.3f}", f"eps {p['epsilon']:g}, delta {p['delta']:g}, DP end to end"])  # fmt: skip
     if "pairs" in sizes:
         parts.append(f"pairs {sizes['pairs']}")
     if s:
@@ -213,7 +241,9 @@ def execute(args: argparse.Namespace) -> Release:
     check_output_paths(
         {"--out": args.out, "release note": str(release_note_path(args.out)), "--report": report_path(args)}, inputs=(args.input,)
     )
-    release = METHODS[args.method].run(args)
+    if args.release == "dp" and args.method != "optimal":
+        raise ValueError(f"--release dp is its own method: leave out --method {args.method}")
+    release = run_dp_histogram(args) if args.release == "dp" else METHODS[args.method].run(args)
     write_release_and_reports(release, args.out, report_path(args))
     return release
 

@@ -23,7 +23,7 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
 from cels.cli.sanitize import delimiter, guarantee_word, load_input, single_holder_arguments
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS
@@ -34,6 +34,7 @@ from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, PhaseCpu, free_port, peer_args, python_module, tls_args
+from cels.releases import release_kind, report_kind
 from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, load_toml, seed_argv
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
@@ -202,7 +203,7 @@ def warn_transformed(options: SessionOptions, command: str) -> None:
 def release_notes(report: dict[str, Any], output: Path, report_path: Path, took: str = "") -> int:
     """Summary, what was written (``took``: what the whole command took, if more than the
     session) and the privacy notice; the exit code (3: empty release)."""
-    print(summary(report))
+    print(report_kind(report).summary(report))
     print(f"session wall time {report['wall_seconds']:.1f} s (the operator report's wall_seconds: on the initiator, from the Run "
           "request to the report, every phase; not node start-up)")  # fmt: skip
     print(f"wrote {output} and its public release note {release_note_path(output)}; "
@@ -252,7 +253,7 @@ def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
         raise ValueError("--preprocess is not part of the distributed protocol (no party sees every user's log)")
     if args.integer != "mip":
         raise ValueError("the solver node rounds with the MIP (--integer mip)")
-    return SessionOptions.create(parties, **option_values(args, SESSION_FLAGS))
+    return SessionOptions.create(parties, **session_values(args))
 
 
 def run_nodes(
@@ -271,7 +272,7 @@ def run_nodes(
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
-    ``out/sanitized<suffix>``, its release note and the operator report at ``report_path``
+    ``out/sanitized<suffix>`` (a DP histogram: ``out/dp-histogram.tsv``; cels.releases), its release note and the operator report at ``report_path``
     (cels.reports); returns the report (SessionAborted if
     the session failed; the node logs stay in ``out/node-logs``).
 
@@ -292,6 +293,7 @@ def run_nodes(
     ``while_up(cluster)`` runs after the session, before the nodes stop."""
     parties = list(options.parties)
     limit = time.monotonic() + timeout
+    output = out / release_kind(options).output_name(suffix)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
         certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
@@ -344,7 +346,7 @@ def run_nodes(
 
             try:
                 report = run_on_nodes(
-                    controller, options.to_config(), out / f"sanitized{suffix}", report_path, limit - time.monotonic(),
+                    controller, options.to_config(), output, report_path, limit - time.monotonic(),
                     progress.step, extra=extra, on_phase_start=phase_started,
                 )  # fmt: skip
             finally:
@@ -356,7 +358,7 @@ def run_nodes(
             report["phase_cpu_seconds"] = cpu.seconds()
             report["peak_rss_bytes"] = cluster.peak_rss_bytes()
             report["engine"] = engine_usage(controller, party_addresses, options.session_id)
-            write_reports(report, out / f"sanitized{suffix}", report_path)
+            write_reports(report, output, report_path)
             if while_up is not None:
                 while_up(cluster)
             return report
@@ -431,7 +433,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         log, fmt_args = load_input(args), input_flags(args)
     suffix = ".parquet" if args.format == "parquet" else output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
-    output = args.out / f"sanitized{suffix}"
+    output = args.out / release_kind(options).output_name(suffix)
     report_path = operator_path(args.report, output)
     check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else ())
     shares = log.split_by_user(args.parties)
@@ -439,7 +441,7 @@ def run_simulate(args: argparse.Namespace) -> int:
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
     try:
-        flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties}
+        flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
         report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from cels.crypto.streams import DrawKeys
 from cels.engine.options import EngineOptions
 from cels.logs.model import SearchLog
-from cels.protocol.work import InProcessWork, LocalWork
+from cels.protocol.work import InProcessWork, ItemBound, LocalWork
 
 __all__ = ["Engine", "EngineOptions", "LocalEngine", "open_engine"]
 
@@ -29,7 +29,9 @@ class Engine(Protocol):
         """A session starts: the engine can take its work, or a
         :class:`cels.protocol.roles.Refusal` refuses the session before anything is loaded."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork: ...
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> LocalWork:
+        """A session's work over ``log`` (capped at ``cap``; ``bound``: the DP release's contribution bound)."""
+        ...
 
     def usage(self, work: LocalWork) -> dict[str, Any]:
         """The engine, and what a session's ``work`` used outside the node's process (peak
@@ -49,8 +51,8 @@ class LocalEngine:
     def check(self) -> None:
         """This process is always there."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> LocalWork:
-        return InProcessWork(log, cap, draws)
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> LocalWork:
+        return InProcessWork(log, cap, draws, bound)
 
     def usage(self, work: LocalWork) -> dict[str, Any]:
         """Everything ran in the node's process (its peak RSS is the node's)."""

@@ -45,6 +45,7 @@ from cels.protocol.chunked import chunks
 from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart, part_of
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_counts
 from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, column_type, encode_item, pair_digests, smallest
 
 READ_ROWS = 262_144
@@ -225,10 +226,11 @@ class LogShard(ShardState):
         self.pieces.append(piece)
         return len(piece.users)
 
-    def finish(self, cap: int, root: bytes, seeded: bool) -> tuple[int, int, int]:
-        """The pieces added up (:func:`merge_pieces`), in draw order and capped; its users'
-        digests handed over in slices (``slice``) as "users" (draw order).  Returns the users
-        and held pairs here, and |D| here."""
+    def finish(self, cap: int, root: bytes, seeded: bool, max_items: int | None = None) -> tuple[int, int, int]:
+        """The pieces added up (:func:`merge_pieces`), in draw order and capped (and with
+        ``max_items``, the DP release's bound: cels.mechanism.dp_release.bounded_counts, the pairs no
+        user keeps dropped); its users' digests handed over in slices (``slice``) as "users"
+        (draw order).  Returns the users and held pairs here, and |D| here."""
         merged = merge_pieces(self.pieces)
         self.pieces = []
         digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
@@ -237,8 +239,14 @@ class LogShard(ShardState):
         counts = merged.counts[order]
         self.counts = apply_cap(counts, cap).tocsr()
         self.totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        if max_items is not None:
+            key = DrawKeys(root, seeded=seeded).secret(ITEM_CHOICE)
+            self.counts = bounded_counts(self.counts, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), key, max_items)
+            held = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
+            self.pairs, self.digests, self.totals = self.pairs.take(held), self.digests[held], self.totals[held]
+            self.counts = self.counts[:, held].tocsr()
         self.handed = {"users": digests[order]}
-        return len(digests), len(merged.digests), int(counts.sum())
+        return len(digests), len(self.digests), int(counts.sum())
 
     def key_ranges(self, shards: int) -> tuple | RangePart:
         """Its held pairs (sorted by digest) cut into ``shards`` key ranges, range t for log
@@ -408,8 +416,11 @@ class ShardedLog:
     them for what the protocol needs over the rows, holding no row itself.  ``shard(cls, s)``
     is an empty actor of ``cls`` for shard s (cels.engine.ray_work.RayWork)."""
 
-    def __init__(self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, shard: Callable) -> None:
-        self.source, self.cap, self.draws = source, cap, draws
+    def __init__(
+        self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, shard: Callable,
+        max_items: int | None = None,
+    ) -> None:
+        self.source, self.cap, self.draws, self.max_items = source, cap, draws, max_items
         self.shards, self.max_in_flight = shards, max_in_flight
         self.actors = [shard(LogShard, s) for s in range(shards)]
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
@@ -454,7 +465,7 @@ class ShardedLog:
         its own range: :meth:`LogShard.key_ranges`, :meth:`LogShard.number`, :meth:`LogShard.own`),
         so the node holds no per-pair array."""
         source, path = self._place()
-        sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded) for a in self.actors])
+        sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded, self.max_items) for a in self.actors])
         every, self.rows = shard_positions(self.take_handed([(s, "users", users, np.uint64) for s, (users, *_) in enumerate(sizes)]))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
         self.held_pairs = [held for _, held, _ in sizes]

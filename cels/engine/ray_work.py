@@ -98,7 +98,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
 from cels.protocol.chunked import chunks
 from cels.protocol.stages.universe import STREAM_IDS
-from cels.protocol.work import CommutativeHash, encode_records, id_list, id_width, pruned_constraint_rows
+from cels.protocol.work import CommutativeHash, ItemBound, encode_item, encode_records, id_list, id_width, pruned_constraint_rows
 
 CHUNK_IDS = 8192
 """Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
@@ -262,11 +262,11 @@ class RayEngine:
             except ValueError as exc:
                 raise Refusal("its Ray cluster does not answer", str(exc)) from None
 
-    def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys) -> RayWork:
+    def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> RayWork:
         """A session's work, sized to the cluster's CPUs as it is now (one that scales up is
         counted at the next session)."""
         cpus = cluster_cpus()
-        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight, self.pool, cpus)
+        return RayWork(log, cap, draws, self.options.shards, self.options.max_in_flight, self.pool, cpus, bound)
 
     def usage(self, work: RayWork) -> dict[str, Any]:
         """The engine and what the session's workers used (:meth:`RayWork.usage`), or why it is unknown."""
@@ -618,9 +618,10 @@ class RayWork:
 
     def __init__(
         self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int,
-        pool: ShardPool | None = None, cpus: int = 1,
+        pool: ShardPool | None = None, cpus: int = 1, bound: ItemBound | None = None,
     ) -> None:
         self._source, self._cap, self.draws = log, cap, draws
+        self.max_items = bound.max_items if bound is not None else None  # the DP release's bound, applied on the log shards
         self.shards, self.max_in_flight = shards, max_in_flight
         self.layer_ids = layer_task_ids(STREAM_IDS, min(cpus, max_in_flight))  # ids per task of a forwarded chunk
         self._pool, self._borrowed = pool, []  # the warm actors this session holds: (kind, shard, actor)
@@ -647,7 +648,7 @@ class RayWork:
         return self.log.user_draws
 
     def load(self) -> LoadResult:
-        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard)
+        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard, self.max_items)
         return self.log.load()
 
     def hashed_ids(self, cipher: CommutativeHash, size: int) -> Iterator[np.ndarray]:
@@ -691,6 +692,11 @@ class RayWork:
         names = self.log.pair_names(active[np.unique(sp.csr_matrix(sampled).indices)])
         users = self.log.user_names if keep_user_ids else self.user_draws.pseudonyms
         return encode_records(sampled, users, lambda col: names[int(active[col])])
+
+    def items(self, columns: np.ndarray) -> list[bytes]:
+        """The encoded pairs of own ``columns``, their names asked of the log shards."""
+        names = self.log.pair_names(columns)
+        return [encode_item(*names[c]) for c in columns.tolist()]
 
     def _shard(self, kind, shard: int):
         """Shard ``shard``'s actor of ``kind``, empty: the node's warm one if it is idle

@@ -13,6 +13,11 @@ as a byte an entry, the counts as 8.  Every vector goes in chunks of
 :data:`SUM_CHUNK` entries, each masked from its own position in the mask streams, so the
 totals are those of whole vectors and no message or mask is ever built for a whole vector.
 
+The DP release (docs/releases.md) sums signed vectors (counts plus noise shares) at the solver,
+a node outside the ring with no mask of its own: ``aggregator`` names it, every party sends it
+its share, nobody is sent the total, and ``bound`` None means any signed 64-bit entry (w = 64:
+no range can be checked, since the noise is unbounded).
+
 What each party sees (semi-honest, non-colluding): P_1 sees every other party's masked
 vector, which is uniform without the seed that party shares with a third (r >= 3; with
 r = 2 the total reveals the other vector anyway, as in Algorithm 1); P_2..P_r see only the
@@ -64,30 +69,37 @@ class MaskedSum(RingMember):
         sum_id: str,
         ring: Sequence[str],
         values: np.ndarray,
-        bound: int,
-        masks: PairwiseMasks,
+        bound: int | None,
+        masks: PairwiseMasks | None,
         round_number: int,
+        aggregator: str | None = None,
     ) -> None:
-        super().__init__(name, session_id, ring)
+        super().__init__(name, session_id, ring, outsider=aggregator is not None and name == aggregator and aggregator not in ring)
         self.sum_id, self.bound, self.masks, self.round_number = sum_id, bound, masks, round_number
+        self._aggregator = aggregator or self.ring[0]  # outside the ring (the solver): sums r shares, sends no total
         self.values = np.asarray(values).ravel()  # its own integer type (an indicator: one byte each), int64 a chunk at a time
         self.result: np.ndarray | None = None
         self.started = False
         n = len(self.values)
-        self._word = np.dtype(f"<u{ring_bits(self.r, bound) // 8}")  # an entry of the ring, on the wire and in the total
+        self._word = np.dtype(f"<u{ring_bits(self.r, bound) // 8 if bound is not None else 8}")  # an entry of the ring, on the wire and in the total
         self._running: dict[int, np.ndarray] = {}  # P_1: chunk -> the shares of it so far, added mod 2^w (until all r are in)
         self._shares = np.zeros(len(range(0, max(n, 1), SUM_CHUNK)), dtype=np.int64)  # P_1: shares in, per chunk
         self._total: list[np.ndarray | None] = [None] * len(self._shares)  # the total's chunks so far, each in its smallest type
         self._chunks_in = 0  # chunks of the total complete
         self._cursors: dict[str, ChunkCursor] = {}  # P_1: each party's share so far; elsewhere: P_1's total
-        outside = (self.values < 0) | (self.values > bound)
+        outside = (self.values < 0) | (self.values > bound) if bound is not None else np.zeros(0, dtype=bool)
         if np.any(outside):
             index = int(np.flatnonzero(outside)[0])
             raise PackingOverflowError(f"sum {sum_id!r}: value {self.values[index]} at {index} outside [0, {bound}]")
 
     @property
     def aggregator(self) -> str:
-        return self.ring[0]
+        return self._aggregator
+
+    @property
+    def outside(self) -> bool:
+        """The aggregator is outside the ring: it adds r shares of its peers, none of its own."""
+        return self._aggregator not in self.ring
 
     def start(self) -> list[Outgoing | Stream]:
         """Mask this party's vector chunk by chunk: the others send theirs to P_1, each chunk
@@ -97,7 +109,11 @@ class MaskedSum(RingMember):
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"sum {self.sum_id!r} started twice")
         self.started = True
         if self.name != self.aggregator:
+            if self.outside:  # its share is its whole part: nobody sends it the total
+                self.done = True
             return [Stream(self._share_messages())]
+        if self.outside:
+            return []
         if self.r == 1:  # no peer: each chunk is P_1's own share alone
             for first, stop, _more in chunks(len(self.values), SUM_CHUNK):
                 self._add(first, stop)
@@ -132,7 +148,7 @@ class MaskedSum(RingMember):
         cursor.take(first, count, more)
 
     def _on_share(self, sender: str, msg: cels_pb2.MaskedSumShare) -> list[Outgoing]:
-        if self.name != self.aggregator or sender == self.name or sender not in self.ring:
+        if self.name != self.aggregator or sender == self.name or sender not in self.ring or not self.started:
             raise ProtocolError(ProtocolError.FAILED_PRECONDITION, f"unexpected MaskedSumShare of {self.sum_id!r} from {sender!r}")
         what = f"MaskedSumShare of {self.sum_id!r} from {sender!r}"
         cursor = self._cursors.setdefault(sender, ChunkCursor(what, SUM_CHUNK))
@@ -149,7 +165,9 @@ class MaskedSum(RingMember):
         it (the last one ends the sum)."""
         chunk = first // SUM_CHUNK
         running = self._running.get(chunk)
-        if running is None:  # a peer's first share of this chunk: P_1's own is the running total's start
+        if running is None and self.outside:  # the solver holds no share: a peer's starts the running total
+            running = self._running[chunk] = np.zeros(stop - first, dtype=self._word)
+        elif running is None:  # a peer's first share of this chunk: P_1's own is the running total's start
             own = self.masks.masked_values(self.values[first:stop], SUMS, self.round_number, offset=first)
             running = self._running[chunk] = own.astype(self._word)  # the low w bits of the 64-bit masked words
             self._shares[chunk] += 1
@@ -160,6 +178,12 @@ class MaskedSum(RingMember):
             return
         del self._running[chunk]
         total = signed(running) if self._word.itemsize == 8 else running.astype(np.int64)
+        if self.bound is None:  # signed entries: the total as it is
+            self._total[chunk] = total
+            self._chunks_in += 1
+            if self._chunks_in == len(self._total):
+                self.result, self._total, self.done = np.concatenate([np.zeros(0, dtype=np.int64), *self._total]), [], True
+            return
         self._check(total, f"masked sum {self.sum_id!r} outside [0, r * bound]: a share was not masked for this sum")
         self._complete(chunk, total)
 

@@ -44,6 +44,11 @@ UNIVERSE_CIPHERS = ("x25519", "pohlig-hellman")
 SOLVE_MODES = ("private", "transformed")
 """Phase 3: the masked greedy in which no constraint row leaves its party (default), or the
 paper's Algorithm 2, in which the solver decrypts the transformed problem (docs/protocol.md)."""
+RELEASES = ("sampled", "dp")
+"""What a session publishes (docs/releases.md): the sampled log of user rows (CELS, probabilistic
+DP given exact counts) or a DP histogram of items with noisy counts, DP end to end."""
+DEFAULT_PADDING_EPSILON = 0.1
+"""The DP release: epsilon of each id set's padding, which only the nodes see (docs/releases.md)."""
 DEFAULT_THETA = 0.7
 """Exact sampling: a stage draws mu_i = theta * R_i trials of the R_i still missing."""
 DEFAULT_ELL_RATIO = 1.5
@@ -81,6 +86,8 @@ class Option:
     """A key of session.toml's ``[session]`` table (the initiator is ``[run]``'s)."""
     mechanism: bool = False
     """A parameter of the mechanism: the :class:`SanitizeParams` field of the same name."""
+    holder: bool = False
+    """A flag of ``cels sanitize`` too (one holder), though no :class:`SanitizeParams` field."""
     name: str = ""
     kind: type = object
     """The value's type (``int``, ``float``, ``str``, ``bool`` or ``tuple``; None: its default
@@ -181,6 +188,23 @@ class SessionOptions:
     round_batch: int = option(
         DEFAULT_BATCH, "private solve: proposals per round", flag="--round-batch", metavar="B", bounds={"minimum": 1}
     )  # fmt: skip
+    release: str = option(
+        "sampled", "what the session publishes: sampled, user rows with probabilistic DP given exact counts (CELS); dp, a "
+        "histogram of query-url pairs with noisy counts, (epsilon, delta)-DP end to end, no noise-free count at any node "
+        "(docs/releases.md)", flag="--release", choices=RELEASES,
+    )  # fmt: skip
+    max_items_per_user: int = option(
+        1, "dp release: Delta_0, the distinct pairs each user keeps (chosen at random at its party)", flag="--max-items-per-user",
+        metavar="D0", bounds={"minimum": 1}, holder=True,
+    )  # fmt: skip
+    collusion: int = option(
+        1, "dp release: t, the parties an observer may pool (itself included): the noise shares it does not know add up to "
+        "the full discrete Laplace; 0 for recipients only", flag="--collusion", metavar="T", bounds={"minimum": 0},
+    )  # fmt: skip
+    padding_epsilon: float = option(
+        DEFAULT_PADDING_EPSILON, "dp release: epsilon of the dummy ids that pad each id set (seen by the nodes only)",
+        flag="--padding-epsilon", metavar="E", bounds={"exclusiveMinimum": 0},
+    )  # fmt: skip
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -204,7 +228,19 @@ class SessionOptions:
                 f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
                 "private solve: give an absolute size (> 1), or --solve transformed"
             )
+        if self.release == "dp":
+            self._check_dp()
         object.__setattr__(self, "b", self.params.validate())
+
+    def _check_dp(self) -> None:
+        """The DP release's parameters, refused in one line before any work: t < r and a
+        computable threshold (cels.mechanism.dp_histogram)."""
+        from cels.mechanism.dp_histogram import share_beta, threshold
+
+        r = len(self.parties)
+        if self.collusion >= r:
+            raise ValueError(f"collusion t = {self.collusion} must be below the {r} parties (no noise share would stay unknown)")
+        threshold(self.epsilon, self.delta, self.max_items_per_user, share_beta(r, self.collusion))
 
     # -- derived values ------------------------------------------------------------------
     @property
@@ -258,7 +294,7 @@ class SessionOptions:
             value = getattr(config, declared.proto_field)
             if declared.required and declared.kind in (int, float) and not value > 0:
                 raise ValueError(f"a session needs {declared.name} > 0")
-            if value or declared.required:
+            if value or declared.required or _present(config, declared.proto_field):
                 given[declared.name] = value / declared.wire_scale if declared.wire_scale != 1 else value
         nodes = [*config.parties, config.solver]
         return cls(
@@ -301,6 +337,12 @@ _HINTS = typing.get_type_hints(SessionOptions)
 OPTIONS: tuple[Option, ...] = tuple(_declared(f, _HINTS[f.name]) for f in fields(SessionOptions) if "option" in f.metadata)
 """Every session option, in SessionOptions' field order: the one table the conversions read."""
 OPTION = {o.name: o for o in OPTIONS}
+
+
+def _present(config: cels_pb2.SessionConfig, name: str) -> bool:
+    """A proto3 ``optional`` field that was set (its 0 is a value, not "the default")."""
+    descriptor = config.DESCRIPTOR.fields_by_name[name]
+    return descriptor.has_presence and config.HasField(name)
 
 
 def mechanism_options(params: SanitizeParams) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Outgoing, accepts, fail
 from cels.protocol.rolebase import SessionRole
 from cels.protocol.stages.counts import Counts
+from cels.protocol.stages.dp_release import NoisyCounts, histogram_of, release_threshold
 from cels.protocol.stages.private import PrivateSolve
 from cels.protocol.stages.results import (
     CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult,
@@ -34,12 +35,12 @@ from cels.protocol.stages.results import (
 from cels.protocol.stages.sampling import Sampling
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.solve import Solve
-from cels.protocol.stages.sums import PaillierSetup
+from cels.protocol.stages.sums import MaskedSums, PaillierSetup
 from cels.protocol.stages.transformed import TransformedSolve
 from cels.protocol.stages.union import Union, output_log
 from cels.protocol.stages.universe import Load, Universe, commutative_hash
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import InProcessWork, LocalWork
+from cels.protocol.work import InProcessWork, ItemBound, LocalWork
 
 SOLVES: dict[str, type[Solve]] = {"private": PrivateSolve, "transformed": TransformedSolve}
 """Phase 3 by the session's ``solve`` option."""
@@ -85,7 +86,9 @@ class PartyRole(SessionRole):
         self.k = self.parties.index(name)
         self.seat = Seat(name, options, allow_insecure_key_bits)
         self.draws = draws if draws is not None else DrawKeys.fresh()
-        self.work: LocalWork = work if work is not None else InProcessWork(log, options.cap, self.draws)
+        bound = ItemBound.of(options)
+        self.work: LocalWork = work if work is not None else InProcessWork(log, options.cap, self.draws, bound)
+        self.dummies = bound.dummies(self.draws) if bound is not None else []  # the DP release's padding of its id set
         self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
         # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, the union's
         # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
@@ -93,7 +96,8 @@ class PartyRole(SessionRole):
         self._rng = self.draws.stream("party")
         self._solve_class = SOLVES[options.solve]
         setup = PaillierSetup(obfuscators, keypair, decryption_pool)
-        self.sums = self._solve_class.sum_ring(self.seat, self._on_sum_total, setup)
+        # the DP release sums under pairwise masks whatever the solve (it runs none)
+        self.sums = MaskedSums(self.seat, self._on_sum_total) if options.release == "dp" else self._solve_class.sum_ring(self.seat, self._on_sum_total, setup)
         self.stage: Stage = Stage(self.seat)  # the running phase machine (none before begin)
         self.loaded: LoadResult | None = None
         self.counted: CountsResult | None = None
@@ -129,11 +133,11 @@ class PartyRole(SessionRole):
     def _next(self, result) -> Stage | None:
         """The phase machine after the running one (:data:`NEXT`), built from its ``result``,
         which the role keeps (as NEXT says); none after the union (the initiator keeps the output)."""
-        keep, then, build = NEXT[self.phase]
+        keep, then, build = (DP_NEXT if self.options.release == "dp" else NEXT)[self.phase]
         if keep is not None:
             setattr(self, keep, result)
         if build is None:
-            if self.name == self.initiator:
+            if self.name == self.initiator and self.options.release != "dp":  # the DP release comes from the solver
                 self.output = output_log(result, self.loaded)
             return None
         stage = build(self, result)
@@ -161,6 +165,14 @@ class PartyRole(SessionRole):
         if self.name != self.initiator or msg.node != sender:
             raise fail(f"{self.name}: step_report of {msg.node!r} from {sender!r}")
         self.reports.append(msg)
+        self._complete()
+        return []
+
+    def _on_dp_release(self, sender: str, msg: cels_pb2.DpRelease) -> list[Outgoing]:
+        """The initiator: the DP histogram from the solver (cels.protocol.stages.dp_release)."""
+        if self.name != self.initiator or sender != self.seat.solver or self.output is not None:
+            raise fail(f"{self.name}: dp_release from {sender!r}")
+        self.output = histogram_of(msg, release_threshold(self.options))
         self._complete()
         return []
 
@@ -198,6 +210,8 @@ class PartyRole(SessionRole):
         "union_encrypt_hop": accepts(Phase.UNION, step(Union.on_message), whole=True),
         "union_decrypt_hop": accepts(Phase.UNION, step(Union.on_message), whole=True),
         "union_result": accepts(Phase.UNION, step(Union.on_message), whole=True),
+        "dp_selection": accepts(Phase.COUNTS, step(NoisyCounts.on_dp_selection)),
+        "dp_release": accepts(Phase.OVER, _on_dp_release),
         "step_report": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.NLP, Phase.SOLVE, Phase.SAMPLING, Phase.UNION, Phase.OVER), _on_step_report),
     }
     """Which step message P_k takes in which phase (the initiator also takes StepReports)."""
@@ -214,7 +228,7 @@ def _solve(role: PartyRole, counted: CountsResult) -> Solve:
 
 SOLVE_PHASES = (Phase.SOLVE, Phase.NLP)
 NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
-    Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r)),
+    Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r, role.dummies)),
     Phase.UNIVERSE: (None, Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),  # c^k: to the counts' sum only
     Phase.COUNTS: ("counted", None, _solve),  # the solve mode's phase 3: SOLVE or NLP (SOLVES)
     Phase.SOLVE: ("solved", Phase.SAMPLING, _sampling),  # either solve's result starts the same sampling
@@ -225,3 +239,11 @@ NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], 
 """The party's phases in order: when the running phase machine has its result, the role keeps
 it (the attribute named; none: only the next phase needs it), and builds the next phase's machine from it.  With ``ACCEPTS`` (which
 step message each phase takes) this is the whole machine."""
+DP_NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
+    Phase.LOAD: NEXT[Phase.LOAD],
+    Phase.UNIVERSE: (None, Phase.COUNTS, lambda role, r: NoisyCounts(role.seat, role.work, role.sums, r, role.draws)),
+    Phase.COUNTS: (None, None, None),  # the items of its kept columns went to the solver: OVER
+}
+"""The DP release's phases (``--release dp``, cels.protocol.stages.dp_release): the universe,
+assembled by the solver, then the noisy counts and the selection; the initiator's release
+comes from the solver (``dp_release``)."""

@@ -51,8 +51,14 @@ def solve_phase(solve: str) -> Phase:
     return Phase.SOLVE if solve == "private" else Phase.NLP
 
 
+DP_PHASES = (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS)
+"""A party's working phases in the DP release (``--release dp``): no solve, sampling or union."""
+
+
 def party_phases(solve: str) -> tuple[Phase, ...]:
-    """A party's working phases in protocol order (CELS section 4)."""
+    """A party's working phases in protocol order (CELS section 4); ``solve`` "dp": the DP release's."""
+    if solve == "dp":
+        return DP_PHASES
     return (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, solve_phase(solve), Phase.SAMPLING, Phase.UNION)
 
 

@@ -43,13 +43,19 @@ STEP_PHASE = {
     "union_encrypt_hop": Phase.UNION,
     "union_decrypt_hop": Phase.UNION,
     "union_result": Phase.UNION,
+    "dp_selection": Phase.COUNTS,
+    "dp_items": Phase.COUNTS,
+    "dp_release": Phase.COUNTS,
 }
 """The phase a step message belongs to (secure sums: by sum id, see :func:`phase_of`)."""
 
 
-def phase_of(envelope: Envelope) -> Phase:
-    """Phase of a message: counts (sum ids "counts"/"unique"), sampling ("sampling-*"), ..."""
+def phase_of(envelope: Envelope, release: str = "sampled") -> Phase:
+    """Phase of a message: counts (sum ids "counts"/"unique"), sampling ("sampling-*"), ...;
+    in the DP release (``release`` "dp"), which runs no solve, the mask keys are the counts'."""
     step = step_name(envelope)
+    if step == "mask_key" and release == "dp":
+        return Phase.COUNTS
     if step.startswith("sum_") or step == "masked_sum_share":
         sum_id = getattr(envelope, step).sum_id
         return Phase.SAMPLING if sum_id.startswith(Phase.SAMPLING.value) else Phase.COUNTS
@@ -215,7 +221,7 @@ class SessionRole:
             else:
                 out.append(self._backlog.popleft())
         for _dst, env in out:
-            self.bytes_sent[phase_of(env)] += env.ByteSize()
+            self.bytes_sent[phase_of(env, self.options.release)] += env.ByteSize()
         if out or drained:  # the link has messages to send, or (drained) had none left
             self._idle = not out
         return out

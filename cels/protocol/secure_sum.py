@@ -50,13 +50,14 @@ def _inline(public_key: PublicKey) -> ObfuscatorSource:
 class RingMember:
     """Ring bookkeeping shared by the secure sum and the secure union."""
 
-    def __init__(self, name: str, session_id: str, ring: Sequence[str]) -> None:
+    def __init__(self, name: str, session_id: str, ring: Sequence[str], outsider: bool = False) -> None:
+        """``outsider``: ``name`` is a node outside the ring (an aggregator that holds no share)."""
         self.ring = list(ring)
-        if name not in self.ring or len(set(self.ring)) != len(self.ring):
-            raise ValueError(f"{name!r} must appear exactly once in the ring {self.ring}")
+        if (self.ring.count(name) != (0 if outsider else 1)) or len(set(self.ring)) != len(self.ring):
+            raise ValueError(f"{name!r} must appear {'nowhere' if outsider else 'exactly once'} in the ring {self.ring}")
         self.name = name
         self.session_id = session_id
-        self.index = self.ring.index(name)
+        self.index = -1 if outsider else self.ring.index(name)  # an outsider has no place in the ring
         self.done = False
 
     @property

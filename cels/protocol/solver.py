@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto import paillier
+from cels.crypto.streams import DrawKeys
 from cels.mechanism.conditions import Conditions
 from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
@@ -25,6 +26,8 @@ from cels.protocol.phases import Phase
 from cels.protocol.private_solve import PrivateSolveAggregator
 from cels.protocol.roles import Outgoing, accepts, fail, malformed
 from cels.protocol.rolebase import RoleFailure, SessionRole
+from cels.protocol.stages.dp_release import DpAggregator
+from cels.protocol.stages.universe import index_key_width
 from cels.protocol.transform import MAX_ELL, agreed_ell, check_count_row, eliminate_slacks, implied_at_packing, share_packings
 from cels.protocol.wire import cels_pb2, codec
 
@@ -41,11 +44,13 @@ class SolverRole(SessionRole):
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
         decryption_pool: Executor | None = None,
         max_time_limit: float | None = None,
+        draws: DrawKeys | None = None,
     ) -> None:
         """``keypair``: the node key (cels.node.keys), else a fresh pair for this session;
         ``decryption_pool``: a process pool for the CRT decryptions (else in this process);
         ``max_time_limit``: the most seconds this node gives the integer step (a node policy:
-        a session asking more gets this many)."""
+        a session asking more gets this many); ``draws``: its keys for the session (the DP
+        release's padding of the index), fresh by default."""
         super().__init__(name, options)
         if name != self.solver:
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
@@ -64,13 +69,33 @@ class SolverRole(SessionRole):
         self._at: np.ndarray | None = None
         self.solve_report: dict = {}
         self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
+        draws = draws if draws is not None else DrawKeys.fresh()
+        self.dp = DpAggregator(name, options, index_key_width(options, allow_insecure_key_bits), draws) if options.release == "dp" else None
 
     def view_keys(self) -> list:
         return [] if self._private_key is None else [self._private_key]
 
     def _begin(self) -> list[Outgoing]:
-        self._enter(Phase.SOLVE if self._aggregator is not None else Phase.NLP)
+        self._enter(Phase.UNIVERSE if self.dp is not None else Phase.SOLVE if self._aggregator is not None else Phase.NLP)
         return []
+
+    # -- the DP release (cels.protocol.stages.dp_release) ----------------------------------------
+    def _on_complete_ids(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
+        out = self.dp.on_complete_ids(sender, msg)
+        if self.dp.n is not None:
+            self._enter(Phase.COUNTS)
+        return out
+
+    def _on_noisy_share(self, sender: str, envelope: cels_pb2.Envelope) -> list[Outgoing]:
+        return self.dp.on_share(sender, envelope)
+
+    def _on_dp_items(self, sender: str, msg: cels_pb2.DpItems) -> list[Outgoing]:
+        out = self.dp.on_items(sender, msg)
+        if out is None:
+            return []
+        self.solve_report = self.dp.report()
+        self._finish()
+        return out
 
     def _on_masked_noise_share(self, sender: str, msg: cels_pb2.MaskedNoiseShare) -> list[Outgoing]:
         """The private solve with noise: sum the parties' masked shares into z, send it to all."""
@@ -219,5 +244,8 @@ class SolverRole(SessionRole):
         "nlp_permute_hop": accepts(Phase.NLP, _on_nlp_permute_hop),
         "masked_verdicts": accepts(Phase.SOLVE, _on_masked_verdicts),
         "masked_noise_share": accepts(Phase.SOLVE, _on_masked_noise_share),
+        "universe_hop": accepts(Phase.UNIVERSE, _on_complete_ids),
+        "masked_sum_share": accepts(Phase.COUNTS, _on_noisy_share, whole=True),
+        "dp_items": accepts(Phase.COUNTS, _on_dp_items),
     }
     """Which step message P_0 takes in which phase."""

@@ -15,16 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto.commutative_cipher import PohligHellmanHash
 from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
-from cels.crypto.streams import DrawKeys
+from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_counts
 from cels.mechanism.greedy import verdicts
 from cels.protocol.chunked import chunks
 from cels.protocol.sampling import StagedSampler, paper_trials
@@ -111,6 +113,34 @@ def encode_records(sampled: sp.spmatrix, names: Callable[[np.ndarray], list[str]
     return out
 
 
+PADDING = "padding"
+"""The label of a party's stream for the DP release's dummy ids."""
+
+
+@dataclass(frozen=True)
+class ItemBound:
+    """The DP release's contribution bound at a party, applied at the load before anything
+    leaves it (cels.mechanism.dp_release.bounded_counts), and the dummy ids that pad its set of pairs
+    (``options``: the session's, for the padding's size)."""
+
+    max_items: int
+    options: Any
+
+    @classmethod
+    def of(cls, options: Any) -> ItemBound | None:
+        """The bound of a session's options (None unless it releases the DP histogram)."""
+        return cls(options.max_items_per_user, options) if options.release == "dp" else None
+
+    def dummies(self, draws: DrawKeys) -> list[bytes]:
+        """This party's dummy ids, as encoded items that no pair's encoding equals (a pair's has
+        two fields, these three): D of them, D drawn so that the padded set's
+        size is DP (cels.protocol.stages.dp_release.padding_draw)."""
+        from cels.protocol.stages.dp_release import padding_draw
+
+        rng = CipherRandom(generator=draws.stream(PADDING))
+        return [encode_item("padding", rng.randbytes(16).hex(), 0) for _ in range(padding_draw(self.options, rng))]
+
+
 class UnionIndex(Protocol):
     """P_1's sorted union of the complete id sets (cels.protocol.sorted_union): a
     :class:`UnionPart` in this process, or a ``RangedUnion`` over a cluster's shards."""
@@ -193,14 +223,19 @@ class LocalWork(Protocol):
         (pseudonyms from the users' buckets)."""
         ...
 
+    def items(self, columns: np.ndarray) -> list[bytes]:
+        """The DP release: the encoded pair (query, url) of each of its own ``columns`` (b"" for
+        a dummy id's); KeyError names a column that is not its own."""
+        ...
+
 
 class InProcessWork:
     """The whole log in this process (the default).  ``log`` is the log or its loader;
     ``draws`` the party's keys for this session.  The rows are kept in draw order
     (cels.protocol.user_draws)."""
 
-    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys) -> None:
-        self._source, self._cap, self.draws = log, cap, draws
+    def __init__(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> None:
+        self._source, self._cap, self.draws, self.bound = log, cap, draws, bound
         self.log: SearchLog | None = None
         self.user_draws: BucketDraws | None = None
         self.counts: sp.csr_matrix | None = None  # users x own pairs, capped
@@ -220,6 +255,9 @@ class InProcessWork:
         self.log = log if np.array_equal(order, np.arange(len(order))) else log.select_users(order)
         self.user_draws = BucketDraws(self.draws, buckets_of(digests[order]))
         self.counts = apply_cap(self.log.counts, self._cap).tocsr()
+        if self.bound is not None:
+            pairs, key = self.log.pairs, self.draws.secret(ITEM_CHOICE)
+            self.counts = bounded_counts(self.counts, self.log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], key, self.bound.max_items)
         self.own = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
         return LoadResult(len(self.own), log.source)
 
@@ -283,3 +321,6 @@ class InProcessWork:
     def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
         names = (lambda rows: [self.log.users[j] for j in rows]) if keep_user_ids else self.user_draws.pseudonyms
         return encode_records(sampled, names, lambda col: self.log.pairs[self.pair_of[int(active[col])]])
+
+    def items(self, columns: np.ndarray) -> list[bytes]:
+        return [encode_item(*self.log.pairs[self.pair_of[c]]) for c in columns.tolist()]

@@ -57,6 +57,9 @@ PLAINTEXT_STEPS = {
     "nlp_key": "P_0's public key, l and every party's m_k",
     "nlp_solution": "the solution x (permuted until every party has un-permuted it)",
     "union_result": "the union of the sampled records (the published output)",
+    "dp_selection": "which of its own pairs' columns passed the threshold (a function of the release and its own pairs)",
+    "dp_items": "the strings of a party's kept pairs (an empty one: a dummy id's)",
+    "dp_release": "the released pairs with their noisy counts (the published output)",
 }
 """Steps whose content every recipient reads in the clear."""
 
@@ -135,10 +138,14 @@ def describe(role: object, direction: str, envelope: Envelope) -> tuple[dict, di
                 arrays[name] = plain
     if arrays:
         return content, arrays, True, "decrypts " + ", ".join(DECRYPTED[k] for k in arrays)
+    if step == "universe_hop" and getattr(role, "dp", None) is not None:
+        return content, arrays, False, "a party's complete padded set of hashed ids (which ids it shares with others)"
     if step == "universe_hop":
         return content, arrays, False, _universe_learns(msg, getattr(role, "name", ""))
     if step == "universe_index":
         return content, arrays, False, "the size of the union of all pairs and its own pairs' columns in it"
+    if step == "masked_sum_share" and getattr(role, "dp", None) is not None:
+        return content, arrays, False, "a party's noisy counts under pairwise masks; their sum: the noisy totals n + Z of every indexed id"
     if step == "masked_sum_share":
         return content, arrays, False, "other parties' vectors under pairwise masks (uniform without the seeds they share)"
     if step == "union_encrypt_hop":
@@ -231,7 +238,7 @@ class ViewRecorder:
                 "direction": direction,
                 "peer": peer,
                 "step": step,
-                "phase": phase_of(envelope),
+                "phase": phase_of(envelope, getattr(getattr(self.role, "options", None), "release", "sampled")),
                 "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "content": content,

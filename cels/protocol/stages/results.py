@@ -7,7 +7,7 @@ session report from (cels.session_report).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,10 +28,12 @@ class LoadResult:
 
 @dataclass(frozen=True)
 class UniverseResult:
-    """P_1's index: ``n`` pairs in the universe; this party's counts c^k over them."""
+    """The index: ``n`` pairs in the universe; this party's counts c^k over them; the DP
+    release: the columns of this party's dummy ids (``padding_columns``)."""
 
     n: int
     local_counts: np.ndarray
+    padding_columns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,12 @@ class Seat:
         return self.parties[0]
 
     @property
+    def index_holder(self) -> str:
+        """Who assembles the universe: P_1 (CELS section 4.2), or the solver in the DP release,
+        so that no party learns which of its pairs another party holds (docs/releases.md)."""
+        return self.options.solver if self.options.release == "dp" else self.key_holder
+
+    @property
     def solver(self) -> str:
         return self.options.solver
 

@@ -33,7 +33,7 @@ COUNT_BOUND = MAX_COUNT
 """Public packing bound of every party's count and stage-total vectors (secure sums): the
 largest pair total a log may hold (docs/formats.md, "Limits")."""
 COUNTS_SUM = Phase.COUNTS.value
-"""The sum id of the counts c (the wire's ``sum_id``)."""
+"""The sum id of the counts c (the wire's ``sum_id``); in the DP release, of the noisy counts n + Z."""
 UNIQUE_SUM = "unique"
 """The sum id of the indicators "one of my users holds all of pair i" (bound 1)."""
 
@@ -68,10 +68,14 @@ class SumRing(ABC):
         """Messages at the session's start (none by default)."""
         return []
 
-    def start(self, sum_id: str, vector: np.ndarray) -> list[Outgoing]:
-        """Join secure sum ``sum_id`` with this party's ``vector``."""
+    def start(self, sum_id: str, vector: np.ndarray, aggregator: str | None = None) -> list[Outgoing]:
+        """Join secure sum ``sum_id`` with this party's ``vector``; ``aggregator``: a node
+        outside the ring that alone gets the total of signed vectors (the DP release's noisy
+        counts: :class:`MaskedSums` only; no total comes back)."""
         common = {"name": self.seat.name, "session_id": self.seat.session_id, "sum_id": sum_id, "ring": self.seat.parties,
                   "values": vector, "bound": 1 if sum_id == UNIQUE_SUM else COUNT_BOUND}  # fmt: skip
+        if aggregator is not None:
+            common.update(bound=None, aggregator=aggregator)
         try:
             joined = self._join(common)
         except paillier.PackingOverflowError as exc:
@@ -106,7 +110,8 @@ class SumRing(ABC):
         """A finished sum's total moves the session on."""
         if running.done and self.running.get(sum_id) is running:
             del self.running[sum_id]
-            out = out + self.on_total(sum_id, np.asarray(running.result).ravel())
+            if running.result is not None:  # None: the total went to an aggregator outside the ring
+                out = out + self.on_total(sum_id, np.asarray(running.result).ravel())
         return out
 
 
@@ -130,6 +135,8 @@ class PaillierSums(SumRing):
         return [] if self.keypair is None else [self.keypair[1]]
 
     def _join(self, common: dict) -> SecureSum:
+        if "aggregator" in common:
+            raise RoleFailure("a signed sum needs pairwise masks", "Algorithm 1's sums have no outside aggregator")
         options, insecure = self.seat.options, self.seat.allow_insecure_key_bits
         if self.seat.k == 0 and self.keypair is None:
             self.keypair = paillier.generate_keypair(options.key_bits, allow_insecure_key_bits=insecure)

@@ -18,14 +18,16 @@ of the party's ids.  Ids are fixed-width numpy arrays, not Python bytes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellmanHash
-from cels.crypto.ec_hash import X25519Hash
+from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys
+from cels.mechanism.dp_histogram import padding_shift
 from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
@@ -35,7 +37,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork, id_width
+from cels.protocol.work import CommutativeHash, LocalWork, id_array, id_width
 
 
 STREAM_IDS = 16384
@@ -59,6 +61,37 @@ UNION_KEY_BYTES = 16
 n^2 / 2^129, the bet the Ray engine's pair digests make too
 (cels.protocol.work.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
 bytes of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
+
+
+def index_padding_bound(options: SessionOptions) -> int:
+    """The most dummy columns the index holder adds to the index (the DP release's solver:
+    cels.mechanism.dp_histogram.padding_count, at most twice its shift); none otherwise."""
+    if options.release != "dp":
+        return 0
+    return 2 * padding_shift(options.max_items_per_user, options.padding_epsilon, options.delta)
+
+
+def rechunked(parts: Iterable[np.ndarray], size: int) -> Iterator[np.ndarray]:
+    """``parts`` (arrays of one dtype, at least one) again as chunks of ``size``, the last maybe
+    fewer (one empty chunk if they hold nothing, as :func:`cels.protocol.chunked.chunks` counts
+    them), each made as it is asked for."""
+    buffered: list[np.ndarray] = []
+    held, sent = 0, 0
+    for part in parts:
+        buffered.append(part)
+        held += len(part)
+        while held >= size:
+            joined = np.concatenate(buffered)
+            yield joined[:size]
+            buffered, held, sent = [joined[size:]], held - size, sent + 1
+    if held or not sent:
+        yield np.concatenate(buffered)
+
+
+def index_key_width(options: SessionOptions, allow_paper_bits: bool = False) -> int:
+    """The width of a complete set's keys (:func:`union_keys`) under the session's cipher."""
+    width = ELEMENT_BYTES if options.universe_cipher == "x25519" else group_for_bits(options.group_bits, allow_paper_bits=allow_paper_bits).element_bytes
+    return min(width, UNION_KEY_BYTES)
 
 
 def union_keys(ids: np.ndarray) -> np.ndarray:
@@ -101,17 +134,24 @@ class Universe(Stage):
 
     phase = Phase.UNIVERSE
 
-    def __init__(self, seat: Seat, work: LocalWork, cipher: CommutativeHash, loaded: LoadResult) -> None:
+    def __init__(self, seat: Seat, work: LocalWork, cipher: CommutativeHash, loaded: LoadResult, dummies: Sequence[bytes] = ()) -> None:
+        """``dummies``: the DP release's dummy ids (encoded), sent after the own pairs' so that
+        the set's size is DP; their columns are this machine's, not the work's."""
         super().__init__(seat)
         self.work, self.cipher = work, cipher
         self.width = id_width(cipher)
-        self.n_own = loaded.own_pairs
+        self.n_real = loaded.own_pairs  # the work's own pairs
+        self.dummies = list(dummies)
+        self.n_own = self.n_real + len(self.dummies)  # the ids this party sends
+        self.dummy_keys: list[np.ndarray] = []  # the dummies' returned union keys
+        self.dummy_positions = np.zeros(0, dtype=np.int64)  # their places in the sorted set sent to the index holder
+        self.dummy_columns: list[np.ndarray] = []  # and their columns in the index
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
         self.relay: deque[list[Outgoing]] = deque()  # peers' chunks layered, for the ring Stream to send first
         self.complete: dict[str, tuple[ChunkCursor, np.ndarray]] = {}  # P_1: each party's complete ids so far, and the last one
-        self.union = work.union(self.key_width) if seat.name == seat.key_holder else None  # P_1: the index, where the work runs
+        self.union = work.union(self.key_width) if seat.name == seat.index_holder else None  # P_1: the index, where the work runs
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
@@ -131,7 +171,7 @@ class Universe(Stage):
         (cels.protocol.work.pair_digests: not the log's order), hashed as the link drains them
         (no list of them all is ever held)."""
         seat = self.seat
-        own = self._hops(seat.successor, seat.name, [seat.name], self.work.hashed_ids(self.cipher, STREAM_IDS), self.n_own)
+        own = self._hops(seat.successor, seat.name, [seat.name], self._own_ids(), self.n_own)
         own_left, sent = True, 0  # own ids in the ring so far
         while True:
             if self.relay:
@@ -146,6 +186,13 @@ class Universe(Stage):
                 return
             else:
                 yield None
+
+    def _own_ids(self) -> Iterator[np.ndarray]:
+        """The work's hashed own ids, then the dummies' (hashed here), in chunks of STREAM_IDS."""
+        real = self.work.hashed_ids(self.cipher, STREAM_IDS)
+        if not self.dummies:
+            return real
+        return rechunked(itertools.chain(real, [id_array(self.cipher.hash(self.dummies), self.width)]), STREAM_IDS)
 
     def _hops(self, recipient: str, owner: str, applied: list[str], ids: Iterable[np.ndarray], count: int) -> Iterator[list[Outgoing]]:
         """``owner``'s ``count`` ids (layers ``applied``) to ``recipient``: ``ids`` gives them in
@@ -181,7 +228,7 @@ class Universe(Stage):
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
             return self._returned(msg)
-        if seat.name != seat.key_holder or sender != msg.owner:
+        if seat.name != seat.index_holder or sender != msg.owner:
             raise fail(f"{seat.name}: complete universe ids of {msg.owner} from {sender}")
         return self._complete(msg)
 
@@ -192,12 +239,18 @@ class Universe(Stage):
         ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
-        self.work.keep_returned(msg.first, ids)
+        real = max(0, min(len(ids), self.n_real - msg.first))  # the rest are dummies'
+        if real:
+            self.work.keep_returned(msg.first, ids[:real])
+        if real < len(ids):
+            self.dummy_keys.append(ids[real:].copy())
         if msg.more:
             return []
         keys = self.work.sorted_returned(STREAM_IDS)
-        if seat.name != seat.key_holder:
-            return [Stream(self._hops(seat.key_holder, seat.name, list(msg.applied), keys, n))]
+        if self.dummies:
+            keys = rechunked(self._merged(keys), STREAM_IDS)
+        if seat.name != seat.index_holder:
+            return [Stream(self._hops(seat.index_holder, seat.name, list(msg.applied), keys, n))]
         last = np.zeros(0, dtype=f"V{self.key_width}")
         for chunk in keys:
             if not increasing(chunk, last):  # P_1's own come back in the order they left, not sorted
@@ -205,6 +258,23 @@ class Universe(Stage):
             self.union.add(seat.name, chunk)
             last = chunk[-1:]
         return self._collect(seat.name)
+
+    def _merged(self, keys: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """The work's sorted keys with the dummies' merged in (each a chunk's worth at a time),
+        their places noted (:attr:`dummy_positions`)."""
+        width = self.key_width
+        dummies = np.sort(np.concatenate(self.dummy_keys).view(f"S{width}"))
+        taken, position, places = 0, 0, []
+        for chunk in keys:
+            real = chunk.view(f"S{width}")
+            upto = int(np.searchsorted(dummies, real[-1], side="right")) if len(real) else taken
+            merged = np.sort(np.concatenate([real, dummies[taken:upto]]))
+            places.append(position + np.searchsorted(merged, dummies[taken:upto]))
+            taken, position = upto, position + len(merged)
+            yield merged.view(f"V{width}")
+        places.append(position + np.arange(len(dummies) - taken))
+        self.dummy_positions = np.concatenate(places).astype(np.int64)
+        yield dummies[taken:].view(f"V{width}")
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -269,12 +339,13 @@ class Universe(Stage):
         """A chunk of the index size and the columns of this party's ids, in the sorted order it
         sent them (strictly increasing across chunks)."""
         seat, n = self.seat, self.n_own
-        seat.expect_sender(sender, seat.key_holder, "universe_index")
+        seat.expect_sender(sender, seat.index_holder, "universe_index")
         if not self.returned.done:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
         self.indexed.take(msg.first, len(msg.columns), msg.more)
-        if msg.size > self.ids_seen:
-            raise malformed(f"{seat.name}: universe_index of {msg.size} pairs, more than the {self.ids_seen} ids of all parties")
+        most = self.ids_seen + index_padding_bound(seat.options)
+        if msg.size > most:
+            raise malformed(f"{seat.name}: universe_index of {msg.size} pairs, more than the {most} ids of all parties and the padding")
         if self.size is not None and msg.size != self.size:
             raise malformed(f"{seat.name}: universe_index: index size {msg.size}, an earlier chunk said {self.size}")
         self.size, stop = msg.size, self.indexed.position
@@ -286,9 +357,23 @@ class Universe(Stage):
                 f"{seat.name}: universe_index: columns {msg.first}..{stop} of {n} ids "
                 f"not strictly increasing below the index size {msg.size}"
             )
-        self.work.place_columns(int(msg.size), msg.first, by_id)
+        self._place(int(msg.size), msg.first, by_id)
         self.last_column = int(by_id[-1]) if len(by_id) else self.last_column
         if msg.more:
             return []
-        self.result = UniverseResult(int(msg.size), self.work.index(int(msg.size)))
+        padding = np.concatenate([np.zeros(0, dtype=np.int64), *self.dummy_columns])
+        self.result = UniverseResult(int(msg.size), self.work.index(int(msg.size)), padding)
         return []
+
+    def _place(self, n: int, first: int, columns: np.ndarray) -> None:
+        """Columns of the sorted set's ``first``.. : the dummies' stay here, the rest go to the work
+        (at their places among the work's own keys)."""
+        dummy = (self.dummy_positions >= first) & (self.dummy_positions < first + len(columns))
+        if not np.any(dummy):
+            self.work.place_columns(n, first - int(np.count_nonzero(self.dummy_positions < first)), columns)
+            return
+        mask = np.zeros(len(columns), dtype=bool)
+        mask[self.dummy_positions[dummy] - first] = True
+        self.dummy_columns.append(columns[mask])
+        if np.any(~mask):
+            self.work.place_columns(n, first - int(np.count_nonzero(self.dummy_positions < first)), columns[~mask])

@@ -1,0 +1,111 @@
+"""The DP histogram of query-url pairs (docs/releases.md): contribution bounding, the release
+value, the single holder's release and its utility measures.
+
+Each user keeps at most Delta_0 distinct pairs (:func:`bounded_counts`); a pair's count n is
+its number of distinct users; the release holds every pair whose noisy count n + Z reaches the
+threshold tau, with that same noisy count (Korolova et al. WWW 2009 and Google's partition
+selection, with discrete noise: cels.mechanism.dp_histogram).  One holder draws Z itself
+(:func:`sanitize_dp`, ``cels sanitize --release dp``); the parties of a session draw it as
+shares inside the masked sum (cels.protocol.stages.dp_release), and with t = 0 both releases
+have the same distribution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from cels.baselines.release import ReleasedItem
+from cels.crypto.streams import CipherRandom, DrawKeys
+from cels.logs.model import SearchLog
+from cels.mechanism.dp_histogram import count_scale, noise_shares, threshold
+
+ITEM_CHOICE = "item choice"
+"""The label of a holder's session key for the choice of each user's pairs (DrawKeys.secret)."""
+NOISE_SHARES = "noise shares"
+"""The label of a holder's stream for its noise (a party's: its shares)."""
+RELEASED_KIND = "click"
+"""A released query-url pair's type in the baselines' release format (cels.baselines.release)."""
+TOP = 100
+"""Recall is measured over the true top this many pairs (docs/releases.md, "Utility")."""
+
+
+@dataclass(frozen=True)
+class DpHistogram:
+    """A DP release: the pairs at or above ``threshold`` with their noisy counts n + Z, sorted
+    by item (a function of the set alone)."""
+
+    items: tuple[ReleasedItem, ...]
+    threshold: int
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[str, str]], counts: Sequence[int], tau: int) -> DpHistogram:
+        items = (ReleasedItem(RELEASED_KIND, q, u, None, int(c)) for (q, u), c in zip(pairs, counts))
+        return cls(tuple(sorted(items, key=lambda i: i.key)), tau)
+
+
+def bounded_counts(
+    counts: sp.spmatrix, users: Sequence[str], encoded: Callable[[list[int]], list[bytes]], key: bytes, max_items: int
+) -> sp.csr_matrix:
+    """``counts`` (users x pairs) with each user's at most ``max_items`` pairs of lowest
+    priority kept, every kept entry 1 (a pair counts distinct users).  ``encoded(cols)``
+    gives the pairs' encodings (cels.protocol.work.encode_item); a priority is the keyed
+    BLAKE2b (``key``: the holder's :data:`ITEM_CHOICE` secret) of the user's JSON encoding
+    followed by the pair's (an injective pair of JSON arrays), so the choice is uniform and
+    the same for any split of the users (Korolova et al., "limit user activity")."""
+    counts = sp.csr_matrix(counts, dtype=np.int64)
+    counts.eliminate_zeros()
+    keep = np.zeros(counts.nnz, dtype=bool)
+    for row in range(counts.shape[0]):
+        lo, hi = counts.indptr[row], counts.indptr[row + 1]
+        if hi - lo <= max_items:
+            keep[lo:hi] = True
+            continue
+        user = json.dumps([users[row]], ensure_ascii=False, separators=(",", ":")).encode()
+        priority = [hashlib.blake2b(user + pair, key=key, digest_size=16).digest() for pair in encoded(counts.indices[lo:hi].tolist())]
+        keep[lo + np.argsort(np.array(priority, dtype="S16"), kind="stable")[:max_items]] = True
+    rows = np.repeat(np.arange(counts.shape[0]), np.diff(counts.indptr))[keep]
+    return sp.csr_matrix((np.ones(len(rows), dtype=np.int64), (rows, counts.indices[keep])), shape=counts.shape)
+
+
+def distinct_users(log: SearchLog, max_items: int, draws: DrawKeys) -> np.ndarray:
+    """n per pair of ``log`` after the bound: its distinct users among those who kept it."""
+    from cels.protocol.work import encode_item
+
+    pairs = log.pairs
+    bounded = bounded_counts(log.counts, log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], draws.secret(ITEM_CHOICE), max_items)
+    return np.asarray(bounded.sum(axis=0)).ravel().astype(np.int64)
+
+
+def sanitize_dp(log: SearchLog, epsilon: float, delta: float, max_items: int, draws: DrawKeys) -> tuple[DpHistogram, np.ndarray, np.ndarray]:
+    """One holder's DP histogram: the bound, n per pair, Z the discrete Laplace of scale
+    Delta_0/eps per pair (one share of one), tau at beta = 1; returns the release, n and n + Z
+    over the log's pairs (the last two for the operator report only)."""
+    n = distinct_users(log, max_items, draws)
+    noisy = n + noise_shares(len(n), count_scale(epsilon, max_items), 1, CipherRandom(generator=draws.stream(NOISE_SHARES)))
+    tau = threshold(epsilon, delta, max_items)
+    kept = np.flatnonzero((n > 0) & (noisy >= tau))  # a pair no user kept is not the holder's to release
+    return DpHistogram.of([log.pairs[i] for i in kept], noisy[kept], tau), n, noisy
+
+
+def release_utility(release: DpHistogram, true_counts: dict[tuple[str, str], int], top: int = TOP) -> dict[str, Any]:
+    """Items released, recall of the true top ``top`` pairs (by count; ties by pair), and the
+    mean relative error |n + Z - n| / n of the released counts against ``true_counts`` (the
+    counts before the bound, or after it: the caller says which)."""
+    ranked = sorted(true_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    released = {(i.query, i.url): i.count for i in release.items}
+    errors = [abs(c - true_counts[k]) / true_counts[k] for k, c in released.items() if true_counts.get(k)]
+    return {
+        "released": len(released),
+        f"recall_top{top}": (sum(1 for k, _ in ranked if k in released) / len(ranked)) if ranked else 0.0,
+        "relative_error": float(np.mean(errors)) if errors else None,
+    }

@@ -1,0 +1,168 @@
+"""The DP histogram across organisations (``--release dp``; docs/releases.md).
+
+Known answers (the threshold of the session, the release of a pair held by many users and
+not of one held by one), the options refused in one line before any work, the protocol's
+invariants (only noisy values opened, every released count at or above tau, the same bytes
+under ``--seed``), a peer's bad step messages refused, and the single holder's release."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cels.baselines.release import read_release
+from cels.crypto.streams import DrawKeys
+from cels.inprocess import InMemoryNetwork, run_session, session_hosts, start_session
+from cels.logs import synthetic_log
+from cels.logs.model import LogRecord, SearchLog
+from cels.mechanism.dp_release import DpHistogram, bounded_counts, distinct_users, sanitize_dp
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import ProtocolError
+from cels.protocol.stages.dp_release import release_threshold
+from cels.protocol.wire import cels_pb2
+
+TEST_KEYS = {"key_bits": 512, "group_bits": 1024}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def dp_options(**given) -> SessionOptions:
+    return SessionOptions.create(3, **{"epsilon": 1.0, "delta": 1e-6, "release": "dp", **TEST_KEYS, **given})
+
+
+def crowd_log(popular: int = 60, seed: int = 0) -> SearchLog:
+    """A pair held by ``popular`` users, one held by a single user, and noise pairs."""
+    records = [LogRecord(f"u{j}", "popular query", "http://popular.example/", 1 + j % 3) for j in range(popular)]
+    records.append(LogRecord("loner", "only mine", "http://loner.example/", 5))
+    records += [LogRecord(f"u{j}", f"q{j}", f"http://q{j}.example/", 1) for j in range(popular)]
+    return SearchLog.from_records(records)
+
+
+def test_the_threshold_of_a_session_is_the_known_answer() -> None:
+    """tau = 16 at eps = 1, delta = 1e-6, Delta_0 = 1, r = 3, t = 1 (beta = 1.5)."""
+    assert release_threshold(dp_options()) == 16
+    assert release_threshold(dp_options(collusion=0)) == 15  # beta = 1: the discrete twin of Google's formula
+    assert release_threshold(dp_options(max_items_per_user=10)) == 169
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"max_items_per_user": 0}, "max_items_per_user must be >= 1"),
+        ({"collusion": 3}, "collusion t = 3 must be below the 3 parties"),
+        ({"collusion": -1}, "collusion must be >= 0"),
+    ],
+)
+def test_a_bad_parameter_is_refused_in_one_line(given, said) -> None:
+    with pytest.raises(ValueError) as err:
+        dp_options(**given)
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_collusion_zero_travels_as_a_value_not_as_the_default() -> None:
+    options = dp_options(collusion=0)
+    assert SessionOptions.from_config(options.to_config()).collusion == 0
+    assert SessionOptions.from_config(dp_options().to_config()).collusion == 1
+
+
+def test_a_session_releases_the_crowd_and_not_the_loner_with_noisy_counts_at_or_above_tau() -> None:
+    shares = crowd_log().split_by_user(3)
+    release, report = run_session(shares, dp_options(), allow_insecure_key_bits=True, seed=4)
+    assert isinstance(release, DpHistogram) and release.threshold == 16
+    kept = {(i.query, i.url): i.count for i in release.items}
+    assert ("popular query", "http://popular.example/") in kept
+    assert ("only mine", "http://loner.example/") not in kept  # released with probability <= delta'
+    assert all(count >= 16 for count in kept.values())
+    assert report["privacy"]["end_to_end"] is False and report["privacy"]["private"] is False  # seeded: NOT private
+    assert report["release"] == {"kind": "dp", "threshold": 16, "items": len(release)}
+
+
+def test_the_solver_opens_the_sum_of_counts_and_shares_and_releases_exactly_what_passes() -> None:
+    """n + Z at the solver is the sum of every party's distinct-user counts and noise shares
+    (signed words under pairwise masks), and the release is the columns at or above tau."""
+    log = synthetic_log(users=400, pairs=60, seed=2)
+    options = dp_options(epsilon=4.0, delta=1e-3, max_items_per_user=2)
+    network = InMemoryNetwork(session_hosts(log.split_by_user(3), options, seed=9, allow_insecure_key_bits=True))
+    roles = start_session(network, options)
+    solver = roles[options.solver]
+    totals = np.asarray(solver.dp.sum.result, dtype=np.int64)
+    counts = sum(np.asarray(roles[p].work.local.sum(axis=0)).ravel() for p in options.parties)
+    noise = totals - counts
+    assert np.all(counts[solver.dp.kept] >= 1)  # a kept column is some party's pair, not a dummy (here)
+    assert abs(noise.mean()) < 1.0 and 0 < noise.var()  # the noise is there, centred (scale Delta_0/eps = 0.5)
+    assert set(solver.dp.kept.tolist()) == set(np.flatnonzero(totals >= release_threshold(options)).tolist())
+    release = roles[options.initiator].output
+    assert sorted(i.count for i in release.items) == sorted(totals[solver.dp.kept].tolist())
+
+
+def test_a_seeded_session_gives_the_same_bytes_twice(tmp_path) -> None:
+    shares = synthetic_log(users=300, pairs=40, seed=5).split_by_user(3)
+    options = dp_options(epsilon=2.0, delta=1e-4, max_items_per_user=3)
+    first, _ = run_session(shares, options, allow_insecure_key_bits=True, seed=11)
+    again, _ = run_session(shares, options, allow_insecure_key_bits=True, seed=11)
+    assert first == again and len(first) > 0
+
+
+def test_a_party_bounds_each_user_to_max_items_distinct_pairs_uniformly() -> None:
+    """Each user keeps at most Delta_0 pairs, entries 1; over many keys each of a user's 4
+    pairs is kept about half the time at Delta_0 = 2 (binomial, 5 sigma)."""
+    log = SearchLog.from_records([LogRecord("a", f"q{i}", "u", 3) for i in range(4)] + [LogRecord("b", "q0", "u", 1)])
+    kept = np.zeros(4)
+    trials = 400
+    for seed in range(trials):
+        bounded = bounded_counts(log.counts, log.users, lambda cols: [f"{c}".encode() for c in cols], DrawKeys.replay(seed, "p").secret("item choice"), 2)
+        assert bounded.max() == 1 and np.all(np.asarray(bounded.sum(axis=1)).ravel() <= 2)
+        kept += np.asarray(bounded[log.users.index("a")].todense()).ravel()
+    assert np.all(np.abs(kept - trials / 2) < 5 * np.sqrt(trials / 4))
+
+
+def test_the_single_holder_release_keeps_the_crowd() -> None:
+    log = crowd_log()
+    release, n, noisy = sanitize_dp(log, 1.0, 1e-6, 1, DrawKeys.replay(3, "holder"))
+    assert release.threshold == 15
+    assert {(i.query, i.url) for i in release.items} == {("popular query", "http://popular.example/")}
+    assert n[log.pairs.index(("popular query", "http://popular.example/"))] == distinct_users(log, 1, DrawKeys.replay(3, "holder")).max()
+
+
+def role_pair(options: SessionOptions):
+    hosts = session_hosts(crowd_log().split_by_user(3), options, allow_insecure_key_bits=True)
+    roles = start_session(InMemoryNetwork(hosts), options)
+    return roles
+
+
+def test_a_peers_bad_dp_messages_are_refused_not_crashed() -> None:
+    options = dp_options()
+    roles = role_pair(options)
+    initiator, solver = roles[options.initiator], roles[options.solver]
+    sid = options.session_id
+    forged = cels_pb2.Envelope(session_id=sid, sender="party-2", dp_release=cels_pb2.DpRelease(session_id=sid))
+    with pytest.raises(ProtocolError) as err:
+        initiator.receive("party-2", forged)
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
+    late = cels_pb2.Envelope(session_id=sid, sender="party-2", dp_items=cels_pb2.DpItems(session_id=sid, items=[b"x"]))
+    with pytest.raises(ProtocolError) as err:
+        solver.receive("party-2", late)
+    assert err.value.code == ProtocolError.FAILED_PRECONDITION
+
+
+def test_simulate_writes_the_dp_histogram_and_its_note(tmp_path) -> None:
+    """``cels simulate --release dp`` over gRPC: the release in the baselines' format, its
+    note with the threshold, epsilon, delta, Delta_0, t and the unit of privacy."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "cels"), "simulate", "--parties", "3", "--out", str(out), "--release", "dp", "--key-bits", "512",
+         "--synthetic-users", "600", "--seed", "3", "--report", str(tmp_path / "report.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    items = read_release(out / "dp-histogram.tsv")
+    note = json.loads((out / "dp-histogram.tsv.release-note.json").read_text())
+    privacy = note["privacy"]
+    assert (privacy["threshold"], privacy["epsilon"], privacy["delta"], privacy["max_items_per_user"], privacy["collusion"]) == (16, 1.0, 1e-6, 1, 1)
+    assert privacy["unit"] == "one user's records at one organisation" and note["sizes"]["output_items"] == len(items)
+    assert all(item.kind == "click" and item.count >= 16 for item in items)
+    assert "SEEDED, NOT PRIVATE" in done.stdout  # a seeded run says so on its summary line

@@ -20,12 +20,16 @@
 # 8. transformed the same with `solve = "transformed"` (Paillier sums, the random-matrix
 #               transformation, the solver's NLP) on the smaller slice
 # 9. taudit     its audit
-# 10. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
-# 11. cluster   profile cluster: party-1's Ray head and worker (detached, the worker once the head
+# 10. dp        the DP histogram (release = "dp", delta 1e-6) on the first $CELS_COMPOSE_DP_USERS users
+#               of MSNBC (default 20000; written as AOL TSV: 17 categories as query-url pairs)
+# 11. dpaudit   its audit: every released pair in the input, every count at or above the note's
+#               threshold and within the input's distinct users plus the noise's 1e-9 tail
+# 12. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
+# 13. cluster   profile cluster: party-1's Ray head and worker (detached, the worker once the head
 #               is healthy), then the private session with party-1 on that cluster
 #               (deploy/cluster.env: ray://ray-head:7111, 2 shards), ended after
 #               $CELS_COMPOSE_CLUSTER_SECONDS; the worker container must have run Ray workers
-# 12. caudit    its audit
+# 14. caudit    its audit
 # and, even when a step fails, the containers, volumes and network go (and a dockerd it started);
 # the services' logs stay in $CELS_COMPOSE_WORK/logs (services.log; ray-head/, ray-worker/: Ray's).
 #
@@ -43,6 +47,7 @@ export CELS_DATA=${CELS_DATA:-$(cd .. && pwd)/shared/data}
 USERS=${CELS_COMPOSE_USERS:-200}
 TRANSFORMED_USERS=${CELS_COMPOSE_TRANSFORMED_USERS:-80}
 CLUSTER_USERS=${CELS_COMPOSE_CLUSTER_USERS:-200}
+DP_USERS=${CELS_COMPOSE_DP_USERS:-20000}
 CLUSTER_SECONDS=${CELS_COMPOSE_CLUSTER_SECONDS:-300}
 WORK=$(mkdir -p "${CELS_COMPOSE_WORK:-build/compose-test}" && cd "${CELS_COMPOSE_WORK:-build/compose-test}" && pwd)
 PROJECT=cels-compose-test
@@ -188,7 +193,7 @@ image() {
 
 data() {  # one slice, session.toml and output directory per session ($CELS_COMPOSE_RUN suffix)
     local run users
-    for run in "" -transformed -cluster; do
+    for run in "" -transformed -cluster -dp; do
         case $run in
             -transformed) users=$TRANSFORMED_USERS ;;
             -cluster) users=$CLUSTER_USERS ;;
@@ -196,13 +201,21 @@ data() {  # one slice, session.toml and output directory per session ($CELS_COMP
         esac
         rm -rf "$WORK/data$run" "$WORK/out$run"
         mkdir -p "$WORK/data$run" "$WORK/out$run"
-        "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$users" --parties 3 --out "$WORK/data$run"
+        if [ "$run" = -dp ]; then  # the AOL slice's users share too few pairs for any to pass tau: MSNBC's categories do
+            "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/msnbc990928.seq.gz" --format msnbc --users "$DP_USERS" --parties 3 --out "$WORK/data$run"
+        else
+            "$PYTHON" deploy/compose_release.py slice "$CELS_DATA/aol-dev.tsv.gz" --users "$users" --parties 3 --out "$WORK/data$run"
+        fi
         chown 1000:1000 "$WORK/out$run" 2>/dev/null || chmod 0777 "$WORK/out$run"  # the image's cels user writes there
     done
     cp deploy/session.toml "$WORK/session.toml"
     cp deploy/session.toml "$WORK/session-cluster.toml"
     sed 's/^solve = "private"/solve = "transformed"/' deploy/session.toml >"$WORK/session-transformed.toml"
     grep -q '^solve = "transformed"' "$WORK/session-transformed.toml" || { say "deploy/session.toml has no solve = \"private\" line"; exit 1; }
+    # the DP histogram (docs/releases.md): delta 1e-6, its own output file
+    sed -e 's/^delta = 0.4/delta = 1e-6\nrelease = "dp"\nmax_items_per_user = 1/' -e 's#^output = "/out/sanitized.tsv"#output = "/out/dp-histogram.tsv"#' \
+        deploy/session.toml >"$WORK/session-dp.toml"
+    grep -q '^release = "dp"' "$WORK/session-dp.toml" || { say "deploy/session.toml has no delta = 0.4 line"; exit 1; }
 }
 
 session() {  # session RUN [COMPOSE OPTIONS...]: "" (the private solve), -transformed or -cluster
@@ -266,6 +279,8 @@ step session session ""
 step audit audit ""
 step transformed session -transformed
 step taudit audit -transformed
+step dp session -dp
+step dpaudit audit -dp
 step metrics metrics
 step cluster cluster
 step caudit audit -cluster

@@ -1,6 +1,6 @@
 """make compose-test's data and its verdict (deploy/compose-test.sh); run with the project's Python.
 
-``slice LOG --users N --parties R --out DIR``: the first N users of an AOL log, written whole to
+``slice LOG --users N --parties R --out DIR [--format msnbc]``: the first N users of an AOL (or MSNBC) log, written whole to
 DIR/input.tsv and split by user into DIR/party-{1..R}.tsv (what docker-compose.yml mounts).
 
 ``audit --input DIR/input.tsv --out OUT --session session.toml``: OUT/sanitized.tsv and
@@ -8,7 +8,9 @@ OUT/operator/report.json against the input and the session's parameters: every r
 pair, no unique pair is released (CELS Theorem 2, condition 1), every user's
 sum_i x_i ln t_ij <= b (conditions 2+3; cels.mechanism.conditions), the report counts the
 released rows and has every phase of every party (docs/protocol.md).  Exit 1 naming the
-first violation.
+first violation.  A DP histogram's session (``release = "dp"``) audits OUT/dp-histogram.tsv
+instead: every released pair is an input pair, every count at or above the threshold its note
+states (the session's), none above the pair's distinct users plus the noise's 1e-9 tail.
 
 ``metrics --api HOST:PORT``: the metrics profile's Prometheus (its HTTP API) scraped every node,
 saw a session running on each, and saw every party leave its counts phase (cels_phase_seconds);
@@ -24,9 +26,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import mpmath
 import numpy as np
 
-from cels.protocol.phases import party_phases
+from cels.baselines.release import read_release
+from cels.mechanism.dp_histogram import count_scale, noise_tail, share_beta
+from cels.protocol.phases import DP_PHASES, party_phases
+from cels.protocol.stages.dp_release import release_threshold
 from cels.cli.service import session_options
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import SearchLog
@@ -35,13 +41,15 @@ from cels.mechanism.solvers import feasible
 from cels.node.config import load_toml
 
 AOL = LoadOptions(format="aol")
+AOL_SOURCE = {"format": "aol"}
 
 
-def write_slice(log_path: Path, users: int, parties: int, out: Path) -> None:
-    log = load_log(log_path, LoadOptions(format="aol", max_users=users))
-    write_log(log, out / "input.tsv")
+def write_slice(log_path: Path, users: int, parties: int, out: Path, fmt: str = "aol") -> None:
+    """The first ``users`` users of the log (in ``fmt``), written in the AOL format the nodes read."""
+    log = load_log(log_path, LoadOptions(format=fmt, max_users=users))
+    write_log(log, out / "input.tsv", AOL_SOURCE)
     for k, share in enumerate(log.split_by_user(parties), start=1):
-        write_log(share, out / f"party-{k}.tsv")
+        write_log(share, out / f"party-{k}.tsv", AOL_SOURCE)
     print(f"{log_path}: first {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}, over {parties} parties in {out}")
 
 
@@ -56,10 +64,51 @@ def released_counts(log: SearchLog, release: SearchLog) -> np.ndarray:
     return x
 
 
+def audit_dp(log: SearchLog, out: Path, options) -> list[str]:
+    """A DP histogram (docs/releases.md) against its input: every released pair is an input
+    pair, every count is at or above the threshold the note states (the session's), and no
+    count exceeds the pair's distinct users in the input by more than the noise's 1e-9 tail."""
+    items = read_release(out / "dp-histogram.tsv")
+    note = json.loads((out / "dp-histogram.tsv.release-note.json").read_text())
+    report = json.loads((out / "operator" / "report.json").read_text())
+    tau = release_threshold(options)
+    users = {pair: int(n) for pair, n in zip(log.pairs, np.asarray((log.counts > 0).sum(axis=0)).ravel())}
+    problems = []
+    if note["privacy"].get("threshold") != tau or note["privacy"].get("release") != "dp" or not note["privacy"].get("end_to_end"):
+        problems.append(f"the release note says threshold {note['privacy'].get('threshold')}, release {note['privacy'].get('release')}, "
+                        f"end to end {note['privacy'].get('end_to_end')}; the session's threshold is {tau}")  # fmt: skip
+    tail = noise_bound(options)
+    for item in items:
+        n = users.get((item.query, item.url))
+        if n is None:
+            problems.append(f"released pair {(item.query, item.url)} is not in the input")
+        elif item.count < tau or item.count > n + tail:
+            problems.append(f"released pair {(item.query, item.url)}: count {item.count} outside [{tau}, {n} users + {tail}]")
+    missing = set(DP_PHASES) - set(report["phases"])
+    if missing:
+        problems.append(f"report.json lacks the phases {sorted(missing)}")
+    print(f"audit: {log.n_users} users, {log.n_pairs} pairs in; {len(items)} pairs out at tau = {tau}: {'clean' if not problems else 'VIOLATED'}; "
+          f"phases {', '.join(report['phases'])}")  # fmt: skip
+    return problems
+
+
+def noise_bound(options) -> int:
+    """The least k with Pr[Z > k] <= 1e-9 for the session's total noise NB(r/h) - NB(r/h)."""
+    beta = share_beta(len(options.parties), options.collusion)
+    scale = count_scale(options.epsilon, options.max_items_per_user)
+    alpha = mpmath.exp(-mpmath.mpf(scale.denominator) / scale.numerator)
+    k = 0
+    while noise_tail(k + 1, alpha, beta) > 1e-9:
+        k += 1
+    return k
+
+
 def audit(input_path: Path, out: Path, session_path: Path) -> list[str]:
     """The violations (empty: the release audits clean) and what was checked, printed."""
     doc = load_toml(session_path)
     options = session_options({**doc["session"], "initiator": doc["run"]["initiator"]})
+    if options.release == "dp":
+        return audit_dp(load_log(input_path, AOL), out, options)
     log, release = load_log(input_path, AOL), load_log(out / "sanitized.tsv", AOL)
     report = json.loads((out / "operator" / "report.json").read_text())
     x = released_counts(log, release)
@@ -123,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--users", type=int, required=True)
     s.add_argument("--parties", type=int, required=True)
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--format", default="aol", choices=("aol", "msnbc"), help="the log's format (the slice is written as AOL)")
     a = sub.add_parser("audit", help="the release against its input and session")
     a.add_argument("--input", type=Path, required=True)
     a.add_argument("--out", type=Path, required=True, help="the directory with sanitized.tsv, its release note and operator/report.json")
@@ -131,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--api", required=True, metavar="HOST:PORT", help="Prometheus's HTTP address")
     args = parser.parse_args(argv)
     if args.command == "slice":
-        write_slice(args.log, args.users, args.parties, args.out)
+        write_slice(args.log, args.users, args.parties, args.out, args.format)
         return 0
     problems = check_metrics(args.api) if args.command == "metrics" else audit(args.input, args.out, args.session)
     for problem in problems:

@@ -70,6 +70,22 @@ def test_sessions_compose_and_a_session_over_budget_is_refused_with_the_numbers(
     assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == ["s1", "s2", "s3"]
 
 
+def test_a_dp_histogram_is_a_dp_entry_charged_with_a_partys_view(tmp_path, capsys):
+    """A DP histogram spends (eps + 2 eps_pad, 3 delta), a party's view (docs/releases.md), and
+    is recorded as DP end to end, apart from the sampled release's probabilistic DP."""
+    clock = Clock()
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_epsilon=2.5, budget_delta=1.0), clock)
+    finish(ledger, session("sampled", 1.0, 0.1))
+    finish(ledger, session("dp", 1.0, 1e-6, release="dp", padding_epsilon=0.1))
+    sampled, dp = read_entries(tmp_path / "l.json")
+    assert (dp["epsilon_total"], dp["delta"], dp["guarantee"], dp["end_to_end"]) == (pytest.approx(1.2), pytest.approx(3e-6), "DP end to end", True)
+    assert sampled["guarantee"] == "probabilistic DP of the sampling given the counts" and not sampled["end_to_end"]
+    with pytest.raises(ValueError, match="needs epsilon 1.2, but 2 session"):
+        ledger.admit(session("dp2", 1.0, 1e-6, release="dp"), FinishingRole)
+    assert main(["ledger", "--ledger", str(tmp_path / "l.json")]) == 0
+    assert "1 DP histogram(s), DP end to end" in capsys.readouterr().out
+
+
 def test_running_sessions_are_reserved_and_released_once_when_they_end(tmp_path):
     ledger = Ledger(LedgerPolicy(tmp_path / "l.json", budget_delta=0.5), Clock())
     first = ledger.admit(session("a", delta=0.3), FinishingRole)

@@ -70,8 +70,21 @@ class LedgerPolicy:
                 raise ValueError(f"[ledger] {name} must be positive, not {value}")
 
 
+GUARANTEES = {"sampled": "probabilistic DP of the sampling given the counts", "dp": "DP end to end"}
+"""An entry's ``guarantee`` by release kind (docs/releases.md): the two do not mean the same (eps, delta)."""
+
+
 def session_cost(options: SessionOptions) -> tuple[float, float, float]:
-    """(eps, delta, eps') one session spends (eps' = 0 without noise on the counts)."""
+    """(eps, delta, eps') one session spends (eps' = 0 without noise on the counts).  A DP
+    histogram spends what its most-informed observer gets, a party's view (release and padded
+    set sizes: cels.mechanism.dp_histogram.release_accounting), with no eps'."""
+    if options.release == "dp":
+        from cels.mechanism.dp_histogram import release_accounting
+
+        eps, delta = release_accounting(
+            options.epsilon, options.delta, options.max_items_per_user, options.padding_epsilon, len(options.parties), options.collusion
+        )["party"]  # fmt: skip
+        return float(eps), float(delta), 0.0
     return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
 
 
@@ -113,6 +126,7 @@ def totals(entries: list[dict[str, Any]], window_days: float | None, now: float)
         "epsilon": sum(e["epsilon_total"] for e in inside),
         "delta": sum(e["delta"] for e in inside),
         "without_end_to_end": sum(not e["end_to_end"] for e in inside),
+        "dp_sessions": sum(e.get("guarantee") == GUARANTEES["dp"] for e in inside),
         "since": iso(since) if since is not None else None,
     }
 
@@ -240,7 +254,8 @@ class Ledger:
             "delta": delta,
             "noise_epsilon": noise,
             "epsilon_total": eps + noise,
-            "end_to_end": noise > 0,
+            "end_to_end": noise > 0 or options.release == "dp",
+            "guarantee": GUARANTEES[options.release],
             "parties": list(options.parties),
             "initiator": options.initiator,
         }
@@ -286,13 +301,17 @@ def show(policy: LedgerPolicy, now: float | None = None) -> str:
     entries = read_entries(policy.path)
     lines = [f"ledger {policy.path}: {len(entries)} session(s); {COMPOSITION}"]
     for e in entries:
-        noise = f" + eps' {e['noise_epsilon']:g} (noisy counts)" if e["end_to_end"] else " (no noise on the counts)"
+        if e.get("guarantee") == GUARANTEES["dp"]:
+            noise = " (DP histogram, end to end: a party's view)"
+        else:
+            noise = f" + eps' {e['noise_epsilon']:g} (noisy counts)" if e["end_to_end"] else " (no noise on the counts)"
         lines.append(f"  {iso(e['finished_at'])}  {e['session_id']}  eps {e['epsilon']:g}{noise}  delta {e['delta']:g}  "
                      f"parties {','.join(e['parties'])}")  # fmt: skip
     t = totals(entries, policy.window_days, now)
     window = f"since {t['since']} ({policy.window_days:g} days)" if policy.window_days else "all sessions"
     lines.append(f"total {window}: {t['sessions']} session(s), eps {t['epsilon']:g}, delta {t['delta']:g}"
-                 + (f"; {t['without_end_to_end']} without noise on the counts" if t["without_end_to_end"] else ""))  # fmt: skip
+                 + (f"; {t['without_end_to_end']} without noise on the counts" if t["without_end_to_end"] else "")
+                 + (f"; {t['dp_sessions']} DP histogram(s), DP end to end" if t["dp_sessions"] else ""))  # fmt: skip
     reserved, pid = read_reservations(policy.path)
     if reserved and pid is not None and not process_alive(pid):
         lines.append(f"reserved: none (the node process {pid} that reserved {len(reserved)} session(s) is gone; its reservations ended with it)")

@@ -20,6 +20,7 @@ A guarantee names its observer.  What holds (docs/security.md, "End-to-end DP: w
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,8 +289,21 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
             "counts and which parties hold each hashed id, which is NOT DP (privacy.learns)"
         )
     not_private = ["the draws come from an explicit --seed (reproducible, not secret)"] if seeded else []
+    plain = [
+        f"a recipient cannot tell whether any one user's records at one organisation were in the input: every output is at most "
+        f"e^{epsilon:g} = {math.exp(epsilon):.3g} times likelier one way than the other, except with probability {delta:g}",
+    ]
+    if not single:
+        plain += [
+            "your partners learn the release and how many pairs each party holds, padded so that one user changes little; "
+            "no count of a pair that is not released",
+            "the solver node learns which parties hold each hashed pair (not which pair it is, until it is released) and the noisy counts",
+        ]
+    if seeded:
+        plain = ["this run replayed its draws from --seed: it is NOT private and must not be published"]
     return {
         "release": "dp",
+        "plain": plain,
         "epsilon": epsilon,
         "delta": delta,
         "unit": "one user's records at one organisation",

@@ -6,8 +6,8 @@
   recipients, computed so that no node ever holds a noise-free count
   (cels.protocol.stages.dp_release).
 
-A kind names its output file, writes its output (atomically) and says in one line what was
-released; the session option ``release`` (cels.protocol.options.RELEASES) picks it.
+A kind names its output file and writes its output (atomically); the session option
+``release`` (cels.protocol.options.RELEASES) picks it.
 """
 
 from __future__ import annotations
@@ -23,33 +23,16 @@ from cels.protocol.options import SessionOptions
 from cels.mechanism.dp_release import DpHistogram
 
 
-def _sampled_line(report: dict[str, Any]) -> str:
-    from cels.cli.service import summary
-
-    return summary(report)
-
-
-def _dp_line(report: dict[str, Any]) -> str:
-    p, r = report["privacy"], report["release"]
-    seeded = " -- SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else ""
-    return (
-        f"released {r['items']} query-url pairs with noisy distinct-user counts (threshold tau = {r['threshold']}, at most "
-        f"{p['max_items_per_user']} pairs a user); ({p['epsilon']:g}, {p['delta']:g})-DP end to end against recipients{seeded}; "
-        f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages"
-    )
-
-
 @dataclass(frozen=True)
 class ReleaseKind:
     """One kind of release: its name (the ``release`` option's value), the output's type, its
-    file name, its writer and its summary line."""
+    file name and its writer."""
 
     name: str
     output_type: type
     stem: str
     fixed_suffix: str | None
     writer: Callable[[Any, str | os.PathLike[str]], None]
-    line: Callable[[dict[str, Any]], str]
 
     def output_name(self, input_suffix: str) -> str:
         """The output file's name: the input's suffix for a log, the TSV of the release format otherwise."""
@@ -58,13 +41,9 @@ class ReleaseKind:
     def write(self, output: Any, path: str | os.PathLike[str]) -> None:
         self.writer(output, path)
 
-    def summary(self, report: dict[str, Any]) -> str:
-        """One human line on what was released and its guarantee."""
-        return self.line(report)
 
-
-SAMPLED = ReleaseKind("sampled", SearchLog, "sanitized", None, write_log, _sampled_line)
-DP_HISTOGRAM = ReleaseKind("dp", DpHistogram, "dp-histogram", ".tsv", lambda h, path: write_release(list(h.items), path), _dp_line)
+SAMPLED = ReleaseKind("sampled", SearchLog, "sanitized", None, write_log)
+DP_HISTOGRAM = ReleaseKind("dp", DpHistogram, "dp-histogram", ".tsv", lambda h, path: write_release(list(h.items), path))
 KINDS: dict[str, ReleaseKind] = {kind.name: kind for kind in (SAMPLED, DP_HISTOGRAM)}
 
 

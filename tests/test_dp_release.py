@@ -34,12 +34,15 @@ def dp_options(**given) -> SessionOptions:
     return SessionOptions.create(3, **{"epsilon": 1.0, "delta": 1e-6, "release": "dp", **TEST_KEYS, **given})
 
 
-def crowd_log(popular: int = 60, seed: int = 0) -> SearchLog:
+def crowd_log(popular: int = 60, source: dict | None = None) -> SearchLog:
     """A pair held by ``popular`` users, one held by a single user, and noise pairs."""
+    return SearchLog.from_records(crowd_records(popular), source=source)
+
+
+def crowd_records(popular: int) -> list[LogRecord]:
     records = [LogRecord(f"u{j}", "popular query", "http://popular.example/", 1 + j % 3) for j in range(popular)]
     records.append(LogRecord("loner", "only mine", "http://loner.example/", 5))
-    records += [LogRecord(f"u{j}", f"q{j}", f"http://q{j}.example/", 1) for j in range(popular)]
-    return SearchLog.from_records(records)
+    return records + [LogRecord(f"u{j}", f"q{j}", f"http://q{j}.example/", 1) for j in range(popular)]
 
 
 def test_the_threshold_of_a_session_is_the_known_answer() -> None:
@@ -166,3 +169,22 @@ def test_simulate_writes_the_dp_histogram_and_its_note(tmp_path) -> None:
     assert privacy["unit"] == "one user's records at one organisation" and note["sizes"]["output_items"] == len(items)
     assert all(item.kind == "click" and item.count >= 16 for item in items)
     assert "SEEDED, NOT PRIVATE" in done.stdout  # a seeded run says so on its summary line
+
+
+def test_sanitize_release_dp_writes_one_holders_histogram_and_refuses_a_method(tmp_path, capsys) -> None:
+    from cels.cli import main
+    from cels.logs import write_log
+
+    source = tmp_path / "crowd.tsv"
+    write_log(crowd_log(source={"format": "aol"}), source)
+    out = tmp_path / "dp.tsv"
+    args = ["sanitize", str(source), "--format", "aol", "--release", "dp", "--epsilon", "1", "--delta", "1e-6", "--out", str(out),
+            "--report", str(tmp_path / "r.json"), "--seed", "2"]  # fmt: skip
+    assert main(args) == 0
+    items = read_release(out)
+    assert [(i.query, i.url) for i in items] == [("popular query", "http://popular.example/")]
+    note = json.loads(Path(f"{out}.release-note.json").read_text())
+    assert note["privacy"]["threshold"] == 15 and note["sizes"]["output_items"] == 1
+    assert "in plain words: this run replayed its draws from --seed" in capsys.readouterr().err
+    assert main([*args[:-2], "--method", "zealous"]) == 2
+    assert "--release dp is its own method" in capsys.readouterr().err

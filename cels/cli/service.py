@@ -34,7 +34,7 @@ from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
 from cels.node.cluster import LOOPBACK, LocalCluster, PhaseCpu, free_port, peer_args, python_module, tls_args
-from cels.releases import release_kind, report_kind
+from cels.releases import DP_HISTOGRAM, SAMPLED, release_kind, report_kind
 from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, load_toml, seed_argv
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
@@ -203,7 +203,7 @@ def warn_transformed(options: SessionOptions, command: str) -> None:
 def release_notes(report: dict[str, Any], output: Path, report_path: Path, took: str = "") -> int:
     """Summary, what was written (``took``: what the whole command took, if more than the
     session) and the privacy notice; the exit code (3: empty release)."""
-    print(report_kind(report).summary(report))
+    print(SUMMARIES[report_kind(report)](report))
     print(f"session wall time {report['wall_seconds']:.1f} s (the operator report's wall_seconds: on the initiator, from the Run "
           "request to the report, every phase; not node start-up)")  # fmt: skip
     print(f"wrote {output} and its public release note {release_note_path(output)}; "
@@ -219,6 +219,10 @@ def release_notes(report: dict[str, Any], output: Path, report_path: Path, took:
         print(reason, file=sys.stderr)
         return EXIT_EMPTY_RELEASE
     return 0
+
+
+SUMMARIES = {SAMPLED: lambda report: summary(report), DP_HISTOGRAM: lambda report: dp_summary(report)}
+"""The summary line of each release kind (cels.releases)."""
 
 
 # -- cels simulate ---------------------------------------------------------------------------
@@ -448,6 +452,17 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 1
     took = f"cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
     return release_notes(report, output, report_path, took)
+
+
+def dp_summary(report: dict[str, Any]) -> str:
+    """One human line about a DP histogram (``--release dp``)."""
+    p, r = report["privacy"], report["release"]
+    seeded = " -- SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else ""
+    return (
+        f"released {r['items']} query-url pairs with noisy distinct-user counts (threshold tau = {r['threshold']}, at most "
+        f"{p['max_items_per_user']} pairs a user); ({p['epsilon']:g}, {p['delta']:g})-DP end to end against recipients{seeded}; "
+        f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages"
+    )
 
 
 def summary(report: dict[str, Any]) -> str:

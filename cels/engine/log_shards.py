@@ -628,6 +628,11 @@ class ShardedLog:
             names.update(held)
         return names
 
+    def items(self, columns: np.ndarray) -> list[bytes]:
+        """The DP release: the encoded pair of each own column (cels.protocol.work.LocalWork.items)."""
+        names = self.pair_names(columns)
+        return [encode_item(*names[c]) for c in columns.tolist()]
+
     def user_names(self, rows: np.ndarray) -> list[str]:
         """The ids of the users ``rows`` (the party's draw order), asked of their log shards."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -98,7 +98,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import Refusal
 from cels.protocol.chunked import chunks
 from cels.protocol.stages.universe import STREAM_IDS
-from cels.protocol.work import CommutativeHash, ItemBound, encode_item, encode_records, id_list, id_width, pruned_constraint_rows
+from cels.protocol.work import CommutativeHash, ItemBound, encode_records, id_list, id_width, pruned_constraint_rows
 
 CHUNK_IDS = 8192
 """Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
@@ -609,19 +609,17 @@ class ShardedSampler:
 
 
 class RayWork:
-    """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards``
-    log shards (cels.engine.log_shards), the universe's pair work on tasks, the private solve's
-    verdicts and the sampling on user-shard actors (module docstring).
-    ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is read
-    by reader tasks, row group by row group; any other is read by the node and split).  Its shard
-    actors are the node's warm ones where ``pool`` has them idle (:class:`ShardPool`)."""
+    """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.log_shards;
+    the DP release's ``bound`` applied there), the universe's pair work on tasks, the private solve's verdicts and the sampling on
+    user-shard actors (module docstring).  ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is
+    read by reader tasks, row group by row group; any other is read by the node and split).  Its shard actors are the node's warm
+    ones where ``pool`` has them idle (:class:`ShardPool`)."""
 
     def __init__(
         self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int,
         pool: ShardPool | None = None, cpus: int = 1, bound: ItemBound | None = None,
     ) -> None:
-        self._source, self._cap, self.draws = log, cap, draws
-        self.max_items = bound.max_items if bound is not None else None  # the DP release's bound, applied on the log shards
+        self._source, self._cap, self.draws, self.max_items = log, cap, draws, bound.max_items if bound is not None else None
         self.shards, self.max_in_flight = shards, max_in_flight
         self.layer_ids = layer_task_ids(STREAM_IDS, min(cpus, max_in_flight))  # ids per task of a forwarded chunk
         self._pool, self._borrowed = pool, []  # the warm actors this session holds: (kind, shard, actor)
@@ -694,9 +692,7 @@ class RayWork:
         return encode_records(sampled, users, lambda col: names[int(active[col])])
 
     def items(self, columns: np.ndarray) -> list[bytes]:
-        """The encoded pairs of own ``columns``, their names asked of the log shards."""
-        names = self.log.pair_names(columns)
-        return [encode_item(*names[c]) for c in columns.tolist()]
+        return self.log.items(columns)
 
     def _shard(self, kind, shard: int):
         """Shard ``shard``'s actor of ``kind``, empty: the node's warm one if it is idle

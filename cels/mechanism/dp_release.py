@@ -70,19 +70,23 @@ def bounded_counts(
         if hi - lo <= max_items:
             keep[lo:hi] = True
             continue
-        user = json.dumps([users[row]], ensure_ascii=False, separators=(",", ":")).encode()
+        user = json_array(users[row])
         priority = [hashlib.blake2b(user + pair, key=key, digest_size=16).digest() for pair in encoded(counts.indices[lo:hi].tolist())]
         keep[lo + np.argsort(np.array(priority, dtype="S16"), kind="stable")[:max_items]] = True
     rows = np.repeat(np.arange(counts.shape[0]), np.diff(counts.indptr))[keep]
     return sp.csr_matrix((np.ones(len(rows), dtype=np.int64), (rows, counts.indices[keep])), shape=counts.shape)
 
 
+def json_array(*fields: str) -> bytes:
+    """The compact JSON array of ``fields``, UTF-8: a pair's encoding as the parties hash it
+    (cels.protocol.work.encode_item writes the same bytes)."""
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def distinct_users(log: SearchLog, max_items: int, draws: DrawKeys) -> np.ndarray:
     """n per pair of ``log`` after the bound: its distinct users among those who kept it."""
-    from cels.protocol.work import encode_item
-
     pairs = log.pairs
-    bounded = bounded_counts(log.counts, log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], draws.secret(ITEM_CHOICE), max_items)
+    bounded = bounded_counts(log.counts, log.users, lambda cols: [json_array(*pairs[c]) for c in cols], draws.secret(ITEM_CHOICE), max_items)
     return np.asarray(bounded.sum(axis=0)).ravel().astype(np.int64)
 
 

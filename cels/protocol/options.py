@@ -191,7 +191,7 @@ class SessionOptions:
     release: str = option(
         "sampled", "what the session publishes: sampled, user rows with probabilistic DP given exact counts (CELS); dp, a "
         "histogram of query-url pairs with noisy counts, (epsilon, delta)-DP end to end, no noise-free count at any node "
-        "(docs/releases.md)", flag="--release", choices=RELEASES,
+        "(docs/releases.md)", flag="--release", choices=RELEASES, holder=True,
     )  # fmt: skip
     max_items_per_user: int = option(
         1, "dp release: Delta_0, the distinct pairs each user keeps (chosen at random at its party)", flag="--max-items-per-user",

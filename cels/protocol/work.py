@@ -26,6 +26,7 @@ from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
+from cels.mechanism.dp_histogram import padding_count
 from cels.mechanism.dp_release import ITEM_CHOICE, bounded_counts
 from cels.mechanism.greedy import verdicts
 from cels.protocol.chunked import chunks
@@ -131,14 +132,16 @@ class ItemBound:
         """The bound of a session's options (None unless it releases the DP histogram)."""
         return cls(options.max_items_per_user, options) if options.release == "dp" else None
 
+    def padding(self, rng: CipherRandom) -> int:
+        """How many dummy ids pad one id set: D in [0, 2 mu] (cels.mechanism.dp_histogram.padding_count)."""
+        return padding_count(self.max_items, self.options.padding_epsilon, self.options.delta, rng)
+
     def dummies(self, draws: DrawKeys) -> list[bytes]:
         """This party's dummy ids, as encoded items that no pair's encoding equals (a pair's has
         two fields, these three): D of them, D drawn so that the padded set's
-        size is DP (cels.protocol.stages.dp_release.padding_draw)."""
-        from cels.protocol.stages.dp_release import padding_draw
-
+        size is DP (:meth:`padding`)."""
         rng = CipherRandom(generator=draws.stream(PADDING))
-        return [encode_item("padding", rng.randbytes(16).hex(), 0) for _ in range(padding_draw(self.options, rng))]
+        return [encode_item("padding", rng.randbytes(16).hex(), 0) for _ in range(self.padding(rng))]
 
 
 class UnionIndex(Protocol):

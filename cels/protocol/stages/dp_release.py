@@ -20,7 +20,7 @@ import numpy as np
 
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.mechanism.dp_release import NOISE_SHARES, DpHistogram
-from cels.mechanism.dp_histogram import count_scale, noise_shares, padding_count, padding_shift, share_beta, threshold
+from cels.mechanism.dp_histogram import count_scale, noise_shares, share_beta, threshold
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
@@ -30,18 +30,12 @@ from cels.protocol.stages.results import UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import LocalWork
+from cels.protocol.work import ItemBound, LocalWork
 
 def release_threshold(options: SessionOptions) -> int:
     """tau of a session: the exact tail of the total noise NB(r/h) - NB(r/h), n = 1."""
     beta = share_beta(len(options.parties), options.collusion)
     return threshold(options.epsilon, options.delta, options.max_items_per_user, beta)
-
-
-def padding_draw(options: SessionOptions, rng: CipherRandom) -> int:
-    """How many dummy ids pad one id set: D in [0, 2 mu] (cels.mechanism.dp_histogram)."""
-    mu = padding_shift(options.max_items_per_user, options.padding_epsilon, options.delta)
-    return min(padding_count(options.max_items_per_user, options.padding_epsilon, options.delta, rng), 2 * mu)
 
 
 def decode_item(data: bytes) -> tuple[str, str]:
@@ -103,7 +97,7 @@ class DpAggregator:
         self.key_width = key_width
         self.rng = CipherRandom(generator=draws.stream("index padding"))
         self.sets: dict[str, int] = {}  # each party's complete set size, once whole
-        self.pending: dict[str, list[np.ndarray]] = {}  # a party's chunks so far
+        self.pending: dict[str, tuple[int, np.ndarray]] = {}  # a party's ids so far, and its last key
         self.held: dict[str, np.ndarray] = {}  # each party's columns in the index
         self.n: int | None = None
         self.sum: MaskedSum | None = None
@@ -126,14 +120,12 @@ class DpAggregator:
         if len(msg.ids) % self.key_width:
             raise malformed(f"{self.name}: {len(msg.ids)} bytes of ids from {sender!r}, not {self.key_width}-byte keys")
         keys = np.frombuffer(msg.ids, dtype=f"V{self.key_width}")
-        chunks = self.pending.setdefault(sender, [])
-        position = sum(len(c) for c in chunks)
+        position, last = self.pending.get(sender, (0, keys[:0]))
         if msg.first != position:
             raise fail(f"{self.name}: complete universe ids of {sender!r} from {msg.first}, expected {position}")
-        last = chunks[-1][-1:] if chunks and len(chunks[-1]) else keys[:0]
         if not increasing(keys, last):
             raise malformed(f"{self.name}: complete universe ids of {sender!r} are not sorted and distinct")
-        chunks.append(keys.copy())
+        self.pending[sender] = position + len(keys), (keys[-1:].copy() if len(keys) else last)
         self.union.add(sender, keys)
         if msg.more:
             return []
@@ -146,7 +138,7 @@ class DpAggregator:
         """Every set is in: the solver's own dummy columns go in (so that the index size minus
         the set sizes, the pairs two parties share, is DP), then every party is told the size
         and its columns."""
-        dummies = padding_draw(self.options, self.rng)
+        dummies = ItemBound(self.options.max_items_per_user, self.options).padding(self.rng)
         keys = np.unique(np.frombuffer(self.rng.randbytes(dummies * self.key_width), dtype=f"V{self.key_width}"))
         if len(keys):
             self.union.add(self.name, keys)

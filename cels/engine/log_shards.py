@@ -432,6 +432,7 @@ class ShardedLog:
         self.held_pairs: list[int] = []  # log shard -> the pairs it holds
         self.active_counts: sp.csr_matrix | None = None  # users x the pairs ``active`` (counts_over)
         self.active = np.zeros(0, dtype=np.int64)
+        self.sent_columns: np.ndarray | None = None  # the DP release: each own pair's column (place_sent_columns)
 
     @property
     def n_users(self) -> int:
@@ -557,6 +558,13 @@ class ShardedLog:
             shift = int(self.sorted_starts[t]) - first  # its key a is columns[a + shift]
             self.calls += [self.actors[t].place_columns.remote(a + x, columns[a + x + shift : a + y + shift]) for x, y in in_slices(b - a, columns.itemsize)]
 
+    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        """The DP release: own pairs ``first``.. (own numbering, the order their ids left) are
+        these columns; kept here, a column per own pair, until :meth:`index` hands them over."""
+        if self.sent_columns is None:
+            self.sent_columns = np.zeros(self.own_pairs, dtype=column_type(n))
+        self.sent_columns[first : first + len(columns)] = columns
+
     def _in_ranges(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """(shard, from, to) of the sorted keys lo..hi, numbered in each shard's key range."""
         starts = self.sorted_starts
@@ -569,7 +577,10 @@ class ShardedLog:
         where 8 would be mostly zeros)."""
         self.get(self.calls)
         self.calls = []
-        placed = [a.key_range_columns.remote() for a in self.actors]
+        if self.sent_columns is not None:  # the DP release: every own pair's column, in own numbering
+            placed, self.sent_columns = [ray.put((np.arange(self.own_pairs), self.sent_columns))], None
+        else:
+            placed = [a.key_range_columns.remote() for a in self.actors]
         kinds = self.get([a.index.remote(n, self.own_pairs, *placed) for a in self.actors])
         local = np.zeros(n, dtype=np.min_scalar_type(sum(most for _, most in kinds)))  # holds every sum (issue 25)
         for cols, part in self._by_column(n, "sums", [kind for kind, _ in kinds]):

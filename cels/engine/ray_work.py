@@ -674,6 +674,9 @@ class RayWork:
     def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
         self.log.place_columns(n, first, columns)
 
+    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        self.log.place_sent_columns(n, first, columns)
+
     def index(self, n: int) -> np.ndarray:
         return self.log.index(n)
 

@@ -43,9 +43,9 @@ STEP_PHASE = {
     "union_encrypt_hop": Phase.UNION,
     "union_decrypt_hop": Phase.UNION,
     "union_result": Phase.UNION,
-    "dp_selection": Phase.COUNTS,
-    "dp_items": Phase.COUNTS,
-    "dp_release": Phase.COUNTS,
+    "dp_selection": Phase.COUNTS,  # every kept column, the same to every party: the release's size
+    "dp_items": Phase.OVER,  # not reported: their sizes would tell the initiator how many released pairs each party holds
+    "dp_release": Phase.OVER,
 }
 """The phase a step message belongs to (secure sums: by sum id, see :func:`phase_of`)."""
 

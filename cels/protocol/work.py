@@ -193,6 +193,11 @@ class LocalWork(Protocol):
         ``columns`` of the index of ``n`` pairs."""
         ...
 
+    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        """The DP release: own ids ``first``.. in the order :meth:`hashed_ids` gave them are
+        columns ``columns`` of the index of ``n`` pairs (the party never saw them with every layer)."""
+        ...
+
     def index(self, n: int) -> np.ndarray:
         """Every own pair's column is placed: the local counts c^k over the index of ``n``
         pairs, in the smallest unsigned integer type that holds them."""
@@ -286,6 +291,11 @@ class InProcessWork:
         if len(self.columns) != len(self.sent):
             self.columns = np.zeros(len(self.sent), dtype=column_type(n))
         self.columns[self.sorted_from[first : first + len(columns)]] = columns
+
+    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        if len(self.columns) != len(self.sent):
+            self.columns = np.zeros(len(self.sent), dtype=column_type(n))
+        self.columns[first : first + len(columns)] = columns
 
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         return id_array(cipher.apply(id_list(ids)), id_width(cipher))

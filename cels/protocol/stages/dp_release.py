@@ -25,10 +25,12 @@ from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, addressed, fail, malformed
+from cels.protocol.chunked import chunks
 from cels.protocol.sorted_union import UnionPart, increasing
 from cels.protocol.stages.results import UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, SumRing
+from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
 from cels.protocol.work import ItemBound, LocalWork
 
@@ -59,7 +61,7 @@ class NoisyCounts(Stage):
         super().__init__(seat)
         self.work, self.sums, self.n = work, sums, universe.n
         self.local_counts: np.ndarray | None = universe.local_counts
-        self.padding = np.sort(universe.padding_columns)
+        self.padding, self.own = universe.padding_columns, universe.own_columns  # sorted
         self.rng = CipherRandom(generator=draws.stream(NOISE_SHARES))
 
     def start(self) -> list[Outgoing]:
@@ -72,9 +74,10 @@ class NoisyCounts(Stage):
     def on_dp_selection(self, sender: str, msg: cels_pb2.DpSelection) -> list[Outgoing]:
         seat = self.seat
         seat.expect_sender(sender, seat.solver, "dp_selection")
-        columns = np.asarray(msg.columns, dtype=np.int64)
-        if np.any(np.diff(columns) <= 0) or (len(columns) and (columns[0] < 0 or columns[-1] >= self.n)):
+        kept = np.asarray(msg.columns, dtype=np.int64)
+        if np.any(np.diff(kept) <= 0) or (len(kept) and (kept[0] < 0 or kept[-1] >= self.n)):
             raise malformed(f"{seat.name}: dp_selection: columns not strictly increasing below the index size {self.n}")
+        columns = np.union1d(np.intersect1d(kept, self.own), np.intersect1d(kept, self.padding))  # its own kept columns, in order
         dummy = np.isin(columns, self.padding)
         try:
             real = iter(self.work.items(columns[~dummy]))
@@ -97,7 +100,8 @@ class DpAggregator:
         self.key_width = key_width
         self.rng = CipherRandom(generator=draws.stream("index padding"))
         self.sets: dict[str, int] = {}  # each party's complete set size, once whole
-        self.pending: dict[str, tuple[int, np.ndarray]] = {}  # a party's ids so far, and its last key
+        self.pending: dict[str, list[np.ndarray]] = {}  # a party's complete ids so far, in the order it sent them
+        self.order: dict[str, np.ndarray] = {}  # each party's ids in sorted order: positions in the order it sent them
         self.held: dict[str, np.ndarray] = {}  # each party's columns in the index
         self.n: int | None = None
         self.sum: MaskedSum | None = None
@@ -109,30 +113,33 @@ class DpAggregator:
 
     # -- the universe ------------------------------------------------------------------------
     def on_complete_ids(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
-        """A chunk of a party's complete set (every layer, sorted, distinct across chunks)."""
-        applied = list(msg.applied)
-        k = self.parties.index(sender) if sender in self.parties else -1
-        ring = [self.parties[(k + t) % len(self.parties)] for t in range(len(self.parties))]
-        if k < 0 or msg.owner != sender or applied != ring:
-            raise fail(f"{self.name}: complete universe ids of {msg.owner!r} from {sender!r} with layers {applied}")
-        if sender in self.sets:
-            raise fail(f"{self.name}: complete universe ids of {sender!r} after its set was whole")
+        """A chunk of a party's complete set, from the party before it in the ring (which applied
+        the last layer), in the order the owner sent its ids; whole, it is sorted and merged."""
+        applied, owner, r = list(msg.applied), msg.owner, len(self.parties)
+        k = self.parties.index(owner) if owner in self.parties else -1
+        ring = [self.parties[(k + t) % r] for t in range(r)]
+        if k < 0 or sender != ring[-1] or applied != ring:
+            raise fail(f"{self.name}: complete universe ids of {owner!r} from {sender!r} with layers {applied}")
+        if owner in self.sets:
+            raise fail(f"{self.name}: complete universe ids of {owner!r} after its set was whole")
         if len(msg.ids) % self.key_width:
-            raise malformed(f"{self.name}: {len(msg.ids)} bytes of ids from {sender!r}, not {self.key_width}-byte keys")
-        keys = np.frombuffer(msg.ids, dtype=f"V{self.key_width}")
-        position, last = self.pending.get(sender, (0, keys[:0]))
+            raise malformed(f"{self.name}: {len(msg.ids)} bytes of ids of {owner!r}, not {self.key_width}-byte keys")
+        chunks = self.pending.setdefault(owner, [])
+        position = sum(len(c) for c in chunks)
         if msg.first != position:
-            raise fail(f"{self.name}: complete universe ids of {sender!r} from {msg.first}, expected {position}")
-        if not increasing(keys, last):
-            raise malformed(f"{self.name}: complete universe ids of {sender!r} are not sorted and distinct")
-        self.pending[sender] = position + len(keys), (keys[-1:].copy() if len(keys) else last)
-        self.union.add(sender, keys)
+            raise fail(f"{self.name}: complete universe ids of {owner!r} from {msg.first}, expected {position}")
+        chunks.append(np.frombuffer(msg.ids, dtype=f"V{self.key_width}"))
         if msg.more:
             return []
-        self.sets[sender] = position + len(keys)
-        self.union.complete(sender)
-        del self.pending[sender]
-        return self._index() if len(self.sets) == len(self.parties) else []
+        keys = np.concatenate([np.zeros(0, dtype=f"V{self.key_width}"), *self.pending.pop(owner)])
+        order = np.argsort(keys)
+        ordered = keys[order]
+        if not increasing(ordered, ordered[:0]):
+            raise malformed(f"{self.name}: two complete universe ids of {owner!r} are equal")
+        self.union.add(owner, ordered)
+        self.union.complete(owner)
+        self.sets[owner], self.order[owner] = len(keys), order
+        return self._index() if len(self.sets) == r else []
 
     def _index(self) -> list[Outgoing]:
         """Every set is in: the solver's own dummy columns go in (so that the index size minus
@@ -146,10 +153,12 @@ class DpAggregator:
         n = self.n = self.union.size()
         out: list[Outgoing] = []
         for party in self.parties:
-            columns = self.union.columns(party, 0, self.sets[party])
-            self.held[party] = np.asarray(columns, dtype=np.int64)
-            index = cels_pb2.UniverseIndex(session_id=self.options.session_id, size=n, columns=columns.tolist(), first=0, more=False)
-            out += self._send(party, universe_index=index)
+            columns = np.zeros(self.sets[party], dtype=np.int64)
+            columns[self.order.pop(party)] = self.union.columns(party, 0, self.sets[party])  # in the order the party sent its ids
+            self.held[party] = np.sort(columns)
+            for first, stop, more in chunks(len(columns), STREAM_IDS):
+                index = cels_pb2.UniverseIndex(session_id=self.options.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
+                out += self._send(party, universe_index=index)
         self.union.close()
         self.sum = MaskedSum(
             name=self.name, session_id=self.options.session_id, sum_id=COUNTS_SUM, ring=self.parties,
@@ -172,11 +181,8 @@ class DpAggregator:
         total = np.asarray(self.sum.result, dtype=np.int64)
         self.kept = np.flatnonzero(total >= self.tau)
         self.totals = total[self.kept]
-        out: list[Outgoing] = []
-        for party in self.parties:
-            mine = np.intersect1d(self.kept, self.held[party], assume_unique=True)
-            out += self._send(party, dp_selection=cels_pb2.DpSelection(session_id=self.options.session_id, columns=mine.tolist()))
-        return out
+        selection = cels_pb2.DpSelection(session_id=self.options.session_id, columns=self.kept.tolist())  # the same to every party
+        return [out for party in self.parties for out in self._send(party, dp_selection=selection)]
 
     def on_items(self, sender: str, msg: cels_pb2.DpItems) -> list[Outgoing] | None:
         """A party's items for its kept columns (an empty one: its dummy); once every party

@@ -29,11 +29,12 @@ class LoadResult:
 @dataclass(frozen=True)
 class UniverseResult:
     """The index: ``n`` pairs in the universe; this party's counts c^k over them; the DP
-    release: the columns of this party's dummy ids (``padding_columns``)."""
+    release: the columns of this party's dummy ids and of its own pairs (sorted)."""
 
     n: int
     local_counts: np.ndarray
     padding_columns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    own_columns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)

@@ -143,9 +143,8 @@ class Universe(Stage):
         self.n_real = loaded.own_pairs  # the work's own pairs
         self.dummies = list(dummies)
         self.n_own = self.n_real + len(self.dummies)  # the ids this party sends
-        self.dummy_keys: list[np.ndarray] = []  # the dummies' returned union keys
-        self.dummy_positions = np.zeros(0, dtype=np.int64)  # their places in the sorted set sent to the index holder
-        self.dummy_columns: list[np.ndarray] = []  # and their columns in the index
+        self.dp = seat.options.release == "dp"  # the last layer goes to the solver, not back to the owner (below)
+        self.own_columns: list[np.ndarray] = []  # the DP release: the index's columns of its ids, in the order it sent them
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
         self.forwarded: dict[str, ChunkCursor] = {}  # each owner's ids this party layered and sent on
@@ -176,7 +175,7 @@ class Universe(Stage):
         while True:
             if self.relay:
                 yield self.relay.popleft()
-            elif own_left and sent - self.returned.position < RING_WINDOW * STREAM_IDS:
+            elif own_left and (self.dp or sent - self.returned.position < RING_WINDOW * STREAM_IDS):
                 hop = next(own, None)
                 own_left = hop is not None
                 if own_left:
@@ -220,11 +219,15 @@ class Universe(Stage):
                 ids = self.work.apply_layer(self.cipher, ids)
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
+            last = self.dp and len(applied) == r - 1  # the DP release: complete ids go to the solver, never back to their owner
             hop = cels_pb2.UniverseHop(
-                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=ids.tobytes(), first=msg.first, more=msg.more
-            )
-            self.relay.append(seat.send(seat.successor, universe_hop=hop))  # sent by the ring Stream, before any own chunk
+                session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=(union_keys(ids) if last else ids).tobytes(),
+                first=msg.first, more=msg.more,
+            )  # fmt: skip
+            self.relay.append(seat.send(seat.index_holder if last else seat.successor, universe_hop=hop))  # sent by the ring Stream, before any own chunk
             return []
+        if self.dp:
+            raise fail(f"{seat.name}: complete universe ids of {msg.owner} from {sender} (the solver takes them in the DP release)")
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
             return self._returned(msg)
@@ -239,16 +242,10 @@ class Universe(Stage):
         ids = union_keys(self._chunk_ids(msg, self.returned, self.width))
         if self.returned.position > n or (self.returned.done and self.returned.position != n):
             raise malformed(f"{self.returned.what}: {self.returned.position} ids so far, it sent {n}")
-        real = max(0, min(len(ids), self.n_real - msg.first))  # the rest are dummies'
-        if real:
-            self.work.keep_returned(msg.first, ids[:real])
-        if real < len(ids):
-            self.dummy_keys.append(ids[real:].copy())
+        self.work.keep_returned(msg.first, ids)
         if msg.more:
             return []
         keys = self.work.sorted_returned(STREAM_IDS)
-        if self.dummies:
-            keys = rechunked(self._merged(keys), STREAM_IDS)
         if seat.name != seat.index_holder:
             return [Stream(self._hops(seat.index_holder, seat.name, list(msg.applied), keys, n))]
         last = np.zeros(0, dtype=f"V{self.key_width}")
@@ -258,23 +255,6 @@ class Universe(Stage):
             self.union.add(seat.name, chunk)
             last = chunk[-1:]
         return self._collect(seat.name)
-
-    def _merged(self, keys: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """The work's sorted keys with the dummies' merged in (each a chunk's worth at a time),
-        their places noted (:attr:`dummy_positions`)."""
-        width = self.key_width
-        dummies = np.sort(np.concatenate(self.dummy_keys).view(f"S{width}"))
-        taken, position, places = 0, 0, []
-        for chunk in keys:
-            real = chunk.view(f"S{width}")
-            upto = int(np.searchsorted(dummies, real[-1], side="right")) if len(real) else taken
-            merged = np.sort(np.concatenate([real, dummies[taken:upto]]))
-            places.append(position + np.searchsorted(merged, dummies[taken:upto]))
-            taken, position = upto, position + len(merged)
-            yield merged.view(f"V{width}")
-        places.append(position + np.arange(len(dummies) - taken))
-        self.dummy_positions = np.concatenate(places).astype(np.int64)
-        yield dummies[taken:].view(f"V{width}")
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -340,7 +320,7 @@ class Universe(Stage):
         sent them (strictly increasing across chunks)."""
         seat, n = self.seat, self.n_own
         seat.expect_sender(sender, seat.index_holder, "universe_index")
-        if not self.returned.done:
+        if not self.returned.done and not self.dp:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
         self.indexed.take(msg.first, len(msg.columns), msg.more)
         most = self.ids_seen + index_padding_bound(seat.options)
@@ -352,28 +332,35 @@ class Universe(Stage):
         if stop > n or (self.indexed.done and stop != n):
             raise malformed(f"{seat.name}: universe_index: {stop} columns for {n} ids")
         by_id = np.asarray(msg.columns, dtype=np.int64)
+        if self.dp:
+            return self._dp_index(int(msg.size), msg.first, by_id, msg.more)
         if np.any(np.diff(np.concatenate([[self.last_column], by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
             raise malformed(
                 f"{seat.name}: universe_index: columns {msg.first}..{stop} of {n} ids "
                 f"not strictly increasing below the index size {msg.size}"
             )
-        self._place(int(msg.size), msg.first, by_id)
+        self.work.place_columns(int(msg.size), msg.first, by_id)
         self.last_column = int(by_id[-1]) if len(by_id) else self.last_column
         if msg.more:
             return []
-        padding = np.concatenate([np.zeros(0, dtype=np.int64), *self.dummy_columns])
-        self.result = UniverseResult(int(msg.size), self.work.index(int(msg.size)), padding)
+        self.result = UniverseResult(int(msg.size), self.work.index(int(msg.size)))
         return []
 
-    def _place(self, n: int, first: int, columns: np.ndarray) -> None:
-        """Columns of the sorted set's ``first``.. : the dummies' stay here, the rest go to the work
-        (at their places among the work's own keys)."""
-        dummy = (self.dummy_positions >= first) & (self.dummy_positions < first + len(columns))
-        if not np.any(dummy):
-            self.work.place_columns(n, first - int(np.count_nonzero(self.dummy_positions < first)), columns)
-            return
-        mask = np.zeros(len(columns), dtype=bool)
-        mask[self.dummy_positions[dummy] - first] = True
-        self.dummy_columns.append(columns[mask])
-        if np.any(~mask):
-            self.work.place_columns(n, first - int(np.count_nonzero(self.dummy_positions < first)), columns[~mask])
+    def _dp_index(self, n: int, first: int, columns: np.ndarray, more: bool) -> list[Outgoing]:
+        """The DP release: the columns of this party's ids in the order it sent them (it never
+        saw them with every layer); its own pairs' go to the work, its dummies' (the last it
+        sent) stay here.  Distinct and below the index size, or the index is malformed."""
+        seat = self.seat
+        if len(columns) and (columns.min() < 0 or columns.max() >= n):
+            raise malformed(f"{seat.name}: universe_index: a column outside the index of {n}")
+        real = max(0, min(len(columns), self.n_real - first))
+        if real:
+            self.work.place_sent_columns(n, first, columns[:real])
+        self.own_columns.append(columns)
+        if more:
+            return []
+        every = np.concatenate(self.own_columns)
+        if len(np.unique(every)) != len(every):
+            raise malformed(f"{seat.name}: universe_index gives two of its ids one column")
+        self.result = UniverseResult(n, self.work.index(n), padding_columns=np.sort(every[self.n_real :]), own_columns=np.sort(every[: self.n_real]))
+        return []

@@ -200,6 +200,13 @@ END_TO_END_WITHDRAWN = (
 )
 
 
+SEEDED_NONE = (
+    "NONE: this run replayed every draw from an explicit --seed, so anyone who knows the seed can redo them; "
+    "the release is NOT private and must not be published"
+)
+"""What a seeded run promises a recipient (its guarantee sentences say so first)."""
+
+
 def delta_meaning(delta: float) -> str:
     """What delta promises in this mechanism (CELS eq. 4 / Theorem 2 condition 3; EDBT
     Definition 2, probabilistic DP after Goetz et al.)."""
@@ -249,6 +256,7 @@ def privacy_accounting(
         not_private.append("the transformed solve lets the solver rebuild every party's constraint rows")
     if seeded:
         not_private.append("the draws come from an explicit --seed (reproducible, not secret)")
+        recipients = f"{SEEDED_NONE}; with secret draws it would be: {recipients}"
     return {
         "epsilon": epsilon,
         "delta": delta,
@@ -289,6 +297,8 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
             "counts and which parties hold each hashed id, which is NOT DP (privacy.learns)"
         )
     not_private = ["the draws come from an explicit --seed (reproducible, not secret)"] if seeded else []
+    if seeded:
+        recipients = f"{SEEDED_NONE}; with secret draws it would be: {recipients}"
     plain = [
         f"a recipient cannot tell whether any one user's records at one organisation were in the input: every output is at most "
         f"e^{epsilon:g} = {math.exp(epsilon):.3g} times likelier one way than the other, except with probability {delta:g}",

@@ -188,3 +188,23 @@ def test_sanitize_release_dp_writes_one_holders_histogram_and_refuses_a_method(t
     assert "in plain words: this run replayed its draws from --seed" in capsys.readouterr().err
     assert main([*args[:-2], "--method", "zealous"]) == 2
     assert "--release dp is its own method" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("release", ["sampled", "dp"])
+def test_a_seeded_run_says_it_is_not_private_in_every_guarantee_sentence(release, tmp_path, capsys) -> None:
+    """A --seed run's note and console say NOT private first, for either release kind."""
+    from cels.cli import main
+    from cels.logs import write_log
+
+    source = tmp_path / "crowd.tsv"
+    write_log(crowd_log(source={"format": "aol"}), source)
+    out = tmp_path / "out.tsv"
+    delta = "1e-6" if release == "dp" else "0.5"
+    main(["sanitize", str(source), "--format", "aol", "--release", release, "--epsilon", "2", "--delta", delta, "--out", str(out),
+          "--report", str(tmp_path / "r.json"), "--seed", "5", "-q"])  # fmt: skip
+    privacy = json.loads(Path(f"{out}.release-note.json").read_text())["privacy"]
+    assert privacy["private"] is False
+    assert privacy["guarantee"].startswith("against recipients: NONE: this run replayed every draw")
+    assert privacy["against_recipients"].startswith("NONE") and "NOT private" in privacy["against_recipients"]
+    captured = capsys.readouterr()
+    assert "privacy: THIS RUN IS NOT PRIVATE" in captured.err and "SEEDED, NOT PRIVATE" in captured.out

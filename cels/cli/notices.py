@@ -15,7 +15,8 @@ def privacy_notice(privacy: dict[str, Any]) -> list[str]:
     """Lines for stderr after every release of the optimal method or the protocol: the
     guarantee against recipients and against partners, what each observer learned in the mode
     that ran (one line), and what delta means here (cels.claims)."""
-    lines = [f"privacy, in plain words: {sentence}." for sentence in privacy.get("plain", [])]
+    lines = ["privacy: THIS RUN IS NOT PRIVATE: its draws were replayed from --seed; do not publish its release."] if privacy.get("reproducible_seed") else []
+    lines += [f"privacy, in plain words: {sentence}." for sentence in privacy.get("plain", [])]
     lines += [f"privacy: against recipients: {privacy['against_recipients']}.", f"privacy: against partners: {privacy['against_partners']}."]
     if "line" in privacy.get("learns", {}):
         lines.append(f"privacy: {privacy['learns']['line']}.")

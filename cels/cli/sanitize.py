@@ -213,7 +213,8 @@ def summary_line(report: dict) -> str:
     if "release" in report:
         r = report["release"]
         return ", ".join([*parts, f"pairs {sizes['pairs']}", f"released {r['items']} pairs at tau = {r['threshold']}",
-                          f"recall of the top {TOP} {report['utility'][f'recall_top{TOP}']:.3f}", f"eps {p['epsilon']:g}, delta {p['delta']:g}, DP end to end"])  # fmt: skip
+                          f"recall of the top {TOP} {report['utility'][f'recall_top{TOP}']:.3f}", f"eps {p['epsilon']:g}, delta {p['delta']:g}",
+                          "SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else "DP end to end"])  # fmt: skip
     if "pairs" in sizes:
         parts.append(f"pairs {sizes['pairs']}")
     if s:
@@ -233,6 +234,8 @@ def summary_line(report: dict) -> str:
 
 def guarantee_word(privacy: dict) -> str:
     """The summary line's word on the guarantee (the full sentences are in the report)."""
+    if privacy.get("reproducible_seed"):
+        return "SEEDED, NOT PRIVATE: do not publish"
     return "DP of the sampling given the counts, NOT end-to-end" + (" (noisy counts, no end-to-end bound)" if privacy.get("noise_epsilon") else "")
 
 

@@ -13,6 +13,13 @@ party's own ids are hashed as its first hop drains (``LocalWork.hashed_ids``), t
 returned union keys are kept where its work runs (``LocalWork.keep_returned``) and leave
 sorted a chunk at a time, and the index's columns go back there: this machine holds no list
 of the party's ids.  Ids are fixed-width numpy arrays, not Python bytes.
+
+In the DP release (``--release dp``, docs/releases.md) the solver assembles the index and no
+party ever holds a complete set, its own included: the party that applies the last layer to an
+owner's ids sends them (their union keys, in the owner's order) to the solver, not back to the
+owner, and the solver tells each owner the column of each id in the order it sent them (its
+dummy ids, sent last, stay with this machine).  Otherwise the last forwarder could meet the
+owner's complete ids with its own and learn which of its pairs the owner holds.
 """
 
 from __future__ import annotations

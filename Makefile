@@ -32,11 +32,12 @@ faults: $(STAMP)
 	CELS_FAULTS_FUZZ=10000 $(PY) -m pytest -q -p no:cacheprovider \
 		-m "faults_long or not faults_long" tests/faults
 
-## make audit: the empirical privacy audit with more draws and neighbours (tests/test_privacy_audit.py,
+## make audit: the empirical privacy audit with more draws and neighbours (tests/test_privacy_audit.py and the DP
+## histogram's tests/test_dp_audit.py,
 ## the audit_long cases too: every user of the sampling log, more d / eps' / r, the repair on the real
 ## AOL slice in $$CELS_DATA); prints one AUDIT-SUMMARY JSON line per audit (docs/security.md)
 audit: $(STAMP)
-	$(PY) -m pytest -q -s -p no:cacheprovider -m "audit_long or not audit_long" tests/test_privacy_audit.py
+	$(PY) -m pytest -q -s -p no:cacheprovider -m "audit_long or not audit_long" tests/test_privacy_audit.py tests/test_dp_audit.py
 
 ## make compose-test: docker-compose.yml run for real (deploy/compose-test.sh): a Docker engine
 ## (installed and started if missing; root), the image built offline, 3 party nodes + a solver

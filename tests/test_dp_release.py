@@ -208,3 +208,10 @@ def test_a_seeded_run_says_it_is_not_private_in_every_guarantee_sentence(release
     assert privacy["against_recipients"].startswith("NONE") and "NOT private" in privacy["against_recipients"]
     captured = capsys.readouterr()
     assert "privacy: THIS RUN IS NOT PRIVATE" in captured.err and "SEEDED, NOT PRIVATE" in captured.out
+
+
+@pytest.mark.parametrize("bits", [1, 1536, 4096])
+def test_a_group_no_phase_offers_is_refused_with_the_options(bits) -> None:
+    """group_bits = 1 was taken and failed in the sampling (issue 41 finding 24): refused at once."""
+    with pytest.raises(ValueError, match=f"Pohlig-Hellman group of {bits} bits not offered"):
+        SessionOptions.create(3, epsilon=1.0, delta=0.4, group_bits=bits)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import Any
 
-from cels.crypto.groups import DEFAULT_GROUP_BITS
+from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.paillier import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.greedy import DEFAULT_BATCH
@@ -228,6 +228,7 @@ class SessionOptions:
                 f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
                 "private solve: give an absolute size (> 1), or --solve transformed"
             )
+        group_for_bits(self.group_bits, allow_paper_bits=True)  # an offered group (the nodes refuse the paper's 1024 unless allowed)
         if self.release == "dp":
             self._check_dp()
         object.__setattr__(self, "b", self.params.validate())

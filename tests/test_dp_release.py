@@ -215,3 +215,15 @@ def test_a_group_no_phase_offers_is_refused_with_the_options(bits) -> None:
     """group_bits = 1 was taken and failed in the sampling (issue 41 finding 24): refused at once."""
     with pytest.raises(ValueError, match=f"Pohlig-Hellman group of {bits} bits not offered"):
         SessionOptions.create(3, epsilon=1.0, delta=0.4, group_bits=bits)
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:", "nohost"])
+def test_a_listen_address_outside_the_port_range_is_refused_naming_it(listen, tmp_path, capsys) -> None:
+    """cels-party --listen 127.0.0.1:99999 said it served there while gRPC bound another port
+    (issue 41 finding 5): refused with exit 2, one line naming the address."""
+    from party_node.__main__ import main as party_main
+
+    data = tmp_path / "log.tsv"
+    data.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\t\t1\tu\n")
+    assert party_main(["--name", "party-1", "--listen", listen, "--insecure", "--data", str(data), "--format", "aol"]) == 2
+    assert f"listen address {listen!r} is not host:port with a port from 1 to 65535" in capsys.readouterr().err

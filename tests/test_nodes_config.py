@@ -153,7 +153,7 @@ def test_the_session_schema_lists_every_session_option() -> None:
         ("[node]\ndeadline = -5\n", "[node] deadline: expected a number > 0, got -5"),
         ('[data]\nformat = "csv"\n', '[data] format: expected one of "aol", "msnbc", "tsv", "histogram", "parquet", got "csv"'),
         ("[keys]\nstock = { solver = -1 }\n", "[keys] stock.solver: expected an integer >= 0, got -1"),
-        ('[peers]\nparty-2 = "nowhere"\n', '[peers] party-2: expected host:port, got "nowhere"'),
+        ('[peers]\nparty-2 = "nowhere"\n', '[peers] party-2: expected host:port (a port from 1 to 65535), got "nowhere"'),
         ("[ledger]\nbudget_epsilon = true\n", "[ledger] budget_epsilon: expected a number > 0, got true"),
         ('[solver]\ntime_limit = 5\n', "unknown table [solver]"),  # a party node has no [solver] table
         ('[ledger]\nbudget_eps = 1\n', "[ledger] unknown key 'budget_eps'"),

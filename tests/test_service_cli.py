@@ -47,7 +47,7 @@ def session_toml(tmp_path, address: str = "127.0.0.1:1", extra: str = "", sessio
         ("", "[sesion]\nepsilon = 1\n", "unknown table [sesion]"),
         # issue 23 item 5: a wrongly typed value is named with what was expected, not a TypeError's text
         ("", '[session.x]\n', "[session] unknown key 'x'"),
-        ("nodes = { solver = 7100 }", "", "[run] nodes.solver: expected host:port, got 7100"),
+        ("nodes = { solver = 7100 }", "", "[run] nodes.solver: expected host:port (a port from 1 to 65535), got 7100"),
     ],
 )
 def test_session_toml_typos_name_file_table_and_key(tmp_path, capsys, extra, session, message):

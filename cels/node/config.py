@@ -77,6 +77,13 @@ DEFAULT_NICE = 10
 starving its host."""
 
 
+def check_host_port(address: str, what: str) -> None:
+    """ValueError naming ``what`` unless ``address`` is host:port with a port in 1..65535."""
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{what} {address!r} is not host:port with a port from 1 to 65535")
+
+
 @dataclass
 class NodeConfig:
     """Everything a node adapter needs besides its role."""
@@ -107,13 +114,11 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("node name missing (--name or [node] name)")
-        if not self.listen or ":" not in self.listen:
-            raise ValueError(f"listen address {self.listen!r} is not host:port")
+        check_host_port(self.listen, "listen address")
         if self.name in self.peers:
             raise ValueError(f"node {self.name!r} lists itself among its peers")
         for peer, address in self.peers.items():
-            if ":" not in address:
-                raise ValueError(f"peer {peer}: address {address!r} is not host:port")
+            check_host_port(address, f"peer {peer}: address")
         if self.deadline <= 0:
             raise ValueError(f"deadline must be positive seconds, not {self.deadline}")
         if self.metrics_listen is not None:

@@ -22,7 +22,9 @@ from cels.crypto.paillier import MIN_TEST_KEY_BITS
 from cels.logs.options import FORMATS
 from cels.protocol.options import OPTIONS, Option
 
-HOST_PORT = {"type": "string", "pattern": r"^\S+:[0-9]{1,5}$", "description": "host:port"}
+PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+"""A TCP port, 1..65535, as a regular expression."""
+HOST_PORT = {"type": "string", "pattern": rf"^\S+:{PORT}$", "description": "host:port (a port from 1 to 65535)"}
 POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 NAME = {"type": "string", "minLength": 1, "description": "a name (a non-empty string)"}
 KEY_BITS = {"type": "integer", "minimum": MIN_TEST_KEY_BITS}

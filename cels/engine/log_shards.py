@@ -654,3 +654,42 @@ class ShardedLog:
             for t, name in zip(np.flatnonzero(shard == s).tolist(), names):
                 out[t] = name
         return out
+
+
+class ShardedLogWork:
+    """The calls of :class:`cels.protocol.work.LocalWork` that a party's sharded log answers
+    by itself (:class:`ShardedLog`, made at the load): cels.engine.ray_work.RayWork has them."""
+
+    log: ShardedLog | None
+
+    @property
+    def n_users(self) -> int:
+        return self.log.n_users
+
+    @property
+    def user_draws(self) -> BucketDraws:
+        return self.log.user_draws
+
+    def union(self, width: int) -> RangedUnion:
+        return self.log.union(width)
+
+    def keep_returned(self, first: int, keys: np.ndarray) -> None:
+        self.log.keep_returned(first, keys)
+
+    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
+        return self.log.sorted_returned(size)
+
+    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        self.log.place_columns(n, first, columns)
+
+    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
+        self.log.place_sent_columns(n, first, columns)
+
+    def index(self, n: int) -> np.ndarray:
+        return self.log.index(n)
+
+    def held_whole(self, totals: np.ndarray) -> np.ndarray:
+        return self.log.held_whole(totals)
+
+    def items(self, columns: np.ndarray) -> list[bytes]:
+        return self.log.items(columns)

@@ -82,7 +82,7 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
-from cels.engine.log_shards import LogShard, ShardedLog, on_party_rows
+from cels.engine.log_shards import LogShard, ShardedLog, ShardedLogWork, on_party_rows
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.reaper import SETTLE_SECONDS, watch
@@ -91,7 +91,6 @@ from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK, verdicts
 from cels.protocol.sampling import StagedSampler, paper_trials
-from cels.protocol.sorted_union import RangedUnion
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, split_over_buckets
 from cels.protocol.rolebase import RoleFailure
@@ -608,7 +607,7 @@ class ShardedSampler:
         return self.work.gather(self._each(lambda a: a.sampled.remote()), self.shape)
 
 
-class RayWork:
+class RayWork(ShardedLogWork):
     """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.log_shards;
     the DP release's ``bound`` applied there), the universe's pair work on tasks, the private solve's verdicts and the sampling on
     user-shard actors (module docstring).  ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is
@@ -637,14 +636,6 @@ class RayWork:
         self._group = None  # this session's placement group of the shards (made at the first shard)
         self.pair_tasks = PairTasks(max_in_flight)
 
-    @property
-    def n_users(self) -> int:
-        return self.log.n_users
-
-    @property
-    def user_draws(self) -> BucketDraws:
-        return self.log.user_draws
-
     def load(self) -> LoadResult:
         self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard, self.max_items)
         return self.log.load()
@@ -662,27 +653,6 @@ class RayWork:
         chunks = [(ids[lo : lo + self.layer_ids],) for lo in range(0, len(ids), self.layer_ids)]
         return np.concatenate([ids[:0], *self.pair_tasks.run(cipher, chunks, hash_first=False, size=self.layer_ids)])
 
-    def union(self, width: int) -> RangedUnion:
-        return self.log.union(width)
-
-    def keep_returned(self, first: int, keys: np.ndarray) -> None:
-        self.log.keep_returned(first, keys)
-
-    def sorted_returned(self, size: int) -> Iterator[np.ndarray]:
-        return self.log.sorted_returned(size)
-
-    def place_columns(self, n: int, first: int, columns: np.ndarray) -> None:
-        self.log.place_columns(n, first, columns)
-
-    def place_sent_columns(self, n: int, first: int, columns: np.ndarray) -> None:
-        self.log.place_sent_columns(n, first, columns)
-
-    def index(self, n: int) -> np.ndarray:
-        return self.log.index(n)
-
-    def held_whole(self, totals: np.ndarray) -> np.ndarray:
-        return self.log.held_whole(totals)
-
     def constraint_rows(self, active: np.ndarray, totals: np.ndarray) -> sp.csr_matrix:
         rows, self.row_users = pruned_constraint_rows(self.log.counts_over(active), totals)
         return rows
@@ -693,9 +663,6 @@ class RayWork:
         names = self.log.pair_names(active[np.unique(sp.csr_matrix(sampled).indices)])
         users = self.log.user_names if keep_user_ids else self.user_draws.pseudonyms
         return encode_records(sampled, users, lambda col: names[int(active[col])])
-
-    def items(self, columns: np.ndarray) -> list[bytes]:
-        return self.log.items(columns)
 
     def _shard(self, kind, shard: int):
         """Shard ``shard``'s actor of ``kind``, empty: the node's warm one if it is idle

@@ -26,7 +26,8 @@ import numpy as np  # noqa: E402
 
 from cels import metrics  # noqa: E402
 from cels.fileio import atomic_write, atomic_write_json  # noqa: E402
-from cels.logs import LoadOptions, SearchLog, default_data_dir, load_log  # noqa: E402
+from cels.baselines import BASELINES  # noqa: E402
+from cels.logs import LoadOptions, LogRecord, SearchLog, default_data_dir, iter_records, load_log  # noqa: E402
 from cels.mechanism.conditions import Conditions, build_conditions  # noqa: E402
 from cels.mechanism.noise import add_noise_and_repair  # noqa: E402
 from cels.mechanism.sanitize import SanitizeParams  # noqa: E402
@@ -359,3 +360,21 @@ def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
 def figure_inputs(args: argparse.Namespace) -> tuple[list[Dataset], np.ndarray, SolveOptions]:
     """(datasets, b values, solve options of ``measure``) from the figure flags."""
     return datasets_from_args(args), b_values_from_args(args), solve_options_from_args(args)
+
+
+def dataset_records(data_dir: str | None, dataset: Dataset, max_users: int | None) -> list[LogRecord]:
+    """The dataset's click records in log order (the same users and cleaned pairs as its log)."""
+    users, pairs = set(dataset.log.users), set(dataset.log.pairs)
+    fmt = DATA_FILES[dataset.name][1]
+    records = iter_records(str(data_path(data_dir, dataset.name)), LoadOptions(format=fmt, max_users=max_users))
+    return [rec for rec in records if rec.user in users and rec.url is not None and (rec.query, rec.url) in pairs]
+
+
+def baseline_args(epsilon: float, delta: float) -> argparse.Namespace:
+    """Every baseline's own defaults derived from (ε, δ), as ``cels sanitize --method X`` does."""
+    parser = argparse.ArgumentParser(add_help=False)
+    for baseline in BASELINES.values():
+        baseline.add_arguments(parser.add_argument_group(baseline.name))
+    args = parser.parse_args([])
+    args.epsilon, args.delta = epsilon, delta
+    return args

@@ -20,23 +20,14 @@ from tqdm import tqdm
 from cels import metrics
 from cels.baselines import BASELINES, baseline_rng
 from cels.baselines.local import local_sanitize, pair_counts
-from cels.experiments import common
-from cels.experiments.common import Dataset, SolveOptions, UnionSolver, panels, save_figure, utility
-from cels.logs import LogRecord, iter_records
-from cels.logs.options import LoadOptions
+from cels.experiments import common, dp_compare
+from cels.experiments.common import Dataset, SolveOptions, UnionSolver, baseline_args, dataset_records, panels, save_figure, utility
+from cels.logs import LogRecord
 from cels.mechanism.conditions import privacy_bound
 
 BASELINE_NAMES = ("zealous", "korolova", "safelog")
 
-HELP = "CELS, LS, ZEALOUS, Korolova et al., Safelog on the same data and (ε, δ)"
-
-
-def dataset_records(data_dir: str | None, dataset: Dataset, max_users: int | None) -> list[LogRecord]:
-    """The dataset's click records in log order (the same users and cleaned pairs as its log)."""
-    users, pairs = set(dataset.log.users), set(dataset.log.pairs)
-    fmt = common.DATA_FILES[dataset.name][1]
-    records = iter_records(str(common.data_path(data_dir, dataset.name)), LoadOptions(format=fmt, max_users=max_users))
-    return [rec for rec in records if rec.user in users and rec.url is not None and (rec.query, rec.url) in pairs]
+HELP = "CELS, LS, ZEALOUS, Korolova et al., Safelog on the same data and (ε, δ); --release dp: the DP histogram"
 
 
 def query_utility(dataset: Dataset, x: np.ndarray, released_queries: dict[str, int] | None = None) -> dict:
@@ -55,16 +46,6 @@ def query_utility(dataset: Dataset, x: np.ndarray, released_queries: dict[str, i
         "query_recall": metrics.recall(truth, out),
         "query_top100_coverage": metrics.top_j(truth, out, 100)["coverage"],
     }
-
-
-def baseline_args(epsilon: float, delta: float) -> argparse.Namespace:
-    """Every baseline's own defaults derived from (ε, δ), as ``cels sanitize --method X`` does."""
-    parser = argparse.ArgumentParser(add_help=False)
-    for baseline in BASELINES.values():
-        baseline.add_arguments(parser.add_argument_group(baseline.name))
-    args = parser.parse_args([])
-    args.epsilon, args.delta = epsilon, delta
-    return args
 
 
 def baseline_row(name: str, records: list[LogRecord], dataset: Dataset, epsilon: float, delta: float, seed: int) -> dict:
@@ -168,15 +149,31 @@ def parse_budgets(text: str) -> list[tuple[float, float]]:
     return out
 
 
+DEFAULT_BUDGETS = "1:0.001,10:0.01,10:0.5"
+DEFAULT_PARTIES = 4
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_dataset_arguments(parser, aol="0", msnbc="40829")
     common.add_solver_arguments(parser, grid=False)
-    parser.add_argument("--budgets", default="1:0.001,10:0.01,10:0.5", metavar="E:D,..", help="(epsilon, delta) pairs")
+    parser.add_argument("--release", choices=("sampled", "dp"), default="sampled",
+                        help="sampled (default): this table; dp: the DP histogram against the sampled release, ZEALOUS and "
+                        "Korolova et al. over epsilon and Delta_0 (cels.experiments.dp_compare)")  # fmt: skip
+    parser.add_argument("--budgets", default=None, metavar="E:D,..",
+                        help=f"(epsilon, delta) pairs (default {DEFAULT_BUDGETS}; --release dp: {dp_compare.DEFAULT_BUDGETS})")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=0.5, help="|O|/|𝕆| of CELS; LS shares this |O|")
-    parser.add_argument("--parties", type=int, default=4, help="parties of the LS run (default 4)")
+    parser.add_argument("--parties", type=int, default=None,
+                        help=f"parties of the LS run (default {DEFAULT_PARTIES}); --release dp: r of the DP histogram (default {dp_compare.DEFAULT_PARTIES})")  # fmt: skip
+    dp_compare.add_arguments(parser)
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
+    if getattr(args, "release", "sampled") == "dp":
+        args.budgets = args.budgets or dp_compare.DEFAULT_BUDGETS
+        args.parties = dp_compare.DEFAULT_PARTIES if args.parties is None else args.parties
+        return dp_compare.run(args, out_dir, parse_budgets(args.budgets))
+    args.budgets = args.budgets or DEFAULT_BUDGETS
+    args.parties = DEFAULT_PARTIES if args.parties is None else args.parties
     fraction = common.fraction_from_args(args.fraction, "--fraction")
     budgets = parse_budgets(args.budgets)
     datasets = []

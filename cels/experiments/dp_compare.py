@@ -332,8 +332,9 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.set_yscale("symlog", linthresh=1)
             ax.set_title(label, fontsize=9)
     axes[0, 0].legend(fontsize=7)
-    delta = rows[0]["delta"]
-    fig.suptitle(f"DP histogram (r, t) vs sampled release vs ZEALOUS / Korolova et al. (click pairs, δ = {delta:g})", fontsize=10)
+    delta, dp = rows[0]["delta"], next((r for r in rows if r["method"] == "dp-histogram"), rows[0])
+    fig.suptitle(f"DP histogram (r = {dp.get('parties')}, t = {dp.get('collusion')}) vs sampled release vs ZEALOUS / Korolova et al. "
+                 f"(click pairs, δ = {delta:g})", fontsize=10)  # fmt: skip
     save_figure(fig, path)
 
 

@@ -16,9 +16,12 @@ def build_parser():
     """The flags of ``cels-party`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
     import argparse
 
+    from cels import __version__
+
     from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments, add_seed_argument
 
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
+    parser.add_argument("--version", action="version", version=f"cels-party {__version__}")
     add_node_arguments(parser)
     add_data_arguments(parser)
     add_ledger_arguments(parser)

@@ -16,9 +16,12 @@ def build_parser():
     """The flags of ``cels-solver`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
     import argparse
 
+    from cels import __version__
+
     from cels.node.config import add_node_arguments, add_seed_argument
 
     parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
+    parser.add_argument("--version", action="version", version=f"cels-solver {__version__}")
     add_node_arguments(parser)
     add_seed_argument(parser)
     parser.add_argument(

@@ -227,3 +227,16 @@ def test_a_listen_address_outside_the_port_range_is_refused_naming_it(listen, tm
     data.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\t\t1\tu\n")
     assert party_main(["--name", "party-1", "--listen", listen, "--insecure", "--data", str(data), "--format", "aol"]) == 2
     assert f"listen address {listen!r} is not host:port with a port from 1 to 65535" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("program", ["cels", "cels-party", "cels-solver"])
+def test_every_program_says_its_version_and_cels_alone_lists_its_commands(program) -> None:
+    """--version, not -v (verbose), and a bare ``cels`` shows the command list (issue 41 finding 8)."""
+    from cels import __version__
+
+    binary = str(Path(sys.executable).parent / program)
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"{program} {__version__}"
+    if program == "cels":
+        bare = subprocess.run([binary], capture_output=True, text=True, timeout=60)
+        assert bare.returncode == 2 and "simulate" in bare.stderr and "sanitize" in bare.stderr

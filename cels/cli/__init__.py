@@ -20,14 +20,15 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from cels import __version__
 from cels.fileio import Terminated, raise_on_termination
 
 DESCRIPTION = (
-    "Publish one sanitized search log from the private logs of one or several organisations. "
-    "Against a recipient of the release, the sampling is (epsilon, delta)-probabilistically differentially "
-    "private given the released counts; the counts are computed from the data (with --noise-epsilon, noisy "
-    "but repaired from the data), so no end-to-end bound is claimed. Partner organisations learn what "
-    "SECURITY.md's table says."
+    "Publish what the private logs of one or several organisations hold, in one of two releases (--release; "
+    "docs/releases.md): a DP histogram of query-url pairs with noisy counts, (epsilon, delta)-DP end to end; or "
+    "one sanitized search log, whose sampling is (epsilon, delta)-probabilistically differentially private given "
+    "the released counts, which are computed from the data (with --noise-epsilon, noisy but repaired from the "
+    "data), so no end-to-end bound is claimed for it. Partner organisations learn what SECURITY.md's table says."
 )
 COMMANDS: dict[str, tuple[str, str]] = {
     "sanitize": ("cels.cli.sanitize", "sanitize one search log (a single data holder)"),
@@ -58,6 +59,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog="exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()),
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"cels {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command is not None:
         importlib.import_module(COMMANDS[command][0]).register(subparsers)
@@ -77,6 +79,9 @@ def command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(command_of(argv))
+    if not argv:  # no command: the command list, not only a usage error
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

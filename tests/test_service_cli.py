@@ -161,7 +161,7 @@ def test_cels_help_is_for_users_and_imports_no_subcommand():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out  # lazy: measured 2.26 s -> 0.08 s (docs/bench/cli-help-startup.json)
-    assert "Publish one sanitized search log" in out and "subcommand module" not in out
+    assert "a DP histogram of query-url pairs" in out and "one sanitized search" in out and "subcommand module" not in out
     assert "3 empty release" in out and "split" in out and "ledger" in out
 
 

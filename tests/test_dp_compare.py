@@ -4,7 +4,6 @@ against the sampled release, ZEALOUS and Korolova et al.; tiny inputs, and MSNBC
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -17,11 +16,10 @@ from cels.cli import main
 from cels.crypto.streams import DrawKeys
 from cels.experiments import common
 from cels.experiments.dp_compare import DP_METHOD, Input, dp_row, primitive_release, protocol_release
-from cels.logs import write_synthetic
 from cels.logs.model import SearchLog
 from cels.mechanism.dp_histogram import threshold
+from tests.test_experiments import data  # noqa: F401 - the tiny data dir fixture, shared
 
-MSNBC_NAMES = "frontpage news tech local opinion on-air misc weather msn-news health living business msn-sports sports summary bbs travel"
 COLUMNS = {
     "dataset", "users", "input_size", "pairs", "records", "epsilon", "delta", "b", "max_items", "method", "engine",
     "threshold", "released", "released_in_input", "recall_top100", "relative_error", "released_items_all",
@@ -29,17 +27,6 @@ COLUMNS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    """A tiny data dir in the real files' formats: synthetic AOL (300 users), MSNBC (600 users)."""
-    root = tmp_path_factory.mktemp("data")
-    write_synthetic(root / "aol-dev.tsv.gz", seed=4, users=300, pairs=40)
-    rng = np.random.default_rng(2)
-    lines = ["% Different categories found in input file:", "", MSNBC_NAMES, "", "", "% Sequences:", ""]
-    for _ in range(600):
-        lines.append(" ".join(str(v) for v in rng.choice(17, size=rng.integers(1, 8), p=np.r_[0.3, [0.7 / 16] * 16]) + 1) + " ")
-    (root / "msnbc990928.seq.gz").write_bytes(gzip.compress(("\r\n".join(lines) + "\r\n").encode()))
-    return root
 
 
 def test_compare_dp_table(data, tmp_path):

@@ -252,7 +252,8 @@ def compose(events: Sequence[tuple[float, float]]) -> tuple[float, float]:
 def pld_epsilon(mechanisms: Sequence[tuple[float, int]], delta: float = 0.0) -> float:
     """epsilon at ``delta`` of composed discrete Laplace mechanisms, each (eps, sensitivity):
     noise P(k) ~ exp(-eps |k| / sensitivity), from dp-accounting's privacy loss distributions
-    (pessimistic, composed without tail truncation, which would make delta = 0 infinite)."""
+    (pessimistic, composed without tail truncation, which would make delta = 0 infinite).  Needs
+    dp-accounting (the ``test`` extra): the tests cross-check :func:`release_accounting` with it."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     total = None

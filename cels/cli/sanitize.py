@@ -234,9 +234,8 @@ def summary_line(report: dict) -> str:
 
 def guarantee_word(privacy: dict) -> str:
     """The summary line's word on the guarantee (the full sentences are in the report)."""
-    if privacy.get("reproducible_seed"):
-        return "SEEDED, NOT PRIVATE: do not publish"
-    return "DP of the sampling given the counts, NOT end-to-end" + (" (noisy counts, no end-to-end bound)" if privacy.get("noise_epsilon") else "")
+    word = "DP of the sampling given the counts, NOT end-to-end" + (" (noisy counts, no end-to-end bound)" if privacy.get("noise_epsilon") else "")
+    return f"SEEDED, NOT PRIVATE: do not publish (with secret draws: {word})" if privacy.get("reproducible_seed") else word
 
 
 def execute(args: argparse.Namespace) -> Release:

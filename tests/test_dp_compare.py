@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest

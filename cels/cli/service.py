@@ -23,7 +23,7 @@ from typing import Any
 from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
 from cels.cli.sanitize import delimiter, guarantee_word, load_input, single_holder_arguments
 from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
 from cels.crypto.paillier import DEFAULT_KEY_BITS

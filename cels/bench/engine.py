@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cels.bench.protocol import bench_processes
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
 from cels.fileio import atomic_write_json
 from cels.logs import load_log
 from cels.logs.options import LoadOptions, default_data_dir

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, option_values, session_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
 from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
 from cels.crypto.paillier import DEFAULT_KEY_BITS

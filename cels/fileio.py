@@ -20,6 +20,20 @@ from pathlib import Path
 from typing import IO, Any
 
 
+HELD_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+"""Held back while a temporary output is created and registered (delivered right after)."""
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Delay SIGTERM, SIGHUP and SIGINT to this thread for the block (POSIX threads' signal mask)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 @contextmanager
 def atomic_write(
     path: str | os.PathLike[str],
@@ -37,9 +51,11 @@ def atomic_write(
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', not {mode!r}")
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    _OPEN_TEMPORARIES.add(tmp_name)
+    tmp_name = None
     try:
+        with _signals_held():  # a signal between the file's creation and its name's assignment would leave it behind
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+            _OPEN_TEMPORARIES.add(tmp_name)
         os.chmod(tmp_name, _final_mode(target) if file_mode is None else file_mode)
         if mode == "wb":
             fh: IO[Any] = os.fdopen(fd, "wb")
@@ -51,10 +67,11 @@ def atomic_write(
             os.fsync(fh.fileno())
         os.replace(tmp_name, target)
     except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
         raise
     finally:
         _OPEN_TEMPORARIES.discard(tmp_name)

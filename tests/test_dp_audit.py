@@ -29,6 +29,7 @@ from scipy.stats import chi2_contingency
 
 from cels.audit.audits import laplace_fit
 from cels.audit.dp_release import CROWD, DP_AUDIT_CASES, EDGE, LONE, audit_dp_release, dp_audit_holdings, dp_audit_setup, dp_case, noise_loss, views
+from cels.protocol.work import INDEX_PADDING, PADDING
 from cels.audit.dp_simulation import bounded_draws, combine, padding_draws, pairs_of, party_log, replay_session, simulate
 from cels.audit.exact import discrete_laplace_pmf
 from cels.audit.tester import Partition, goodness_of_fit, stochastic_test
@@ -107,10 +108,10 @@ def test_a_seeded_session_releases_what_the_simulation_computes_from_its_draws(g
     assert {(i.query, i.url): i.count for i in release.items} == replay.release
     assert len(release) == len(replay.release) > 0
     own = {p: len(roles[p].work.pair_of) for p in parties}
-    pads = {p: replayed_padding(options, seed, p, "padding") for p in parties}
+    pads = {p: replayed_padding(options, seed, p, PADDING) for p in parties}
     for party in parties:
         assert len(solver.held[party]) == own[party] + pads[party] == own[party] + len(roles[party].dummies)
-    solver_pad = replayed_padding(options, seed, options.solver, "index padding")
+    solver_pad = replayed_padding(options, seed, options.solver, INDEX_PADDING)
     union = int(np.count_nonzero(replay.counts.sum(axis=0)))
     assert solver.n == union + sum(pads.values()) + solver_pad
 

@@ -39,15 +39,12 @@ from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.dp_histogram import count_scale, noise_shares, noise_tail, padding_shift, release_accounting, threshold
 from cels.mechanism.dp_release import ITEM_CHOICE, NOISE_SHARES, bounded_counts
+from cels.protocol.work import INDEX_PADDING, PADDING, encode_item
 
 Pair = tuple[str, str]
 Holdings = Mapping[str, Mapping[str, Iterable["Pair | str"]]]
 """A toy input: party -> user -> the pairs it holds (a string s stands for the pair (s, s))."""
 
-PADDING_STREAM = "padding"
-"""A party's stream for its dummy count (as cels.protocol.work's)."""
-INDEX_PADDING_STREAM = "index padding"
-"""The solver's stream for its dummy count (as cels.protocol.stages.dp_release's)."""
 SOLVER = "solver"
 
 
@@ -169,8 +166,6 @@ def bounded_draws(log: SearchLog, max_items: int, draws: int, gen: np.random.Gen
     if not len(over):
         return out
     if bounding == "keyed":
-        from cels.protocol.work import encode_item
-
         sub = counts[over]
         users = [log.users[j] for j in over]
 
@@ -301,7 +296,7 @@ def simulate(
     noisy, kept = combine(counts, shares, tau)
     padding = np.stack([
         padding_draws(draws, setup.max_items, setup.padding_epsilon, setup.delta, CipherRandom(generator=rng))
-        for rng in [*(keys[p].stream(PADDING_STREAM) for p in setup.parties), DrawKeys.replay(seed, label + SOLVER).stream(INDEX_PADDING_STREAM)]
+        for rng in [*(keys[p].stream(PADDING) for p in setup.parties), DrawKeys.replay(seed, label + SOLVER).stream(INDEX_PADDING)]
     ])  # fmt: skip
     # a dummy column's n + Z is Z (NB(beta) - NB(beta)): each is kept independently with Pr[Z >= tau]
     dummy_rate = float(noise_tail(tau, math.exp(-1 / float(scale)), setup.beta))

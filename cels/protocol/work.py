@@ -116,6 +116,8 @@ def encode_records(sampled: sp.spmatrix, names: Callable[[np.ndarray], list[str]
 
 PADDING = "padding"
 """The label of a party's stream for the DP release's dummy ids."""
+INDEX_PADDING = "index padding"
+"""The label of the solver's stream for the DP release's dummy columns of the index."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import ItemBound, LocalWork
+from cels.protocol.work import INDEX_PADDING, ItemBound, LocalWork
+
 
 def release_threshold(options: SessionOptions) -> int:
     """tau of a session: the exact tail of the total noise NB(r/h) - NB(r/h), n = 1."""
@@ -98,7 +99,7 @@ class DpAggregator:
         self.parties = list(options.parties)
         self.union = UnionPart(key_width)
         self.key_width = key_width
-        self.rng = CipherRandom(generator=draws.stream("index padding"))
+        self.rng = CipherRandom(generator=draws.stream(INDEX_PADDING))
         self.sets: dict[str, int] = {}  # each party's complete set size, once whole
         self.pending: dict[str, list[np.ndarray]] = {}  # a party's complete ids so far, in the order it sent them
         self.order: dict[str, np.ndarray] = {}  # each party's ids in sorted order: positions in the order it sent them

@@ -240,3 +240,19 @@ def test_every_program_says_its_version_and_cels_alone_lists_its_commands(progra
     if program == "cels":
         bare = subprocess.run([binary], capture_output=True, text=True, timeout=60)
         assert bare.returncode == 2 and "simulate" in bare.stderr and "sanitize" in bare.stderr
+
+
+def test_sanitize_draws_no_progress_frames_into_a_file(tmp_path) -> None:
+    """``cels sanitize > file 2>&1`` wrote the bar's carriage-return frames into the file
+    (issue 41 finding 12): bars only on a terminal."""
+    from cels.logs import write_log
+
+    source = tmp_path / "crowd.tsv"
+    write_log(crowd_log(source={"format": "aol"}), source)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "cels"), "sanitize", str(source), "--format", "aol", "--epsilon", "2", "--delta", "0.5",
+         "--out", str(tmp_path / "out.tsv"), "--report", str(tmp_path / "r.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    assert "\r" not in done.stdout and "sanitize:" not in done.stdout.replace("cels sanitize:", "")

@@ -113,7 +113,7 @@ def simulate_exact(instance: Instance, x: np.ndarray, runs: int, rng: np.random.
     a stage replaced by its value, the plain sum) in which the chosen user appears."""
     totals = union_log(instance.logs).pair_totals()
     hits = 0
-    for _ in tqdm(range(runs), desc="exact mode", disable=not progress, leave=False):
+    for _ in tqdm(range(runs), desc="exact mode", disable=None if progress else True, leave=False):
         # a copy each: StagedSampler.result() eliminates zeros in arrays it shares with its input
         samplers = [StagedSampler(log.counts.copy(), totals, x, stream_poisson(rng), DEFAULT_THETA) for log in instance.logs]
         while not samplers[0].done:
@@ -132,7 +132,7 @@ def simulate_paper(instance: Instance, x: np.ndarray, runs: int, rng: np.random.
     trials = paper_trials(own.pair_totals(), totals, x)
     hits = sum(
         _appears(multinomial_sample(own.counts, trials, rng), instance.user)
-        for _ in tqdm(range(runs), desc="paper mode", disable=not progress, leave=False)
+        for _ in tqdm(range(runs), desc="paper mode", disable=None if progress else True, leave=False)
     )
     return hits / runs
 

@@ -82,7 +82,7 @@ def measure(
     grid = [(d, rec, eps, dl, m) for d, rec in datasets for eps, dl in budgets for m in methods]
     rows = []
     solvers: dict[str, UnionSolver] = {}
-    for dataset, records, epsilon, delta, method in tqdm(grid, desc="compare", unit="run", disable=not options.progress):
+    for dataset, records, epsilon, delta, method in tqdm(grid, desc="compare", unit="run", disable=None if options.progress else True):
         b = privacy_bound(epsilon, delta)
         head = {**dataset.facts(), "epsilon": epsilon, "delta": delta, "b": b}
         if method in BASELINE_NAMES:

@@ -290,7 +290,7 @@ def measure(
     grid.sort(key=lambda g: (inputs.index(g[0]), g[1], g[2], -1 if g[3] is None else g[3]))
     sampled: dict[tuple[str, float], tuple[dict, str, float]] = {}
     rows = []
-    for item, epsilon, delta, d0, method in tqdm(grid, desc="compare dp", unit="run", disable=not progress):
+    for item, epsilon, delta, d0, method in tqdm(grid, desc="compare dp", unit="run", disable=None if progress else True):
         b = privacy_bound(epsilon, delta)
         head = {**item.facts(), "epsilon": epsilon, "delta": delta, "b": b, "max_items": d0}
         if method == "sampled":

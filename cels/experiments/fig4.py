@@ -32,7 +32,7 @@ def measure(
     grid = [(d, cap, b, f) for d in datasets for cap in caps for b in b_values for f in fractions]
     rows: list[dict] = []
     solvers: dict[tuple[str, int | None], UnionSolver] = {}
-    for dataset, cap, b, fraction in tqdm(grid, desc="fig4", unit="point", disable=not options.progress):
+    for dataset, cap, b, fraction in tqdm(grid, desc="fig4", unit="point", disable=None if options.progress else True):
         key = (dataset.label, cap)
         if key not in solvers:
             solvers[key] = UnionSolver(dataset.log, cap=cap, integer=options.integer, time_limit=options.time_limit)

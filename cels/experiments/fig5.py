@@ -41,7 +41,7 @@ def measure(
     rows: list[dict] = []
     solvers: dict[str, UnionSolver] = {}
     splits: dict[tuple[str, int], list] = {}
-    for dataset, b, r in tqdm(grid, desc="fig5", unit="point", disable=not options.progress):
+    for dataset, b, r in tqdm(grid, desc="fig5", unit="point", disable=None if options.progress else True):
         if dataset.label not in solvers:
             solvers[dataset.label] = UnionSolver(dataset.log, integer=options.integer, time_limit=options.time_limit)
         solver = solvers[dataset.label]

@@ -38,7 +38,7 @@ def measure(
 ) -> list[dict]:
     """One session per (dataset, r): users split by :meth:`SearchLog.split_by_user` (seeded)."""
     rows = []
-    for dataset, r in tqdm(cases, desc="sessions", unit="session", disable=not progress):
+    for dataset, r in tqdm(cases, desc="sessions", unit="session", disable=None if progress else True):
         config = SessionOptions.create(
             r, epsilon=epsilon, delta=delta, key_bits=key_bits, group_bits=group_bits, universe_cipher=universe_cipher,
             solve="transformed",  # Fig. 6 / Table 5 measure the paper's Algorithm 2

@@ -45,7 +45,7 @@ def preprocess(
         x, var_pairs = counts_of(current)
         solves += 1
         holders = np.flatnonzero(np.diff(current.counts[:, var_pairs].tocsr().indptr) > 0)
-        bar = tqdm(holders, desc=f"preprocess (pass {restarts + 1})", unit="user", disable=not progress, leave=False)
+        bar = tqdm(holders, desc=f"preprocess (pass {restarts + 1})", unit="user", disable=None if progress else True, leave=False)
         culprit = None
         for j in bar:
             without, _ = counts_of(current.select_users(np.delete(np.arange(current.n_users), j)))

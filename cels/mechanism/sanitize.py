@@ -100,7 +100,7 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
     if log.n_users == 0 or log.size == 0:
         raise ValueError("the log is empty: no user holds a query-url pair")
     steps = 3 + bool(params.preprocess) + (params.noise_epsilon is not None)
-    bar = tqdm(total=steps, desc="sanitize", unit="step", disable=not progress)
+    bar = tqdm(total=steps, desc="sanitize", unit="step", disable=None if progress else True)
     timer = _Timer(bar)
     t = time.perf_counter()
     input_log = log

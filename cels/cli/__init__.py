@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -93,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cels: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `cels status | head`: the reader has all it wanted; nothing more goes to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Terminated as exc:  # every output's temporary file is already removed
         print(f"cels: stopped by {exc}", file=sys.stderr)
         return 128 + exc.signum

@@ -77,10 +77,29 @@ def probe_peer(config, name: str, address: str, timeout: float) -> dict[str, Any
         channel.close()
 
 
+def json_message(message) -> dict[str, Any]:
+    """A protobuf message as a dict with every field, its 64-bit integers as numbers (proto3's
+    JSON mapping writes them as strings), map values too."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.json_format import MessageToDict
+
+    wide = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+    out = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    for field in message.DESCRIPTOR.fields:
+        value = out.get(field.name)
+        if value is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            if field.message_type.fields_by_name["value"].cpp_type in wide:
+                out[field.name] = {k: int(v) for k, v in value.items()}
+        elif field.cpp_type in wide:
+            out[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return out
+
+
 def node_state(config, address: str, timeout: float) -> dict[str, Any]:
     """The node's health, and its ``Status`` as its operator sees it (None if it did not answer)."""
     import grpc
-    from google.protobuf.json_format import MessageToDict
 
     from cels.node.health import node_health
     from cels.node.tls import open_channel
@@ -97,14 +116,14 @@ def node_state(config, address: str, timeout: float) -> dict[str, Any]:
     finally:
         channel.close()
     sessions = [
-        MessageToDict(s, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) | ({"engine": table_of(s.engine)} if s.HasField("engine") else {})
+        json_message(s) | ({"engine": table_of(s.engine)} if s.HasField("engine") else {})
         for s in status.sessions
     ]  # a party's engine usage as its report (cels.engine), not as a Table's entries
     ledger = None
     if status.HasField("ledger"):
         from cels.node.telemetry import budget_left
 
-        ledger = MessageToDict(status.ledger, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        ledger = json_message(status.ledger)
         for key in ("budget_epsilon", "budget_delta", "window_days"):
             ledger.setdefault(key, None)
         ledger.update({f"{w}_left": budget_left(ledger, w) for w in ("epsilon", "delta")})

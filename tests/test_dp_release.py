@@ -278,3 +278,13 @@ def test_a_reader_that_stops_early_gets_no_broken_pipe_message(tmp_path) -> None
     cels = Path(sys.executable).parent / "cels"
     done = subprocess.run(f"'{cels}' ledger --ledger '{ledger}' | head -1", shell=True, capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("ledger ") and "Broken pipe" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_cels_demo_and_make_demo_write_apart() -> None:
+    """``make demo`` and ``cels demo`` both wrote ./demo-out (issue 41 finding 15)."""
+    import re
+
+    from cels.cli.demo import DEMO_DIR
+
+    make_demo = re.findall(r"--out (\S+)", (REPO / "Makefile").read_text().split("\ndemo:")[1].split("\n\n")[0])
+    assert make_demo == ["demo-out/sampled", "demo-out/dp"] and str(DEMO_DIR) not in make_demo and str(DEMO_DIR) != "demo-out"

@@ -1,7 +1,7 @@
 """``cels demo``: sanitize the embedded synthetic log end to end and print a short summary.
 
-Writes ./demo-out/input.tsv (AOL format), then runs exactly the ``cels sanitize`` code path
-on it (load, optimal method, atomic writes) into demo-out/sanitized.tsv with its public release
+Writes ./demo-out/single-holder/input.tsv (AOL format), then runs exactly the ``cels sanitize`` code path
+on it (load, optimal method, atomic writes) into demo-out/single-holder/sanitized.tsv with its public release
 note; the confidential operator report goes where ``cels sanitize`` puts it (cels.reports).
 """
 
@@ -13,12 +13,13 @@ from pathlib import Path
 from cels.cli import sanitize as sanitize_cli
 from cels.logs import synthetic_log, write_log
 
-DEMO_DIR = Path("demo-out")
+DEMO_DIR = Path("demo-out") / "single-holder"
+"""Beside ``make demo``'s demo-out/sampled and demo-out/dp (the distributed service), not over them."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo")
-    parser.add_argument("--dir", default=str(DEMO_DIR), help="output directory (default ./demo-out)")
+    parser.add_argument("--dir", default=str(DEMO_DIR), help=f"output directory (default ./{DEMO_DIR})")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=0.4, help="default 0.4: b = min(eps/2, ln 1/(1-delta)) = 0.5, enough for a visible output")
     parser.set_defaults(func=run)

@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim = subparsers.add_parser("simulate")
     sim.add_argument("--parties", type=int, default=3, help="number of parties R (default 3)")
     sim.add_argument("--input", type=Path, help="the log to split by user (default: the embedded synthetic log)")
-    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300: about a minute with 2048-bit keys)")
+    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300; a session of a few seconds with 2048-bit keys)")
     sim.add_argument("--synthetic-pairs", type=int, default=200, metavar="N", help="shared pairs of the embedded synthetic log (default 200)")
     sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
     sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5] (parquet: column names)")

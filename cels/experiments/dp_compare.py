@@ -47,13 +47,13 @@ import numpy as np
 from tqdm import tqdm
 
 from cels.baselines import BASELINES, baseline_rng
-from cels.crypto.streams import CipherRandom, DrawKeys
+from cels.crypto.streams import DrawKeys
 from cels.experiments import common
 from cels.experiments.common import Dataset, baseline_args, dataset_records, panels, save_figure
 from cels.logs import LoadOptions, LogRecord, SearchLog, load_log, synthetic_log
 from cels.mechanism.conditions import privacy_bound
-from cels.mechanism.dp_histogram import count_scale, noise_shares, share_beta, threshold
-from cels.mechanism.dp_release import NOISE_SHARES, TOP, DpHistogram, distinct_users, release_utility
+from cels.mechanism.dp_histogram import share_beta, threshold
+from cels.mechanism.dp_release import TOP, DpHistogram, release_utility, sanitize_dp
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 
 DEFAULT_BUDGETS = "0.5:1e-6,1:1e-6,2:1e-6"
@@ -146,19 +146,9 @@ def dp_threshold(epsilon: float, delta: float, max_items: int, beta: Fraction) -
 
 
 def primitive_release(log: SearchLog, epsilon: float, delta: float, max_items: int, parties: int, collusion: int, draws: DrawKeys) -> DpHistogram:
-    """The session's release computed from the primitives: the bound and n on the union log
-    (:func:`distinct_users`), r noise shares X − Y, X, Y ~ NB(1/h, α) per pair (h = r − t: the
-    total NB(r/h) − NB(r/h) of the session), τ at β = r/h, pairs with n ≥ 1 and n + Z ≥ τ."""
-    beta = share_beta(parties, collusion)
-    n = distinct_users(log, max_items, draws)
-    rng = CipherRandom(generator=draws.stream(NOISE_SHARES))
-    scale = count_scale(epsilon, max_items)
-    noisy = n.copy()
-    for _ in range(parties):
-        noisy += noise_shares(len(n), scale, parties - collusion, rng)
-    tau = dp_threshold(epsilon, delta, max_items, beta)
-    kept = np.flatnonzero((n > 0) & (noisy >= tau))
-    return DpHistogram.of([log.pairs[i] for i in kept], noisy[kept], tau)
+    """The session's release computed from the primitives on the union log: r noise shares per
+    pair, τ at β = r/h (cels.mechanism.dp_release.sanitize_dp with ``parties`` and ``collusion``)."""
+    return sanitize_dp(log, epsilon, delta, max_items, draws, parties, collusion)[0]
 
 
 def protocol_release(log: SearchLog, epsilon: float, delta: float, max_items: int, parties: int, collusion: int, seed: int) -> tuple[DpHistogram, dict]:

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from cels.baselines.release import ReleasedItem
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
-from cels.mechanism.dp_histogram import count_scale, noise_shares, threshold
+from cels.mechanism.dp_histogram import count_scale, noise_shares, share_beta, threshold
 
 ITEM_CHOICE = "item choice"
 """The label of a holder's session key for the choice of each user's pairs (DrawKeys.secret)."""
@@ -90,13 +90,20 @@ def distinct_users(log: SearchLog, max_items: int, draws: DrawKeys) -> np.ndarra
     return np.asarray(bounded.sum(axis=0)).ravel().astype(np.int64)
 
 
-def sanitize_dp(log: SearchLog, epsilon: float, delta: float, max_items: int, draws: DrawKeys) -> tuple[DpHistogram, np.ndarray, np.ndarray]:
-    """One holder's DP histogram: the bound, n per pair, Z the discrete Laplace of scale
-    Delta_0/eps per pair (one share of one), tau at beta = 1; returns the release, n and n + Z
-    over the log's pairs (the last two for the operator report only)."""
+def sanitize_dp(
+    log: SearchLog, epsilon: float, delta: float, max_items: int, draws: DrawKeys, parties: int = 1, collusion: int = 0
+) -> tuple[DpHistogram, np.ndarray, np.ndarray]:
+    """One holder's DP histogram: the bound, n per pair, Z the sum of ``parties`` noise shares
+    X - Y, X, Y ~ NB(1/h, alpha), h = parties - collusion (one share of one: the discrete
+    Laplace of scale Delta_0/eps), tau at beta = parties/h; returns the release, n and n + Z
+    over the log's pairs (the last two for the operator report only).  With ``parties`` r and
+    ``collusion`` t it is the distribution of a session's release (cels.protocol.stages.dp_release)."""
     n = distinct_users(log, max_items, draws)
-    noisy = n + noise_shares(len(n), count_scale(epsilon, max_items), 1, CipherRandom(generator=draws.stream(NOISE_SHARES)))
-    tau = threshold(epsilon, delta, max_items)
+    rng, scale = CipherRandom(generator=draws.stream(NOISE_SHARES)), count_scale(epsilon, max_items)
+    noisy = n.copy()
+    for _ in range(parties):
+        noisy += noise_shares(len(n), scale, parties - collusion, rng)
+    tau = threshold(epsilon, delta, max_items, share_beta(parties, collusion))
     kept = np.flatnonzero((n > 0) & (noisy >= tau))  # a pair no user kept is not the holder's to release
     return DpHistogram.of([log.pairs[i] for i in kept], noisy[kept], tau), n, noisy
 

@@ -126,11 +126,11 @@ LEARNS: dict[tuple[str, bool], dict[str, Cell]] = {
     },
     ("dp", True): {
         "party": Cell(
-            "its own log, the padded id-set sizes and the index size (DP), which of its own pairs were kept, the release",
+            "its own log, the padded id-set sizes and the index size (DP), which of its own items were kept, the release",
             "its own log; the hashed id sets it forwards in the universe phase, so every party's set size, padded with "
-            "dummy ids so that it is DP; the index size (padded by the solver too) and its own pairs' columns in it; "
-            "which of its own pairs were kept (the solver asks for their strings); the release. Not: any count, "
-            "noisy or not, of a pair it does not release; which of its pairs another party holds; another party's "
+            "dummy ids so that it is DP; the index size (padded by the solver too) and its own items' columns in it; "
+            "which of its own items were kept (the solver asks for their strings); the release. Not: any count, "
+            "noisy or not, of an item it does not release; which of its items another party holds; another party's "
             "noise share. With its own t - 1 partners it still misses h = r - t shares, which add up to the full "
             "discrete Laplace",
         ),
@@ -139,15 +139,16 @@ LEARNS: dict[tuple[str, bool], dict[str, Cell]] = {
             "assembles the index: every party's complete set of hashed ids (linkable to no string), so how many and "
             "which parties hold each id (this overlap structure is NOT DP) and every party's padded set size; the "
             "noisy totals n + Z of every id (none noise-free: the r shares it does not know sum to NB(r/h) - NB(r/h)); "
-            "the strings of the released pairs, and so which parties hold each released pair. Not: any noise-free "
+            "the strings of the released items, and so which parties hold each released item. Not: any noise-free "
             "count, any noise share, any user or row",
         ),
         "recipient": Cell(
             "the release: (eps, delta)-DP end to end, one user's records at one organisation",
-            "the release: pairs with noisy distinct-user counts n + Z, those at or above the threshold tau. "
-            "(eps, delta)-DP end to end for one user's records at one organisation: each user keeps at most Delta_0 "
-            "pairs, the noise is the sum of every party's share, the same noisy value is tested and released, and "
-            "tau bounds the chance that a pair held by a single user is released by delta'",
+            "the release: items (query-url pairs; with --items, queries and query pairs too) with noisy distinct-user "
+            "counts n + Z, those at or above the threshold tau. "
+            "(eps, delta)-DP end to end for one user's records at one organisation: each user keeps at most Delta_k "
+            "items of each kind, the noise is the sum of every party's share, the same noisy value is tested and "
+            "released, and tau bounds the chance that an item held by a single user is released by delta'",
         ),
     },
 }
@@ -278,6 +279,20 @@ def privacy_accounting(
     }
 
 
+ITEM_WORDS = {"pairs": ("query-url pair", "query-url pairs"), "queries": ("query", "queries"), "query-pairs": ("query pair", "query pairs")}
+"""What a DP histogram's item kinds are called in plain words, one and many (cels.mechanism.item_kinds)."""
+
+
+def items_words(items: dict[str, dict[str, Any]]) -> str:
+    """"3 query-url pairs" or "1 query-url pair and 2 queries (epsilon 0.333 and 0.667,
+    composed)": each kind's bound, and with several kinds, its share of epsilon."""
+    bounds = " and ".join(f"{part['max_items']} {ITEM_WORDS[kind][part['max_items'] != 1]}" for kind, part in items.items())
+    if len(items) == 1:
+        return bounds
+    shares = " and ".join(f"{part['epsilon']:.3g}" for part in items.values())
+    return f"{bounds} (epsilon {shares}, composed)"
+
+
 def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: bool, single: bool = False) -> dict[str, Any]:
     """The ``privacy`` of a DP histogram (``--release dp``): ``accounting`` is
     cels.mechanism.dp_histogram.release_accounting's, per observer; ``single``: one holder
@@ -285,7 +300,7 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
     epsilon, delta = accounting["recipient"]
     recipients = (
         f"({epsilon:g}, {delta:g})-DP end to end for one user's records at one organisation (at most "
-        f"{accounting['max_items']} pairs a user, threshold tau = {accounting['threshold']})"
+        f"{items_words(accounting['items'])} a user, threshold tau = {accounting['threshold']})"
     )
     if single:
         partners = "no partner organisation takes part (single data holder)"
@@ -319,6 +334,7 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
         "unit": "one user's records at one organisation",
         "threshold": accounting["threshold"],
         "max_items_per_user": accounting["max_items"],
+        "items": accounting["items"],
         "collusion": accounting["collusion"],
         "padding_epsilon": accounting["padding_epsilon"],
         "accounting": accounting,

@@ -31,7 +31,7 @@ _PUBLIC_PRIVACY = (
     "guarantee", "against_recipients", "against_partners", "learns", "delta_meaning", "end_to_end", "private",
     "not_private_because", "reproducible_seed", "epsilon", "delta", "b", "bound", "noise_epsilon", "sensitivity",
     "cap", "min_count", "method", "definition", "composition", "noise", "dp_claim", "per_kind",
-    "release", "plain", "unit", "threshold", "max_items_per_user", "collusion", "padding_epsilon", "accounting",
+    "release", "plain", "unit", "threshold", "max_items_per_user", "items", "collusion", "padding_epsilon", "accounting",
 )  # fmt: skip
 """The privacy keys a release note keeps: parameters and claims, never a data-derived figure."""
 _PUBLIC_SIZES = ("output_size", "output_records", "output_users", "output_pairs", "output_items")

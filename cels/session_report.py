@@ -11,7 +11,7 @@ import numpy as np
 
 from cels import metrics
 from cels.claims import dp_release_accounting, privacy_accounting
-from cels.mechanism.dp_histogram import release_accounting
+from cels.protocol.stages.dp_release import session_accounting
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import solve_phase
 from cels.protocol.wire.codec import phase_label
@@ -44,9 +44,7 @@ def dp_session_report(result: SessionResult) -> dict:
     """The report of a DP-histogram session (``--release dp``): its accounting per observer,
     the threshold, the released items, the phases."""
     opts, phases = result.options, session_phases(result)
-    accounting = release_accounting(
-        opts.epsilon, opts.delta, opts.max_items_per_user, opts.padding_epsilon, len(opts.parties), opts.collusion
-    )  # fmt: skip
+    accounting = session_accounting(opts)
     return {
         "method": "cels-dp-histogram",
         "privacy": dp_release_accounting(accounting, parties=len(opts.parties), seeded=result.seeded),

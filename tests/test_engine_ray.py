@@ -25,7 +25,7 @@ from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
 from cels.engine.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
 from cels.engine.ray_work import CHUNK_IDS, RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
-from cels.logs import LoadOptions, LogFile, synthetic_log  # noqa: E402
+from cels.logs import LoadOptions, LogFile, split_records_by_user, synthetic_log, write_records  # noqa: E402
 from cels.logs.model import LogError, LogRecord, SearchLog  # noqa: E402
 from cels.logs.parquet import ParquetLog, write_parquet  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
@@ -449,6 +449,20 @@ def test_a_seeded_dp_histogram_is_the_same_in_process_and_on_any_number_of_shard
     local = seeded_release(log, config)
     assert len(local) > 3
     assert seeded_release(log, config, RayEngine(EngineOptions(kind="ray", shards=3))) == local
+
+
+def test_a_dp_histogram_of_queries_and_pairs_is_the_same_in_process_and_on_shards(engine, tmp_path) -> None:
+    """Item kinds other than pairs are counted from each party's events in file order (read by
+    the node, then split by user over the log shards), bounded per kind there: the same bytes
+    as in process."""
+    shares = []
+    for k, events in enumerate(split_records_by_user(synthetic_log(seed=4, users=300, pairs=50).records(), 3)):
+        write_records(events, tmp_path / f"party-{k}.tsv")
+        shares.append(LogFile(tmp_path / f"party-{k}.tsv", LoadOptions(format="aol")))
+    config = SessionOptions.create(3, epsilon=4.0, delta=1e-3, release="dp", items="pairs:2,queries:1", **TEST_KEYS)
+    local = seeded_release(shares, config)
+    assert {item.kind for item in local.items} == {"click", "query"}
+    assert seeded_release(shares, config, RayEngine(EngineOptions(kind="ray", shards=3))) == local
 
 
 def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) -> None:

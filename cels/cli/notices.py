@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cels.claims import items_words
+
 EXIT_EMPTY_RELEASE = 3
 """Exit code of a run whose release is empty (|O| = 0); its output and report are written."""
 
@@ -69,13 +71,13 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
 
 
 def empty_dp_reason(report: dict[str, Any]) -> str | None:
-    """None if the DP histogram holds a pair, else why not: no noisy count reached tau."""
+    """None if the DP histogram holds an item, else why not: no noisy count reached tau."""
     p = report["privacy"]
     if (report.get("release") or {}).get("items", 1):
         return None
     return (
-        f"EMPTY RELEASE: no pair's noisy distinct-user count reached the threshold tau = {p['threshold']} at eps {p['epsilon']:g}, "
-        f"delta {p['delta']:g}, {p['max_items_per_user']} pairs a user; a pair needs about tau users: raise --epsilon or --delta, "
+        f"EMPTY RELEASE: no item's noisy distinct-user count reached the threshold tau = {p['threshold']} at eps {p['epsilon']:g}, "
+        f"delta {p['delta']:g}, {items_words(p['items'])} a user; an item needs about tau users: raise --epsilon or --delta, "
         "lower --max-items-per-user, or add users (docs/releases.md)"
     )
 

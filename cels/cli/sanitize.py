@@ -30,6 +30,7 @@ from cels.claims import dp_release_accounting
 from cels.crypto.streams import DrawKeys
 from cels.mechanism.dp_histogram import release_accounting
 from cels.mechanism.dp_release import TOP, release_utility, sanitize_dp
+from cels.mechanism.item_kinds import ItemKinds
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.protocol.options import DEFAULT_PADDING_EPSILON
 from cels.releases import DP_HISTOGRAM
@@ -72,17 +73,24 @@ def run_optimal(args: argparse.Namespace) -> Release:
 
 
 def run_dp_histogram(args: argparse.Namespace) -> Release:
-    """``--release dp``: one holder's DP histogram of query-url pairs (cels.mechanism.dp_release)."""
-    log = load_input(args)
+    """``--release dp``: one holder's DP histogram of query-url pairs, or of the ``--items``
+    kinds (cels.mechanism.dp_release, cels.mechanism.item_kinds)."""
+    kinds = ItemKinds.parse(args.items, args.max_items_per_user)
+    accounting = release_accounting(args.epsilon, args.delta, kinds, DEFAULT_PADDING_EPSILON, 1, 0)  # a bad bound fails before the read
+    if kinds.only_pairs:
+        log = load_input(args)
+    else:
+        source: dict = {}
+        log = kinds.histogram(iter_records(args.input, input_options(args), source), source)
+        tell_skipped(args.command, source)
     draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, "holder")
-    histogram, n, _ = sanitize_dp(log, args.epsilon, args.delta, args.max_items_per_user, draws)
-    accounting = release_accounting(args.epsilon, args.delta, args.max_items_per_user, DEFAULT_PADDING_EPSILON, 1, 0)
+    histogram, n, _ = sanitize_dp(log, args.epsilon, args.delta, kinds, draws)
     true = {log.pairs[i]: int(c) for i, c in enumerate(n.tolist()) if c}
     report = {
         "method": "dp-histogram",
         "privacy": dp_release_accounting(accounting, parties=1, seeded=args.seed is not None, single=True),
         "release": {"kind": "dp", "threshold": histogram.threshold, "items": len(histogram)},
-        "sizes": {"users": log.n_users, "pairs": log.n_pairs, "output_items": len(histogram)},
+        "sizes": {"users": log.n_users, "items": log.n_pairs, "output_items": len(histogram)},
         "utility": {**release_utility(histogram, true), "against": "the distinct-user counts after the bound"},
     }
     return Release(report, lambda path: DP_HISTOGRAM.write(histogram, path))
@@ -212,7 +220,7 @@ def summary_line(report: dict) -> str:
     parts = [f"{report.get('method', 'optimal')}: users {sizes.get('users')}"]
     if "release" in report:
         r = report["release"]
-        return ", ".join([*parts, f"pairs {sizes['pairs']}", f"released {r['items']} pairs at tau = {r['threshold']}",
+        return ", ".join([*parts, f"items {sizes['items']}", f"released {r['items']} at tau = {r['threshold']}",
                           f"recall of the top {TOP} {report['utility'][f'recall_top{TOP}']:.3f}", f"eps {p['epsilon']:g}, delta {p['delta']:g}",
                           "SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else "DP end to end"])  # fmt: skip
     if "pairs" in sizes:

@@ -24,10 +24,10 @@ from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
-from cels.cli.sanitize import delimiter, guarantee_word, load_input, single_holder_arguments
-from cels.logs import FORMATS, SearchLog, synthetic_log, write_log
+from cels.cli.sanitize import delimiter, guarantee_word, input_options, load_input, single_holder_arguments
+from cels.logs import FORMATS, LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
 from cels.crypto.paillier import DEFAULT_KEY_BITS
-from cels.claims import TRANSFORMED_WARNING
+from cels.claims import TRANSFORMED_WARNING, items_words
 from cels.fileio import check_output_paths
 from cels.mechanism.solvers import mip_stop_notice
 from cels.node.client import (
@@ -261,7 +261,7 @@ def simulate_options(args: argparse.Namespace, parties: int) -> SessionOptions:
 
 
 def run_nodes(
-    shares: Sequence[SearchLog | Path],
+    shares: Sequence[SearchLog | list[LogRecord] | Path],
     options: SessionOptions,
     out: Path,
     suffix: str,
@@ -285,8 +285,9 @@ def run_nodes(
     are complete; the report's ``offline`` key has its seconds and what the session used.
     Without it the nodes stock nothing (obfuscators are computed during the session).
 
-    A share is a SearchLog (written to a temporary file) or the path of a log file already in
-    the format ``fmt_args`` name.  ``timeout`` bounds the offline phase and the session
+    A share is a SearchLog (written to a temporary file), a list of events (written so in the
+    AOL layout: ``fmt_args`` must then name it), or the path of a log file already in the
+    format ``fmt_args`` name.  ``timeout`` bounds the offline phase and the session
     together (TimeoutError or SessionAborted past it).  The report adds each phase's wall
     clock seen here (``phase_wall_seconds``), the CPU seconds every node's process tree used
     in it (``phase_cpu_seconds``, cels.node.cluster.PhaseCpu), every node's peak RSS
@@ -326,6 +327,9 @@ def run_nodes(
                     if isinstance(share, SearchLog):
                         data = work / f"{name}{suffix}"
                         write_log(share, data)
+                    elif isinstance(share, list):
+                        data = work / f"{name}.tsv"
+                        write_records(share, data)
                     else:
                         data = share
                     party = python_module("party_node") + argv + ["--data", str(data), *fmt_args, *stocking]
@@ -444,6 +448,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
+    if options.release == "dp" and not options.item_kinds.only_pairs:  # the kinds count events in order: each party gets its events
+        events = log.records() if args.input is None else list(iter_records(args.input, input_options(args)))
+        shares, fmt_args = split_records_by_user(events, args.parties), ["--format", "aol"]
     try:
         flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
         report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags)
@@ -459,8 +466,8 @@ def dp_summary(report: dict[str, Any]) -> str:
     p, r = report["privacy"], report["release"]
     seeded = " -- SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else ""
     return (
-        f"released {r['items']} query-url pairs with noisy distinct-user counts (threshold tau = {r['threshold']}, at most "
-        f"{p['max_items_per_user']} pairs a user); ({p['epsilon']:g}, {p['delta']:g})-DP end to end against recipients{seeded}; "
+        f"released {r['items']} items with noisy distinct-user counts (threshold tau = {r['threshold']}, at most "
+        f"{items_words(p['items'])} a user); ({p['epsilon']:g}, {p['delta']:g})-DP end to end against recipients{seeded}; "
         f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages"
     )
 

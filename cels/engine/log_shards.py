@@ -45,8 +45,9 @@ from cels.protocol.chunked import chunks
 from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart, part_of
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
-from cels.mechanism.dp_release import ITEM_CHOICE, bounded_counts
-from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, column_type, encode_item, pair_digests, smallest
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
+from cels.mechanism.item_kinds import ItemKinds
+from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, ItemBound, column_type, encode_item, pair_digests, party_log, smallest
 
 READ_ROWS = 262_144
 """Rows a reader task reads at most (whole row groups; one larger row group is read alone;
@@ -226,9 +227,9 @@ class LogShard(ShardState):
         self.pieces.append(piece)
         return len(piece.users)
 
-    def finish(self, cap: int, root: bytes, seeded: bool, max_items: int | None = None) -> tuple[int, int, int]:
+    def finish(self, cap: int, root: bytes, seeded: bool, kinds: ItemKinds | None = None) -> tuple[int, int, int]:
         """The pieces added up (:func:`merge_pieces`), in draw order and capped (and with
-        ``max_items``, the DP release's bound: cels.mechanism.dp_release.bounded_counts, the pairs no
+        ``kinds``, the DP release's bound: cels.mechanism.dp_release.bounded_by_kind, the items no
         user keeps dropped); its users' digests handed over in slices (``slice``) as "users"
         (draw order).  Returns the users and held pairs here, and |D| here."""
         merged = merge_pieces(self.pieces)
@@ -239,9 +240,9 @@ class LogShard(ShardState):
         counts = merged.counts[order]
         self.counts = apply_cap(counts, cap).tocsr()
         self.totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
-        if max_items is not None:
+        if kinds is not None:
             key = DrawKeys(root, seeded=seeded).secret(ITEM_CHOICE)
-            self.counts = bounded_counts(self.counts, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), key, max_items)
+            self.counts = bounded_by_kind(self.counts, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), key, kinds)
             held = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
             self.pairs, self.digests, self.totals = self.pairs.take(held), self.digests[held], self.totals[held]
             self.counts = self.counts[:, held].tocsr()
@@ -418,9 +419,9 @@ class ShardedLog:
 
     def __init__(
         self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, shard: Callable,
-        max_items: int | None = None,
+        bound: ItemBound | None = None,
     ) -> None:
-        self.source, self.cap, self.draws, self.max_items = source, cap, draws, max_items
+        self.source, self.cap, self.draws, self.bound = source, cap, draws, bound
         self.shards, self.max_in_flight = shards, max_in_flight
         self.actors = [shard(LogShard, s) for s in range(shards)]
         self.user_draws: BucketDraws | None = None  # every user's bucket, in the party's draw order
@@ -466,7 +467,8 @@ class ShardedLog:
         its own range: :meth:`LogShard.key_ranges`, :meth:`LogShard.number`, :meth:`LogShard.own`),
         so the node holds no per-pair array."""
         source, path = self._place()
-        sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded, self.max_items) for a in self.actors])
+        kinds = self.bound.kinds if self.bound is not None else None
+        sizes = self.get([a.finish.remote(self.cap, self.draws.root_bytes(), self.draws.seeded, kinds) for a in self.actors])
         every, self.rows = shard_positions(self.take_handed([(s, "users", users, np.uint64) for s, (users, *_) in enumerate(sizes)]))
         self.user_draws = BucketDraws(self.draws, buckets_of(every))
         self.held_pairs = [held for _, held, _ in sizes]
@@ -500,11 +502,13 @@ class ShardedLog:
 
     def _place(self) -> tuple[dict, str]:
         """Every user's rows onto its log shard; the log's ``source`` and its path (for errors).
-        A Parquet dataset (not cut to its first users, which needs file order) is read by tasks
+        A Parquet dataset (not cut to its first users, which needs file order, nor counted as
+        items other than pairs, which need each user's events in order) is read by tasks
         of :data:`READ_ROWS` rows, at most ``max_in_flight`` at once, each piece going from the
         task to its shard through the object store."""
         given = self.source
-        if isinstance(given, LogFile) and given.options.format == "parquet" and given.options.max_users is None:
+        pairs = self.bound is None or self.bound.kinds.only_pairs
+        if isinstance(given, LogFile) and given.options.format == "parquet" and given.options.max_users is None and pairs:
             reader = ParquetReader(given.path, given.options)
             task = read_row_groups.options(num_returns=self.shards + 1, max_retries=TASK_RETRIES, retry_exceptions=False)
             root, seeded = self.draws.root_bytes(), self.draws.seeded
@@ -521,7 +525,7 @@ class ShardedLog:
             windowed(read_batches(reader.row_groups, READ_ROWS), submit, collect, self.max_in_flight)
             self.get(added)
             return merge_sources(reader.source, read), str(given.path)
-        log = given() if callable(given) else given
+        log = party_log(given, self.bound)
         self.get([a.add.remote(piece) for a, piece in zip(self.actors, split_by_shard(log, self.draws, self.shards))])
         return log.source, str(given.path if isinstance(given, LogFile) else "the log")
 

@@ -618,7 +618,7 @@ class RayWork(ShardedLogWork):
         self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int,
         pool: ShardPool | None = None, cpus: int = 1, bound: ItemBound | None = None,
     ) -> None:
-        self._source, self._cap, self.draws, self.max_items = log, cap, draws, bound.max_items if bound is not None else None
+        self._source, self._cap, self.draws, self.bound = log, cap, draws, bound
         self.shards, self.max_in_flight = shards, max_in_flight
         self.layer_ids = layer_task_ids(STREAM_IDS, min(cpus, max_in_flight))  # ids per task of a forwarded chunk
         self._pool, self._borrowed = pool, []  # the warm actors this session holds: (kind, shard, actor)
@@ -637,7 +637,7 @@ class RayWork(ShardedLogWork):
         self.pair_tasks = PairTasks(max_in_flight)
 
     def load(self) -> LoadResult:
-        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard, self.max_items)
+        self.log = ShardedLog(self._source, self._cap, self.draws, self.shards, self.max_in_flight, self._shard, self.bound)
         return self.log.load()
 
     def hashed_ids(self, cipher: CommutativeHash, size: int) -> Iterator[np.ndarray]:

@@ -105,18 +105,6 @@ class Input:
         }
 
 
-def log_records(log: SearchLog) -> list[LogRecord]:
-    """One click record per (user, pair) entry with its count, users in order, each user's
-    pairs in column order (a synthetic log's shared pairs first)."""
-    counts = log.counts.tocsr()
-    out = []
-    for row in range(counts.shape[0]):
-        lo, hi = counts.indptr[row], counts.indptr[row + 1]
-        user = log.users[row]
-        out.extend(LogRecord(user, *log.pairs[c], int(v)) for c, v in zip(counts.indices[lo:hi].tolist(), counts.data[lo:hi].tolist()))
-    return out
-
-
 def load_inputs(args: argparse.Namespace) -> list[Input]:
     """MSNBC, AOL (uncleaned unless --aol-clean) and the synthetic log named by the flags."""
 
@@ -133,7 +121,7 @@ def load_inputs(args: argparse.Namespace) -> list[Input]:
             out.append(Input(dataset, dataset_records(args.data, dataset, dataset.max_users)))
     if args.synthetic_users:
         log = synthetic_log(seed=7, users=args.synthetic_users)
-        out.append(Input(Dataset(f"synthetic-{common._human(log.size)}", "synthetic", log), log_records(log)))
+        out.append(Input(Dataset(f"synthetic-{common._human(log.size)}", "synthetic", log), log.records()))
     if not out:
         raise ValueError("no input: give --msnbc-users, --aol-users and/or --synthetic-users")
     return out

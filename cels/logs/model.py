@@ -121,6 +121,17 @@ class SearchLog:
         """|D| = sum_i c_i."""
         return int(self.counts.sum())
 
+    def records(self) -> list[LogRecord]:
+        """One click record per (user, pair) entry with its count, users in order, each user's
+        pairs in column order (events for a reader of events, e.g. a synthetic log's)."""
+        counts = self.counts.tocsr()
+        out = []
+        for row in range(counts.shape[0]):
+            lo, hi = counts.indptr[row], counts.indptr[row + 1]
+            user = self.users[row]
+            out.extend(LogRecord(user, *self.pairs[c], int(v)) for c, v in zip(counts.indices[lo:hi].tolist(), counts.data[lo:hi].tolist()))
+        return out
+
     def select_users(self, rows: np.ndarray) -> SearchLog:
         """The sub-log of the given user rows (pairs keep their index; used to split by user)."""
         rows = np.asarray(rows, dtype=np.int64)
@@ -138,6 +149,18 @@ class SearchLog:
             return [self.select_users(np.arange(k, self.n_users, parties)) for k in range(parties)]
         order = np.random.default_rng(seed).permutation(self.n_users)
         return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]
+
+
+def split_records_by_user(records: Iterable[LogRecord], parties: int) -> list[list[LogRecord]]:
+    """The events split as :meth:`SearchLog.split_by_user` splits users without a seed (user j in
+    order of first appearance to share j mod ``parties``), each share in log order."""
+    number: dict[str, int] = {}
+    shares: list[list[LogRecord]] = [[] for _ in range(parties)]
+    for rec in records:
+        shares[number.setdefault(rec.user, len(number)) % parties].append(rec)
+    if len(number) < parties:
+        raise ValueError(f"cannot split {len(number)} users into {parties} parties")
+    return shares
 
 
 class HistogramBuilder:

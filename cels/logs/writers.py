@@ -7,12 +7,12 @@ stored (queries normalised, urls stripped), in UTF-8 whatever the input's encodi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TextIO
 
 import numpy as np
 
-from cels.logs.model import SearchLog
+from cels.logs.model import LogRecord, SearchLog
 from cels.logs.options import FORMATS
 from cels.logs.parquet import is_parquet, write_parquet
 from cels.logs.readers import AOL_HEADER, HISTOGRAM_HEADER
@@ -54,6 +54,20 @@ def write_log(log: SearchLog, path: str | os.PathLike[str], source: dict | None 
         out.write("\t".join(header) + "\n")
         columns = {"user": 0, "query": 1, "url": 4} if fmt == "aol" else {"user": 0, "query": 1, "url": 2, "count": 3}
         return _write_rows(log, out, columns, len(header), "\t", "\n", path)
+
+
+def write_records(records: Iterable[LogRecord], path: str | os.PathLike[str]) -> int:
+    """Events in the AOL layout, in their order (a query without a click has an empty
+    ClickURL; a record of count c is c lines), e.g. one party's share of a log whose item
+    kinds need the order (cels.mechanism.item_kinds); returns the lines written."""
+    written = 0
+    with open_text_output(path) as out:
+        out.write("\t".join(AOL_HEADER) + "\n")
+        for rec in records:
+            fields = [_checked(rec.user, "\t", path), _checked(rec.query, "\t", path), "", "", _checked(rec.url or "", "\t", path)]
+            out.write(("\t".join(fields) + "\n") * rec.count)
+            written += rec.count
+    return written
 
 
 def _write_tsv(log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:

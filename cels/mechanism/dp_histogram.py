@@ -18,6 +18,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 
+from cels.mechanism.item_kinds import ItemKinds
 from cels.mechanism.noise import discrete_laplace, laplace_share, noise_scale
 
 _MP = mpmath.MPContext()
@@ -263,12 +264,27 @@ def pld_epsilon(mechanisms: Sequence[tuple[float, int]], delta: float = 0.0) -> 
     return 0.0 if total is None else float(total.get_epsilon_for_delta(delta))
 
 
+def kinds_accounting(epsilon: float, delta: float, kinds: ItemKinds) -> dict:
+    """Each item kind's part of the release (cels.mechanism.item_kinds): its bound Delta_k,
+    eps_k = eps Delta_k / Delta, and delta_k = 1 - (1 - delta')^Delta_k, the chance that one of
+    a user's Delta_k items of that kind passes the threshold alone; the eps_k add up to eps and
+    1 - prod_k (1 - delta_k) = delta."""
+    d_prime, shares = delta_prime(delta, kinds.total), kinds.epsilon_shares(epsilon)
+    return {
+        kind.name: {"max_items": bound, "epsilon": shares[kind.name], "delta": float(-mpmath.expm1(bound * mpmath.log1p(-d_prime)))}
+        for kind, bound in kinds.bounds
+    }
+
+
 def release_accounting(
-    epsilon: float, delta: float, max_items: int, padding_epsilon: float, parties: int, collusion: int
+    epsilon: float, delta: float, bound: int | ItemKinds, padding_epsilon: float, parties: int, collusion: int
 ) -> dict:
     """(epsilon, delta) per observer of the DP histogram (JSON-serialisable).  ``recipient``: the
     counts (eps) and the selection (delta).  ``party``: also every party's padded set size and
-    the union size (the solver's padding), each (padding_epsilon, delta): basic composition."""
+    the union size (the solver's padding), each (padding_epsilon, delta): basic composition.
+    ``bound``: Delta_0 of query-url pairs, or item kinds whose bounds add up to Delta_0."""
+    kinds = ItemKinds.of(bound)
+    max_items = kinds.total
     beta = share_beta(parties, collusion)
     padding = (padding_epsilon, delta)
     return {
@@ -279,6 +295,7 @@ def release_accounting(
         "delta_prime": delta_prime(delta, max_items),
         "scale": float(count_scale(epsilon, max_items)),
         "max_items": int(max_items),
+        "items": kinds_accounting(epsilon, delta, kinds),
         "parties": int(parties),
         "collusion": int(collusion),
         "padding_epsilon": padding_epsilon,

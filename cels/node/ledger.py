@@ -79,11 +79,9 @@ def session_cost(options: SessionOptions) -> tuple[float, float, float]:
     histogram spends what its most-informed observer gets, a party's view (release and padded
     set sizes: cels.mechanism.dp_histogram.release_accounting), with no eps'."""
     if options.release == "dp":
-        from cels.mechanism.dp_histogram import release_accounting
+        from cels.protocol.stages.dp_release import session_accounting
 
-        eps, delta = release_accounting(
-            options.epsilon, options.delta, options.max_items_per_user, options.padding_epsilon, len(options.parties), options.collusion
-        )["party"]  # fmt: skip
+        eps, delta = session_accounting(options)["party"]
         return float(eps), float(delta), 0.0
     return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
 

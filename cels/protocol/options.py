@@ -30,6 +30,7 @@ from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.paillier import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.conditions import BOUNDS
 from cels.mechanism.greedy import DEFAULT_BATCH
+from cels.mechanism.item_kinds import ItemKinds
 from cels.mechanism.sanitize import SanitizeParams
 from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
@@ -194,8 +195,13 @@ class SessionOptions:
         "(docs/releases.md)", flag="--release", choices=RELEASES, holder=True,
     )  # fmt: skip
     max_items_per_user: int = option(
-        1, "dp release: Delta_0, the distinct pairs each user keeps (chosen at random at its party)", flag="--max-items-per-user",
-        metavar="D0", bounds={"minimum": 1}, holder=True,
+        1, "dp release: Delta_0, the distinct items of each kind a user keeps (chosen at random at its party)",
+        flag="--max-items-per-user", metavar="D0", bounds={"minimum": 1}, holder=True,
+    )  # fmt: skip
+    items: str = option(
+        "pairs", "dp release: the item kinds counted, comma-separated, each KIND or KIND:D0 (its own bound; default "
+        "--max-items-per-user): pairs (query-url), queries, query-pairs (consecutive queries); each kind's share of epsilon "
+        "is its bound over the sum of the bounds (docs/releases.md)", flag="--items", metavar="KINDS", holder=True,
     )  # fmt: skip
     collusion: int = option(
         1, "dp release: t, the parties an observer may pool (itself included): the noise shares it does not know add up to "
@@ -228,6 +234,7 @@ class SessionOptions:
                 f"output_size {self.output_size:g} is a share of the LP bound, which no node can compute in the "
                 "private solve: give an absolute size (> 1), or --solve transformed"
             )
+        self.item_kinds  # noqa: B018 -- a bad --items is refused in one line, whatever the release
         group_for_bits(self.group_bits, allow_paper_bits=True)  # an offered group (the nodes refuse the paper's 1024 unless allowed)
         if self.release == "dp":
             self._check_dp()
@@ -241,9 +248,14 @@ class SessionOptions:
         r = len(self.parties)
         if self.collusion >= r:
             raise ValueError(f"collusion t = {self.collusion} must be below the {r} parties (no noise share would stay unknown)")
-        threshold(self.epsilon, self.delta, self.max_items_per_user, share_beta(r, self.collusion))
+        threshold(self.epsilon, self.delta, self.item_kinds.total, share_beta(r, self.collusion))
 
     # -- derived values ------------------------------------------------------------------
+    @property
+    def item_kinds(self) -> ItemKinds:
+        """The DP release's item kinds and their bounds (``items`` and ``max_items_per_user``)."""
+        return ItemKinds.parse(self.items, self.max_items_per_user)
+
     @property
     def nodes(self) -> tuple[str, ...]:
         """Every node of the session: the parties in ring order, then the solver."""

@@ -24,10 +24,12 @@ import scipy.sparse as sp
 from cels.crypto.commutative_cipher import PohligHellmanHash
 from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.streams import CipherRandom, DrawKeys
-from cels.logs.model import SearchLog
+from cels.logs.model import LogError, SearchLog
+from cels.logs.readers import LogFile, iter_records
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.dp_histogram import padding_count
-from cels.mechanism.dp_release import ITEM_CHOICE, bounded_counts
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
+from cels.mechanism.item_kinds import ItemKinds
 from cels.mechanism.greedy import verdicts
 from cels.protocol.chunked import chunks
 from cels.protocol.sampling import StagedSampler, paper_trials
@@ -123,27 +125,44 @@ INDEX_PADDING = "index padding"
 @dataclass(frozen=True)
 class ItemBound:
     """The DP release's contribution bound at a party, applied at the load before anything
-    leaves it (cels.mechanism.dp_release.bounded_counts), and the dummy ids that pad its set of pairs
-    (``options``: the session's, for the padding's size)."""
+    leaves it (cels.mechanism.dp_release.bounded_by_kind: at most Delta_k items of each kind
+    a user), and the dummy ids that pad its set of items (``options``: the session's, for the
+    padding's size)."""
 
-    max_items: int
+    kinds: ItemKinds
     options: Any
 
     @classmethod
     def of(cls, options: Any) -> ItemBound | None:
         """The bound of a session's options (None unless it releases the DP histogram)."""
-        return cls(options.max_items_per_user, options) if options.release == "dp" else None
+        return cls(options.item_kinds, options) if options.release == "dp" else None
 
     def padding(self, rng: CipherRandom) -> int:
-        """How many dummy ids pad one id set: D in [0, 2 mu] (cels.mechanism.dp_histogram.padding_count)."""
-        return padding_count(self.max_items, self.options.padding_epsilon, self.options.delta, rng)
+        """How many dummy ids pad one id set: D in [0, 2 mu] (cels.mechanism.dp_histogram.padding_count
+        at Delta_0 = the sum of the kinds' bounds)."""
+        return padding_count(self.kinds.total, self.options.padding_epsilon, self.options.delta, rng)
 
     def dummies(self, draws: DrawKeys) -> list[bytes]:
-        """This party's dummy ids, as encoded items that no pair's encoding equals (a pair's has
-        two fields, these three): D of them, D drawn so that the padded set's
-        size is DP (:meth:`padding`)."""
+        """This party's dummy ids, as encoded items that no item's encoding equals (an item's
+        starts with a number or has at most two strings; these three fields): D of them, D drawn
+        so that the padded set's size is DP (:meth:`padding`)."""
         rng = CipherRandom(generator=draws.stream(PADDING))
         return [encode_item("padding", rng.randbytes(16).hex(), 0) for _ in range(self.padding(rng))]
+
+
+def party_log(source: SearchLog | Callable[[], SearchLog] | LogFile, bound: ItemBound | None) -> SearchLog:
+    """The log a party's work runs over: its histogram c_ij of query-url pairs, or, for a DP
+    release of other item kinds, its histogram of those items, read from the log's events
+    in file order (cels.mechanism.item_kinds; the source must then be a log file)."""
+    if bound is None or bound.kinds.only_pairs:
+        return source() if callable(source) else source
+    if not isinstance(source, LogFile):
+        raise ValueError(f"--items {bound.kinds.text()} counts the log's events in order: the party's log must be read from its file")
+    read: dict = {}
+    log = bound.kinds.histogram(iter_records(source.path, source.options, read), read)
+    if log.n_pairs == 0:
+        raise LogError(str(source.path), None, None, f"no item of the kinds {bound.kinds.text()} in {source.path}")
+    return log
 
 
 class UnionIndex(Protocol):
@@ -259,7 +278,7 @@ class InProcessWork:
         self.row_users = np.zeros(0, dtype=np.int64)  # the user (log row) of each constraint row
 
     def load(self) -> LoadResult:
-        log = self._source() if callable(self._source) else self._source
+        log = party_log(self._source, self.bound)
         digests = user_digests(self.draws, log.users)
         order = draw_order(digests)
         self.log = log if np.array_equal(order, np.arange(len(order))) else log.select_users(order)
@@ -267,7 +286,7 @@ class InProcessWork:
         self.counts = apply_cap(self.log.counts, self._cap).tocsr()
         if self.bound is not None:
             pairs, key = self.log.pairs, self.draws.secret(ITEM_CHOICE)
-            self.counts = bounded_counts(self.counts, self.log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], key, self.bound.max_items)
+            self.counts = bounded_by_kind(self.counts, self.log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], key, self.bound.kinds)
         self.own = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
         return LoadResult(len(self.own), log.source)
 

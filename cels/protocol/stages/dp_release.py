@@ -20,7 +20,8 @@ import numpy as np
 
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.mechanism.dp_release import NOISE_SHARES, DpHistogram
-from cels.mechanism.dp_histogram import count_scale, noise_shares, share_beta, threshold
+from cels.mechanism.dp_histogram import count_scale, noise_shares, release_accounting, share_beta, threshold
+from cels.mechanism.item_kinds import Item, checked_item
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
@@ -38,18 +39,20 @@ from cels.protocol.work import INDEX_PADDING, ItemBound, LocalWork
 def release_threshold(options: SessionOptions) -> int:
     """tau of a session: the exact tail of the total noise NB(r/h) - NB(r/h), n = 1."""
     beta = share_beta(len(options.parties), options.collusion)
-    return threshold(options.epsilon, options.delta, options.max_items_per_user, beta)
+    return threshold(options.epsilon, options.delta, options.item_kinds.total, beta)
 
 
-def decode_item(data: bytes) -> tuple[str, str]:
-    """Inverse of cels.protocol.work.encode_item for a pair (query, url)."""
+def session_accounting(options: SessionOptions) -> dict:
+    """A DP session's accounting per observer (cels.mechanism.dp_histogram.release_accounting)."""
+    return release_accounting(options.epsilon, options.delta, options.item_kinds, options.padding_epsilon, len(options.parties), options.collusion)
+
+
+def decode_item(data: bytes) -> Item:
+    """Inverse of cels.protocol.work.encode_item for an item of any kind (cels.mechanism.item_kinds)."""
     try:
-        query, url = json.loads(data.decode())
-        if not (isinstance(query, str) and isinstance(url, str)):
-            raise ValueError("field types")
+        return checked_item(json.loads(data.decode()))
     except (ValueError, UnicodeDecodeError) as exc:
         raise malformed(f"dp item does not decode: {exc}") from None
-    return query, url
 
 
 class NoisyCounts(Stage):
@@ -67,7 +70,7 @@ class NoisyCounts(Stage):
 
     def start(self) -> list[Outgoing]:
         options = self.seat.options
-        scale = count_scale(options.epsilon, options.max_items_per_user)
+        scale = count_scale(options.epsilon, options.item_kinds.total)
         noise = noise_shares(self.n, scale, self.seat.r - options.collusion, self.rng)
         local, self.local_counts = self.local_counts, None
         return self.sums.start(COUNTS_SUM, local.astype(np.int64) + noise, aggregator=self.seat.solver)
@@ -146,7 +149,7 @@ class DpAggregator:
         """Every set is in: the solver's own dummy columns go in (so that the index size minus
         the set sizes, the pairs two parties share, is DP), then every party is told the size
         and its columns."""
-        dummies = ItemBound(self.options.max_items_per_user, self.options).padding(self.rng)
+        dummies = ItemBound.of(self.options).padding(self.rng)
         keys = np.unique(np.frombuffer(self.rng.randbytes(dummies * self.key_width), dtype=f"V{self.key_width}"))
         if len(keys):
             self.union.add(self.name, keys)

@@ -75,7 +75,7 @@ def index_padding_bound(options: SessionOptions) -> int:
     cels.mechanism.dp_histogram.padding_count, at most twice its shift); none otherwise."""
     if options.release != "dp":
         return 0
-    return 2 * padding_shift(options.max_items_per_user, options.padding_epsilon, options.delta)
+    return 2 * padding_shift(options.item_kinds.total, options.padding_epsilon, options.delta)
 
 
 def rechunked(parts: Iterable[np.ndarray], size: int) -> Iterator[np.ndarray]:

@@ -19,6 +19,7 @@ def build_parser():
     from cels import __version__
 
     from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments, add_seed_argument
+    from cels.node.policy import add_policy_arguments
 
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
     parser.add_argument("--version", action="version", version=f"cels-party {__version__}")
@@ -26,6 +27,7 @@ def build_parser():
     add_data_arguments(parser)
     add_ledger_arguments(parser)
     add_engine_arguments(parser)
+    add_policy_arguments(parser)
     add_seed_argument(parser)
     return parser
 
@@ -36,6 +38,9 @@ def start(argv: Sequence[str] | None):
 
     import os
 
+    import logging
+
+    from cels.claims import TRANSFORMED_WARNING
     from cels.crypto.streams import DrawKeys
     from cels.engine import open_engine
     from cels.logs import LogFile
@@ -43,6 +48,7 @@ def start(argv: Sequence[str] | None):
     from cels.node.config import data_source, engine_options, ledger_policy, node_config
     from cels.node.keys import NodeKeys
     from cels.node.ledger import Ledger
+    from cels.node.policy import PartyPolicy
     from cels.node.pool import ElasticThreadPool
     from cels.node.service import Node
     from cels.node.tls import warn_insecure_keys
@@ -52,6 +58,8 @@ def start(argv: Sequence[str] | None):
     from cels.session_report import session_report
 
     config = node_config(args, "data")
+    policy = PartyPolicy.of(config.policy, args)
+    log = logging.getLogger("cels.party")
     path, options = data_source(args, config.extra)
     if not (path.is_file() or (options.format == "parquet" and path.is_dir())):  # a Parquet dataset is a directory
         raise ValueError(f"data file {path} does not exist")
@@ -67,9 +75,13 @@ def start(argv: Sequence[str] | None):
     works = {}  # session id -> its work, until the session ends here
 
     def factory(session: SessionOptions, keys: NodeKeys):
-        # a Ray cluster that no longer answers refuses the session (FAILED_PRECONDITION), then the
-        # privacy budget is checked before anything else (a refusal is FAILED_PRECONDITION too);
-        # the log is read when the session begins (a bad log aborts that session, not the node)
+        # the party's policy first (cels.node.policy), then a Ray cluster that no longer answers
+        # refuses the session (FAILED_PRECONDITION), then the privacy budget is checked (a
+        # refusal is FAILED_PRECONDITION too); the log is read when the session begins (a bad
+        # log aborts that session, not the node)
+        policy.check(config.name, session)
+        if session.release == "sampled" and session.solve == "transformed":
+            log.warning("%s: session %s: %s", config.name, session.session_id, TRANSFORMED_WARNING)
         engine.check()
         load = LogFile(path, options)
 

@@ -28,6 +28,7 @@ from cels.cli.sanitize import delimiter, guarantee_word, input_options, load_inp
 from cels.logs import FORMATS, LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.claims import TRANSFORMED_WARNING, items_words
+from cels.node.policy import admitting
 from cels.fileio import check_output_paths
 from cels.mechanism.solvers import mip_stop_notice
 from cels.node.client import (
@@ -320,6 +321,8 @@ def run_nodes(
             for name in addresses:
                 argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
                 argv += (node_flags or {}).get(name, [])
+                if name != SOLVER:  # the simulated parties' operators are the user who asked for this session
+                    argv += admitting(options)
                 if name == SOLVER:
                     cluster.start(name, addresses[name], python_module("solver_node") + argv)
                 else:

@@ -43,6 +43,12 @@ address = "local"                # "local" starts a Ray instance; host:port join
 shards = 4                       # user-shard actors P
 max_in_flight = 8                # pair-work tasks at once
 
+[policy]                         # party nodes: the sessions it joins (cels.node.policy; flags --policy-*)
+initiators = ["party-1"]         # who may start a session with it (default: any peer)
+solves = ["private"]             # "transformed" lets the solver rebuild every row: off unless listed
+max_epsilon = 2.0                # ceilings (defaults 10 and 0.5)
+max_delta = 1e-6
+
 [metrics]                        # Prometheus metrics on a port of their own (off without this table)
 listen = "127.0.0.1:9464"        # host:port, or a port alone (bound to 127.0.0.1)
 ```
@@ -108,6 +114,8 @@ class NodeConfig:
     """A party's ``[ledger]`` table (cels.node.ledger)."""
     engine: dict[str, Any] = field(default_factory=dict)
     """A party's ``[engine]`` table (cels.engine)."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """A party's ``[policy]`` table (cels.node.policy)."""
     metrics_listen: str | None = None
     """host:port of the Prometheus metrics (cels.node.telemetry); None: no metrics port."""
 
@@ -271,6 +279,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         extra={"base": base, **doc.get(role_table, {})},
         ledger=doc.get("ledger", {}),
         engine=doc.get("engine", {}),
+        policy=doc.get("policy", {}),
         metrics_listen=args.metrics_listen or doc.get("metrics", {}).get("listen"),
     )
 

@@ -20,6 +20,7 @@ from jsonschema.exceptions import ValidationError
 
 from cels.crypto.paillier import MIN_TEST_KEY_BITS
 from cels.logs.options import FORMATS
+from cels.node.policy import POLICY_TABLE
 from cels.protocol.options import OPTIONS, Option
 
 PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
@@ -105,8 +106,11 @@ METRICS_TABLE = {
 PARTY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE, "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE},
-}
+    "properties": {
+        "node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE,
+        "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
+    },
+}  # fmt: skip
 """A party node's TOML (``cels-party --config``; cels.node.config)."""
 SOLVER_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -26,9 +26,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/cels/bin:${PATH}
 COPY --from=install /opt/cels /opt/cels
 # the cels user (uid 1000) owns the mount points: a named volume mounted there starts with
 # this ownership, so the nodes can write certificates and outputs without root (and the compose
-# cluster profile's Ray head its token, ~/.ray/auth_token)
+# cluster profile's Ray head its token, ~/.ray/auth_token; a party its ledger and the ledger's
+# key, /ledger, 0700)
 RUN useradd --create-home --uid 1000 --user-group cels \
-    && mkdir -p /certs /out /data /home/cels/.ray \
-    && chown cels:cels /certs /out /home/cels/.ray
+    && mkdir -p /certs /out /data /home/cels/.ray /ledger \
+    && chown cels:cels /certs /out /home/cels/.ray /ledger \
+    && chmod 0700 /ledger
 USER cels
 WORKDIR /home/cels

@@ -66,6 +66,7 @@ def atomic_write(
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp_name, target)
+        _fsync_directory(directory)
     except BaseException:
         if tmp_name is not None:
             try:
@@ -123,6 +124,15 @@ def _exit_now(signum: int) -> None:
         except FileNotFoundError:
             pass
     os._exit(128 + signum)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """The rename itself made durable (a crash right after cannot bring the old file back)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _final_mode(target: Path) -> int:

@@ -3,14 +3,22 @@ StartSession, persistence across restarts, a corrupted file refused loudly."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import stat
+from pathlib import Path
+
 import grpc
 import pytest
 
 from cels.cli import main
 from cels.node.cluster import LOOPBACK, free_port
-from cels.node.ledger import Ledger, LedgerError, LedgerPolicy, Reservation, read_entries, read_reservations
+from cels.node.ledger import (
+    Ledger, LedgerError, LedgerPolicy, Reservation, digest, key_path, mac, read_entries, read_reservations, reservations_path,
+)  # fmt: skip
 from cels.node.peers import sent_abort
 from cels.protocol.aborts import REFUSED, describe
+from cels.protocol.phases import Phase
 from cels.protocol.options import SessionOptions
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from cels.protocol.wire.codec import phase_from_wire
@@ -153,7 +161,7 @@ def test_the_ledger_survives_restarts_and_cels_ledger_shows_it(tmp_path, capsys)
     "damage,message",
     [
         (lambda text: text[: len(text) // 2], "not JSON"),
-        (lambda text: text.replace('"epsilon": 1.0', '"epsilon": 0.1', 1), "do not match their SHA-256 digest"),
+        (lambda text: text.replace('"epsilon": 1.0', '"epsilon": 0.1', 1), "its MAC does not match"),
         (lambda text: text.replace('"delta": 0.1', '"delta": "0.1"', 1), "field 'delta'"),
     ],
 )
@@ -199,3 +207,110 @@ def test_the_node_refuses_at_start_session_with_failed_precondition(tmp_path):
         assert [e["session_id"] for e in read_entries(path)] == ["old"]
     finally:
         node.stop()
+
+
+class PhasedRole(FinishingRole):
+    """A party role that walks through the given phases, one per message."""
+
+    def __init__(self, phases) -> None:
+        super().__init__()
+        self.phases, self.phase = list(phases), Phase.READY
+
+    def receive(self, sender, envelope) -> list:
+        self.phase = self.phases.pop(0)
+        return []
+
+
+def three_sessions(tmp_path) -> Path:
+    path = tmp_path / "l.json"
+    ledger = Ledger.open(LedgerPolicy(path))
+    for k in range(3):
+        finish(ledger, session(f"s{k}"))
+    return path
+
+
+def test_dropping_entries_and_recomputing_a_digest_is_refused_and_so_is_a_downgrade(tmp_path) -> None:
+    """The review's attack: two of three entries dropped and the digest recomputed, the spend
+    falling from 3 to 1, is now refused; without the key no MAC can be recomputed, and with
+    it a dropped middle entry still breaks the chain."""
+    path = three_sessions(tmp_path)
+    doc = json.loads(path.read_text())
+    assert [e["prev"] for e in doc["sessions"]] == ["", doc["sessions"][0]["mac"], doc["sessions"][1]["mac"]]
+    kept = doc["sessions"][:1]
+    path.write_text(json.dumps({"version": 2, "sessions": kept, "mac": digest(kept)}))
+    with pytest.raises(LedgerError, match="its MAC does not match"):
+        read_entries(path)
+    key = key_path(path).read_bytes()
+    gap = [doc["sessions"][0], doc["sessions"][2]]
+    path.write_text(json.dumps({"version": 2, "sessions": gap, "mac": mac(key, {"version": 2, "sessions": gap})}))
+    with pytest.raises(LedgerError, match="session 1 breaks the chain of MACs"):
+        read_entries(path)
+    plain = [{k: v for k, v in e.items() if k not in ("prev", "mac")} for e in kept]
+    path.write_text(json.dumps({"version": 1, "sessions": plain, "sha256": digest(plain)}))
+    with pytest.raises(LedgerError, match="unkeyed version 1 file beside the key"):
+        Ledger.open(LedgerPolicy(path))
+
+
+def test_a_missing_ledger_or_key_fails_closed_and_the_files_are_private(tmp_path) -> None:
+    path = three_sessions(tmp_path)
+    for made in (path, key_path(path), reservations_path(path)):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o600, made
+    path.rename(tmp_path / "elsewhere.json")
+    with pytest.raises(LedgerError, match="is missing but its key .* exists"):
+        Ledger.open(LedgerPolicy(path, budget_epsilon=5.0))
+    with pytest.raises(LedgerError, match="is missing but its key"):  # a running node refuses its next session
+        Ledger(LedgerPolicy(path, budget_epsilon=5.0)).admit(session("next"), FinishingRole)
+    (tmp_path / "elsewhere.json").rename(path)
+    key_path(path).rename(tmp_path / "key")
+    with pytest.raises(LedgerError, match="its MAC key .* is missing"):
+        Ledger.open(LedgerPolicy(path))
+    assert main(["ledger", "--ledger", str(path)]) == 2
+
+
+def test_an_old_unkeyed_ledger_is_signed_once_with_its_sessions_kept(tmp_path) -> None:
+    path = tmp_path / "l.json"
+    entries = [{"session_id": "old", "finished_at": 1.0, "epsilon": 1.0, "delta": 0.1, "noise_epsilon": 0.0, "epsilon_total": 1.0,
+                "end_to_end": False, "parties": ["party-1", "party-2"], "initiator": "party-1"}]  # fmt: skip
+    path.write_text(json.dumps({"version": 1, "sessions": entries, "sha256": digest(entries)}))
+    Ledger.open(LedgerPolicy(path))
+    assert [e["session_id"] for e in read_entries(path)] == ["old"] and json.loads(path.read_text())["version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("release", "phases", "charged"),
+    [
+        ("sampled", [Phase.COUNTS, Phase.UNION], True),  # its records went into the union, then the session aborted
+        ("sampled", [Phase.COUNTS, Phase.SOLVE], False),  # aborted before any record left
+        ("dp", [Phase.UNIVERSE, Phase.COUNTS], True),  # its noisy counts went into the masked sum
+        ("dp", [Phase.LOAD, Phase.UNIVERSE], False),
+    ],
+)
+def test_a_party_is_charged_when_its_data_for_the_release_leaves_it(tmp_path, release, phases, charged) -> None:
+    ledger = Ledger(LedgerPolicy(tmp_path / "l.json"), Clock())
+    options = session("x", delta=1e-6 if release == "dp" else 0.1, release=release)
+    role = ledger.admit(options, lambda: PhasedRole(phases))
+    role.begin()
+    for _ in phases:
+        role.receive("party-2", None)
+    role.aborted = cels_pb2.Abort(reason="peer gone")
+    assert [e["session_id"] for e in read_entries(tmp_path / "l.json")] == (["x"] if charged else [])
+
+
+def _append(path: str, first: int) -> None:
+    ledger = Ledger(LedgerPolicy(Path(path)))
+    for k in range(first, first + 8):
+        finish(ledger, session(f"s{k}"))
+
+
+def test_two_processes_appending_at_once_lose_no_entry(tmp_path) -> None:
+    """The lock is the file's (flock), not one process's: 2 x 8 sessions, one chain."""
+    path = tmp_path / "l.json"
+    Ledger.open(LedgerPolicy(path))
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_append, args=(str(path), first)) for first in (0, 100)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert sorted(e["session_id"] for e in read_entries(path)) == sorted(f"s{k}" for k in [*range(8), *range(100, 108)])

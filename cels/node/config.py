@@ -33,6 +33,7 @@ nice = 10                        # their niceness increment (0: the node's own p
 
 [ledger]                         # party nodes: the privacy budget ledger (cels.node.ledger)
 path = "party-1.ledger.json"     # default: NAME.ledger.json beside this file
+key = "keys/party-1.ledger.key"  # its MAC key, made at the first start (default: NAME.ledger.key beside it)
 budget_epsilon = 8.0             # refuse a session that would take the window's total above this
 budget_delta = 1.0
 window_days = 30                 # sessions older than this no longer count (default: all)
@@ -328,6 +329,7 @@ def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--budget-epsilon", type=float, metavar="E", help="refuse a session that takes the window's total epsilon above E")
     g.add_argument("--budget-delta", type=float, metavar="D", help="refuse a session that takes the window's total delta above D")
     g.add_argument("--budget-window-days", type=float, metavar="DAYS", help="sessions older than DAYS no longer count (default: all)")
+    g.add_argument("--ledger-key", type=Path, metavar="FILE", help="the ledger's MAC key, made at the node's first start (default NAME.ledger.key beside the ledger)")
 
 
 def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) -> LedgerPolicy | None:
@@ -352,7 +354,8 @@ def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) ->
         if any(b is not None for b in budget):
             raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
         return None
-    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"))
+    key = args.ledger_key if getattr(args, "ledger_key", None) is not None else (base / table["key"] if "key" in table else None)
+    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"), key=key)
 
 
 ENGINE_FLAGS = {"engine": "kind", "engine_address": "address", "shards": "shards", "max_in_flight": "max_in_flight"}

@@ -19,30 +19,53 @@ reserved against the budget until they end, however they end: recorded when this
 is done with output, released (:meth:`Ledger.release`, the node's end-of-session hook) when
 the session is aborted, refused, expired or dropped.  The reservations are also written,
 atomically, to a file beside the ledger (:func:`reservations_path`) for ``cels ledger``; a
-node starting empties it.  The ledger file is JSON written atomically (cels.fileio) with a
-SHA-256 digest of its entries; a file that does not parse, lacks a field or fails the digest
-is refused loudly (the node does not start, ``cels ledger`` exits 2) rather than read as an
-empty ledger.
+node starting empties it.
+
+The ledger fails closed (docs/deployment.md, "Privacy budget ledger").  The file is JSON,
+mode 0600, written atomically with its directory fsync'ed, under an inter-process lock
+(``NAME.ledger.lock``).  Its entries form an append-only chain: each carries the MAC of the
+one before (``prev``) and its own (``mac``), HMAC-SHA256 under a 32-byte key the node made at
+its first start (``NAME.ledger.key``, 0600, or ``[ledger] key``), and the file carries a MAC
+of the whole.  So an entry edited, dropped or reordered, or a digest recomputed without the
+key, is refused loudly (the node does not start, ``cels ledger`` exits 2, a running node
+refuses the next session) rather than read as a smaller spend; so is a ledger that is missing
+while its key exists, or a key that is missing while its ledger exists.  What a key alone
+cannot show is a rollback of both files to an earlier copy: keep them where only the node's
+operator writes.  A session is charged when the party's data for the release leaves it
+(:data:`CHARGED_FROM`), not when its part finishes, so an abort after that point still
+counts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from cels.fileio import atomic_write_json
+from cels.fileio import atomic_write, atomic_write_json
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import WORK_PHASES, Phase
 from cels.protocol.roles import Refusal
 
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+"""Version 2: MAC-chained entries; a version 1 file (an unkeyed SHA-256) is signed once when
+its node first opens it with no key yet."""
+PRIVATE = 0o600
+KEY_BYTES = 32
+CHARGED_FROM = {"sampled": Phase.UNION, "dp": Phase.COUNTS}
+"""The phase in which a party's data for the release leaves it (its sampled records into the
+union; its noisy counts into the masked sum): reaching it charges the session."""
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
 ENTRY_FIELDS = {
     "session_id": str, "finished_at": (int, float), "epsilon": (int, float), "delta": (int, float),
@@ -62,12 +85,18 @@ class LedgerPolicy:
     budget_epsilon: float | None = None
     budget_delta: float | None = None
     window_days: float | None = None
+    key: Path | None = None
+    """The MAC key's file (default :func:`key_path` beside the ledger)."""
 
     def __post_init__(self) -> None:
         for name in ("budget_epsilon", "budget_delta", "window_days"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"[ledger] {name} must be positive, not {value}")
+
+    @property
+    def key_file(self) -> Path:
+        return self.key if self.key is not None else key_path(self.path)
 
 
 GUARANTEES = {"sampled": "probabilistic DP of the sampling given the counts", "dp": "DP end to end"}
@@ -87,11 +116,88 @@ def session_cost(options: SessionOptions) -> tuple[float, float, float]:
 
 
 def digest(entries: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The unkeyed SHA-256 of a version 1 file's entries (read once, to sign them)."""
+    return hashlib.sha256(canonical(entries)).hexdigest()
 
 
-def read_entries(path: Path) -> list[dict[str, Any]]:
-    """The sessions in the ledger file ([] if there is no file yet); LedgerError if corrupted."""
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def mac(key: bytes, obj: Any) -> str:
+    """HMAC-SHA256 of ``obj``'s canonical JSON under the ledger key."""
+    return hmac.new(key, canonical(obj), hashlib.sha256).hexdigest()
+
+
+def key_path(path: Path) -> Path:
+    """The default MAC key file of ledger ``path``: ``NAME.ledger.key`` beside it."""
+    return path.with_name(f"{path.stem}.key")
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.lock")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """The ledger's inter-process lock (flock on ``NAME.ledger.lock``): one writer at a time,
+    in this process or another."""
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, PRIVATE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def read_key(path: Path, key_file: Path, create: bool) -> bytes | None:
+    """The ledger's MAC key.  With ``create``, a node's first start (neither file there) makes
+    one (0600); a key without its ledger, or a ledger without its key, is refused."""
+    try:
+        key = key_file.read_bytes()
+    except FileNotFoundError:
+        if path.exists() and _version(path) != 1:
+            raise LedgerError(f"ledger {path}: its MAC key {key_file} is missing; refusing to trust an unverifiable ledger") from None
+        if not create:
+            return None
+        key = secrets.token_bytes(KEY_BYTES)
+        with atomic_write(key_file, "wb", encoding=None, file_mode=PRIVATE) as fh:
+            fh.write(key)
+        return key
+    except OSError as exc:
+        raise LedgerError(f"ledger {path}: cannot read its key {key_file}: {exc}") from None
+    if len(key) != KEY_BYTES:
+        raise LedgerError(f"ledger {path}: its key {key_file} is {len(key)} bytes, not {KEY_BYTES}")
+    if not path.exists():
+        raise LedgerError(
+            f"ledger {path} is missing but its key {key_file} exists (deleted?); refusing to start with the spent budget reset "
+            "(a node that never recorded a session: remove the key too)"
+        )
+    return key
+
+
+def _version(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_entries(path: Path, key: bytes, entries: list[dict[str, Any]]) -> None:
+    """The whole ledger, atomically, 0600, with its MAC (under :func:`locked`)."""
+    atomic_write_json(path, {"version": LEDGER_VERSION, "sessions": entries, "mac": mac(key, {"version": LEDGER_VERSION, "sessions": entries})}, file_mode=PRIVATE)
+
+
+def chained(key: bytes, entries: list[dict[str, Any]], entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` linked after ``entries``: the previous entry's MAC, then its own."""
+    linked = {**entry, "prev": entries[-1]["mac"] if entries else ""}
+    return {**linked, "mac": mac(key, linked)}
+
+
+def read_entries(path: Path, key_file: Path | None = None) -> list[dict[str, Any]]:
+    """The sessions in the ledger file ([] before the node's first start); LedgerError if it
+    is corrupted, its chain or MAC fails, or it or its key is missing alone."""
+    key = read_key(path, key_file or key_path(path), create=False)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -102,16 +208,28 @@ def read_entries(path: Path) -> list[dict[str, Any]]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LedgerError(f"ledger {path} is corrupted: not JSON ({exc}); refusing to guess the spent budget") from None
-    if not isinstance(doc, dict) or doc.get("version") != LEDGER_VERSION or not isinstance(doc.get("sessions"), list):
-        raise LedgerError(f"ledger {path} is corrupted: expected {{version: {LEDGER_VERSION}, sessions: [...], sha256}}")
+    if not isinstance(doc, dict) or doc.get("version") not in (1, LEDGER_VERSION) or not isinstance(doc.get("sessions"), list):
+        raise LedgerError(f"ledger {path} is corrupted: expected {{version: {LEDGER_VERSION}, sessions: [...], mac}}")
     for i, entry in enumerate(doc["sessions"]):
         if not isinstance(entry, dict):
             raise LedgerError(f"ledger {path} is corrupted: session {i} is not an object")
         for field, kind in ENTRY_FIELDS.items():
             if not isinstance(entry.get(field), kind):
                 raise LedgerError(f"ledger {path} is corrupted: session {i} field {field!r} is {entry.get(field)!r}")
-    if doc.get("sha256") != digest(doc["sessions"]):
-        raise LedgerError(f"ledger {path} is corrupted: its sessions do not match their SHA-256 digest (edited or truncated?)")
+    if doc["version"] == 1:
+        if key is not None:
+            raise LedgerError(f"ledger {path} is corrupted: an unkeyed version 1 file beside the key {key_file or key_path(path)} (replaced?)")
+        if doc.get("sha256") != digest(doc["sessions"]):
+            raise LedgerError(f"ledger {path} is corrupted: its sessions do not match their SHA-256 digest (edited or truncated?)")
+        return doc["sessions"]
+    if key is None or not hmac.compare_digest(str(doc.get("mac")), mac(key, {"version": LEDGER_VERSION, "sessions": doc["sessions"]})):
+        raise LedgerError(f"ledger {path} is corrupted: its MAC does not match (edited, or entries dropped?)")
+    prev = ""
+    for i, entry in enumerate(doc["sessions"]):
+        body = {k: v for k, v in entry.items() if k != "mac"}
+        if entry.get("prev") != prev or not hmac.compare_digest(str(entry.get("mac")), mac(key, body)):
+            raise LedgerError(f"ledger {path} is corrupted: session {i} breaks the chain of MACs")
+        prev = entry["mac"]
     return doc["sessions"]
 
 
@@ -176,13 +294,32 @@ class Ledger:
         the reservations a previous node process left are emptied (they ended with it)."""
         ledger = cls(policy)
         if policy is not None:
-            read_entries(policy.path)
             try:
-                with ledger._lock:
+                with ledger._lock, locked(policy.path):
+                    ledger._entries(create=True)
                     ledger._show_reserved()
             except OSError as exc:
                 raise LedgerError(f"ledger {policy.path}: cannot write beside it: {exc}") from None
         return ledger
+
+    def _entries(self, create: bool = False) -> list[dict[str, Any]]:
+        """The ledger's entries; with ``create``, its key and empty file made at a node's first
+        start, or a version 1 file signed when no key exists yet (under both locks)."""
+        p = self.policy
+        assert p is not None
+        if create and not p.key_file.exists() and p.path.exists() and _version(p.path) == 1:
+            entries = read_entries(p.path, p.key_file)
+            key = read_key(p.path, p.key_file, create=True)
+            assert key is not None
+            signed: list[dict[str, Any]] = []
+            for entry in entries:
+                signed.append(chained(key, signed, {k: v for k, v in entry.items() if k not in ("prev", "mac")}))
+            write_entries(p.path, key, signed)
+            return signed
+        key = read_key(p.path, p.key_file, create=create)
+        if key is not None and not p.path.exists():
+            write_entries(p.path, key, [])
+        return read_entries(p.path, p.key_file)
 
     def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
         """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
@@ -191,8 +328,8 @@ class Ledger:
         if self.policy is None:
             return make_role()
         eps, delta, noise = session_cost(options)
-        with self._lock:
-            spent = totals(read_entries(self.policy.path), self.policy.window_days, self.clock())
+        with self._lock, locked(self.policy.path):
+            spent = totals(self._entries(create=True), self.policy.window_days, self.clock())
             self._check(options.session_id, spent, eps + noise, delta)
             self._reserved[options.session_id] = Reservation(eps + noise, delta, self.clock())
             self._show_reserved()
@@ -201,7 +338,7 @@ class Ledger:
         except BaseException:
             self.release(options.session_id)
             raise
-        return ChargedRole(role, lambda: self.record(options))
+        return ChargedRole(role, lambda: self.record(options), CHARGED_FROM[options.release])
 
     def reserved(self) -> dict[str, Reservation]:
         """The running sessions' reservations, by session id."""
@@ -221,7 +358,7 @@ class Ledger:
         """Write the reservations beside the ledger (``cels ledger`` reads them); under the lock."""
         assert self.policy is not None
         reserved = {sid: r.__dict__ for sid, r in self._reserved.items()}
-        atomic_write_json(reservations_path(self.policy.path), {"pid": os.getpid(), "reserved": reserved})
+        atomic_write_json(reservations_path(self.policy.path), {"pid": os.getpid(), "reserved": reserved}, file_mode=PRIVATE)
 
     def _check(self, session_id: str, spent: dict, eps: float, delta: float) -> None:
         p = self.policy
@@ -257,22 +394,25 @@ class Ledger:
             "parties": list(options.parties),
             "initiator": options.initiator,
         }
-        with self._lock:
-            entries = [*read_entries(self.policy.path), entry]
-            atomic_write_json(self.policy.path, {"version": LEDGER_VERSION, "sessions": entries, "sha256": digest(entries)})
+        with self._lock, locked(self.policy.path):
+            entries = self._entries(create=True)
+            key = read_key(self.policy.path, self.policy.key_file, create=False)
+            assert key is not None
+            write_entries(self.policy.path, key, [*entries, chained(key, entries, entry)])
             if self._reserved.pop(options.session_id, None) is not None:
                 self._show_reserved()
 
 
 class ChargedRole:
-    """A role (cels.protocol.roles.Role) that calls ``on_done`` once, the first time it is
-    finished and not aborted (its part of the release is out); every other attribute is the
-    role's, and the host's ``phase_hook`` is set on the role."""
+    """A role (cels.protocol.roles.Role) that calls ``on_done`` once, the first time it has
+    reached phase ``charged_from`` (its data for the release has left it) or is finished, not
+    aborted; every other attribute is the role's, and the host's ``phase_hook`` is set on the role."""
 
-    def __init__(self, role: Any, on_done: Callable[[], None]) -> None:
+    def __init__(self, role: Any, on_done: Callable[[], None], charged_from: Phase = Phase.UNION) -> None:
         object.__setattr__(self, "_role", role)
         object.__setattr__(self, "_on_done", on_done)
         object.__setattr__(self, "_recorded", False)
+        object.__setattr__(self, "_charged_from", WORK_PHASES.index(charged_from))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._role, name)
@@ -281,7 +421,9 @@ class ChargedRole:
         setattr(self._role, name, value)
 
     def _after(self, out: Any) -> Any:
-        if not self._recorded and self._role.finished and self._role.aborted is None:
+        phase = getattr(self._role, "phase", None)
+        left = phase in WORK_PHASES and WORK_PHASES.index(phase) >= self._charged_from
+        if not self._recorded and self._role.aborted is None and (left or self._role.finished):
             object.__setattr__(self, "_recorded", True)
             self._on_done()
         return out
@@ -296,7 +438,7 @@ class ChargedRole:
 def show(policy: LedgerPolicy, now: float | None = None) -> str:
     """``cels ledger``: every session, the composed totals in the window, the budget left."""
     now = time.time() if now is None else now
-    entries = read_entries(policy.path)
+    entries = read_entries(policy.path, policy.key_file)
     lines = [f"ledger {policy.path}: {len(entries)} session(s); {COMPOSITION}"]
     for e in entries:
         if e.get("guarantee") == GUARANTEES["dp"]:

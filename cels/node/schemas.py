@@ -84,7 +84,7 @@ DATA_TABLE = {
 LEDGER_TABLE = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {"path": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
+    "properties": {"path": {"type": "string"}, "key": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
 }
 ENGINE_TABLE = {
     "type": "object",

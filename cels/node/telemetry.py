@@ -105,7 +105,7 @@ def ledger_standing(ledger: Ledger) -> dict[str, Any] | None:
     if policy is None:
         return None
     try:
-        spent = totals(read_entries(policy.path), policy.window_days, ledger.clock())
+        spent = totals(read_entries(policy.path, policy.key_file), policy.window_days, ledger.clock())
     except LedgerError:
         return None
     reservations = ledger.reserved().values()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ import yaml
 from cels.logs import synthetic_log, write_log
 from cels.node.client import Controller, node_statuses, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
+from cels.node.ledger import read_entries
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -46,7 +48,9 @@ class ComposeAsProcesses:
             (name, port): free_port() for name, svc in self.services.items() for port in map(str, svc.get("expose", []))
         }
         self.mounts = {"certs": root / "certs", "./deploy/data": root / "data", "./deploy/out": root / "out", "./deploy/session.toml": root / "session.toml",
-                       "party-1-ray": root / "ray"}  # fmt: skip
+                       "party-1-ray": root / "ray", **{f"party-{k}-ledger": root / f"ledger-{k}" for k in (1, 2, 3)}}  # fmt: skip
+        for k in (1, 2, 3):
+            (root / f"ledger-{k}").mkdir(mode=0o700, parents=True, exist_ok=True)  # the image's /ledger
 
     def volume_map(self, service: str) -> dict[str, Path]:
         """Container path -> local path for the service's volumes."""
@@ -231,6 +235,9 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
             assert set(stock) == {"solver", "party-1", "party-2", "party-3"} and stock["solver"].n == solver_key
             assert {o: e.handed_out for o, e in stock.items()} == {o: e.handed_out for o, e in earlier.items()}
         released = {name: (tmp_path / "out" / name).read_bytes() for name in ("sanitized.tsv", "sanitized.tsv.release-note.json", "operator/report.json")}
+        for k in (1, 2, 3):  # every party charged the session in its own ledger (its key beside it, 0600)
+            ledger = tmp_path / f"ledger-{k}" / f"party-{k}.ledger.json"
+            assert len(read_entries(ledger)) == 1 and stat.S_IMODE(ledger.with_name(f"party-{k}.ledger.key").stat().st_mode) == 0o600
         # every node's metrics port (remapped like its gRPC port) counted the session
         for service in ("solver", "party-1", "party-2", "party-3"):
             with urllib.request.urlopen(f"http://{compose.address(service, 1)}/metrics", timeout=5) as page:

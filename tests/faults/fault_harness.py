@@ -325,6 +325,7 @@ class FaultCluster:
         ]  # fmt: skip
         if name != SOLVER:
             argv += ["--data", str(self.data[name]), "--format", self.fmt, "--obfuscators", str(self.obfuscators)]
+            argv += ["--policy-solves", "private,transformed"]  # the harness runs both solves (cels.node.policy)
         if self.record_view:
             argv += ["--record-view", str(self.root / "views")]
         return argv + self.extra.get(name, [])

@@ -21,7 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from cels.fileio import atomic_write
 
 SOLVER = "solver"
-CONTROLLER = "controller"
+CONTROLLER_PREFIX = "controller-"
 
 
 def party_name(k: int) -> str:
@@ -29,11 +29,19 @@ def party_name(k: int) -> str:
     return f"party-{k}"
 
 
+def controller_name(node: str) -> str:
+    """The identity of the controller of ``node``'s organisation: the one certificate whose
+    ``Run``, status details and report stream that node serves by default."""
+    return CONTROLLER_PREFIX + node
+
+
 def node_names(parties: int) -> list[str]:
-    """Every identity of a deployment with ``parties`` parties."""
+    """Every identity of a deployment with ``parties`` parties: the nodes, then one controller
+    per organisation (each node's own, :func:`controller_name`)."""
     if parties < 2:
         raise ValueError(f"a CELS session needs at least 2 parties, not {parties}")
-    return [SOLVER, *(party_name(k) for k in range(1, parties + 1)), CONTROLLER]
+    nodes = [SOLVER, *(party_name(k) for k in range(1, parties + 1))]
+    return [*nodes, *(controller_name(n) for n in nodes)]
 
 
 @dataclass(frozen=True)

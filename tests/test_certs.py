@@ -16,7 +16,7 @@ from cels.cli import main
 
 
 def test_node_names() -> None:
-    assert node_names(3) == ["solver", "party-1", "party-2", "party-3", "controller"]
+    assert node_names(3) == ["solver", "party-1", "party-2", "party-3", "controller-solver", "controller-party-1", "controller-party-2", "controller-party-3"]
     with pytest.raises(ValueError, match="at least 2 parties"):
         node_names(1)
 

@@ -221,7 +221,8 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         # the offline phase with the compose defaults: every party learns the node keys of its
         # peers through Status and stocks obfuscators for them (4096 per key) before the session
         certs = tmp_path / "certs"
-        ctrl = Controller("party-1", compose.address("party-1"), certs / "ca.pem", certs / "controller.pem", certs / "controller.key")
+        identities = {n: (certs / f"controller-{n}.pem", certs / f"controller-{n}.key") for n in ("solver", "party-1", "party-2", "party-3")}
+        ctrl = Controller("party-1", compose.address("party-1"), certs / "ca.pem", *identities["party-1"], identities=identities)
         parties = {p: compose.address(p) for p in ("party-1", "party-2", "party-3")}
         before = wait_for_stock(ctrl, parties, timeout=120)
         run = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)

@@ -102,7 +102,7 @@ def operated(tmp_path_factory):
         addresses = {name: node.address for name, node in cluster.nodes.items()}
         argv = {name: [str(a) for a in node.process.args] for name, node in cluster.nodes.items()}
         ca, cert = Path(flag(argv["party-1"], "--ca")), Path(flag(argv["party-1"], "--cert"))
-        controller = Controller("party-1", addresses["party-1"], ca, cert.with_name("controller.pem"), cert.with_name("controller.key"))
+        controller = Controller("party-1", addresses["party-1"], ca, cert.with_name("controller-party-1.pem"), cert.with_name("controller-party-1.key"))
         second = SessionOptions.create(3, epsilon=1.0, delta=0.4, key_bits=512, deadline=30).with_addresses(addresses)
         try:
             run_on_nodes(controller, second.to_config(), root / "second.tsv", root / "second.json", timeout=60)

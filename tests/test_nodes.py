@@ -48,7 +48,7 @@ class ToyCluster:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.certs = make_dev_certs(root / "certs", [*node_names(PARTIES), "intruder"])
-        self.addresses = {name: f"{LOOPBACK}:{free_port()}" for name in node_names(PARTIES)[:-1]}
+        self.addresses = {name: f"{LOOPBACK}:{free_port()}" for name in node_names(PARTIES) if not name.startswith("controller-")}
         self.cluster = LocalCluster(root / "logs")
         self.data = {}
         try:
@@ -83,7 +83,7 @@ class ToyCluster:
         )
 
     def controller(self, expect: str = "party-1") -> Controller:
-        cert = self.certs["controller"]
+        cert = self.certs["controller-party-1"]
         return Controller(initiator=expect, address=self.addresses["party-1"], ca=cert.ca, cert=cert.cert, key=cert.key)
 
     def run(self, config: cels_pb2.SessionConfig, out: Path, **kw) -> dict:
@@ -206,11 +206,11 @@ def test_bytes_that_are_no_request_get_invalid_argument(toy) -> None:
     """Issue 13 item 11: bytes that do not parse as the RPC's request message used to get gRPC's
     INTERNAL "Exception deserializing request!"; every RPC parses its request itself."""
     channels = {as_name: open_channel(toy.addresses["party-1"], "party-1", toy.certs[as_name].ca, toy.certs[as_name].cert, toy.certs[as_name].key)
-                for as_name in ("party-2", "controller")}  # a Run is a controller's call
+                for as_name in ("party-2", "controller-party-1")}  # a Run is a controller's call
     garbage = [b"\xff\xff\xff", b"\x2a\xff\xff\xff\x0fabc", b"\x0a\x05ab"]  # a bad tag, a length of 4 GB, a cut string
     for method in ("Deliver", "Signal", "Status", "Run"):
         path = f"/cels.v1.CelsNode/{method}"
-        channel = channels["controller" if method == "Run" else "party-2"]
+        channel = channels["controller-party-1" if method == "Run" else "party-2"]
         for data in garbage:
             if method == "Deliver":
                 call = lambda: channel.stream_unary(path)(iter([data]), timeout=5)  # noqa: E731
@@ -237,7 +237,7 @@ def test_an_overlong_session_id_is_invalid_argument_and_not_echoed(toy) -> None:
         calls = {
             "Deliver": lambda: deliver(stub, toy_hop(long_id, "party-2")),
             "Signal": lambda: stub.Signal(cels_pb2.SessionSignal(session_id=long_id, kind=cels_pb2.SessionSignal.BEGIN), timeout=5),
-            "Run": lambda: list(toy.stub("party-1", "controller").Run(cels_pb2.RunRequest(config=toy.config(long_id)), timeout=5)),
+            "Run": lambda: list(toy.stub("party-1", "controller-party-1").Run(cels_pb2.RunRequest(config=toy.config(long_id)), timeout=5)),
         }
         for method, call in calls.items():
             with pytest.raises(grpc.RpcError) as err:
@@ -279,6 +279,11 @@ def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
     with pytest.raises(SessionAborted) as aborted:
         toy.run(toy.config("pin-2"), tmp_path, controller=impostor)
     assert aborted.value.kind == "REFUSED" and str(aborted.value).startswith("no session ran: refused by party-1 (Run: refused the caller): PERMISSION_DENIED: ")
+    # nor may another organisation's controller (one controller identity per organisation, cels certs)
+    other_org = toy.certs["controller-party-2"]
+    with pytest.raises(SessionAborted) as aborted:
+        toy.run(toy.config("pin-3"), tmp_path, controller=Controller("party-1", toy.addresses["party-1"], other_org.ca, other_org.cert, other_org.key))
+    assert aborted.value.kind == "REFUSED" and "refused by party-1 (Status: refused the caller): PERMISSION_DENIED" in str(aborted.value)
     assert not (tmp_path / "out.tsv").exists()
 
 
@@ -289,9 +294,10 @@ def test_status_gives_the_node_key_to_peers_and_the_stock_to_controllers(toy) ->
     ctrl = toy.controller()
     control = node_statuses(ctrl, {"party-1": toy.addresses["party-1"]})["party-1"]
     assert control.key.n == peer.key.n  # one long-lived key, whoever asks
-    with pytest.raises(grpc.RpcError) as err:  # same CA, but not a node party-1 expects
-        toy.stub("party-1", "intruder").Status(request, timeout=10)
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    for stranger in ("intruder", "controller-party-2"):  # same CA, but not a node party-1 expects, nor its organisation's controller
+        with pytest.raises(grpc.RpcError) as err:
+            toy.stub("party-1", stranger).Status(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, stranger
 
 
 def test_deadline_aborts_and_the_nodes_serve_the_next_session(toy, tmp_path) -> None:
@@ -404,7 +410,7 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
     sys.path.insert(0, str(TOY.parent))
     from nodes_toy import ToyRole
 
-    names = node_names(PARTIES)
+    names = [name for name in node_names(PARTIES) if not name.startswith("controller-")]
     addresses = {name: f"{LOOPBACK}:{free_port()}" for name in names}
     parser = argparse.ArgumentParser()
     add_node_arguments(parser)

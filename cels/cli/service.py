@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-from cels.certs import CONTROLLER, SOLVER, make_dev_certs, node_names
+from cels.certs import SOLVER, controller_name, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
 from cels.cli.progress import SessionProgress
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
@@ -302,7 +302,8 @@ def run_nodes(
     output = out / release_kind(options).output_name(suffix)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
-        certs = make_dev_certs(work / "certs", [SOLVER, *parties, CONTROLLER])
+        nodes = [SOLVER, *parties]
+        certs = make_dev_certs(work / "certs", [*nodes, *(controller_name(n) for n in nodes)])  # one controller per organisation
         addresses = {name: f"{LOOPBACK}:{free_port()}" for name in [SOLVER, *parties]}
         options = options.with_addresses(addresses)
         common = ["--deadline", str(options.deadline), "--node-key-bits", str(options.key_bits)]
@@ -338,13 +339,14 @@ def run_nodes(
                     party = python_module("party_node") + argv + ["--data", str(data), *fmt_args, *stocking]
                     cluster.start(name, addresses[name], party)
             cluster.wait_ready(timeout=60)
-            ctrl = certs[CONTROLLER]
+            # the one user of a simulation runs every organisation's controller: each node is asked with its own
+            ctrl, identities = certs[controller_name(parties[0])], {n: (certs[controller_name(n)].cert, certs[controller_name(n)].key) for n in nodes}
             # the nodes make their node keys at start-up: a deployment's nodes are long-running,
             # so the session (and its online clock) starts once every node is SERVING
-            wait_serving(addresses, {name: (ctrl.ca, ctrl.cert, ctrl.key) for name in addresses}, timeout=max(60.0, limit - time.monotonic()), alive=cluster.check_alive)
+            wait_serving(addresses, {name: (ctrl.ca, *identities[name]) for name in addresses}, timeout=max(60.0, limit - time.monotonic()), alive=cluster.check_alive)
             print(f"started {len(addresses)} node processes on {LOOPBACK} (mutual TLS, fresh dev CA), all serving after "
                   f"{time.monotonic() - started:.1f} s; logs in {cluster.log_dir}", file=sys.stderr, flush=True)  # fmt: skip
-            controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key)
+            controller = Controller(parties[0], addresses[parties[0]], ctrl.ca, ctrl.cert, ctrl.key, identities=identities)
             party_addresses = {p: addresses[p] for p in parties}
             offline = offline_phase(controller, party_addresses, limit - time.monotonic()) if stock else None
             print(f"session {options.session_id}: running (each node's phases as they end)", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +62,18 @@ class Controller:
     cert: Path | None = None
     key: Path | None = None
     insecure: bool = False
+    identities: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    """node -> (cert, key) of that node's own organisation's controller, for one user who runs
+    several organisations' controllers on one machine (``cels simulate``); other nodes get
+    ``cert`` and ``key``."""
 
 
 def controller_channel(controller: Controller, node: str, address: str) -> grpc.Channel:
     """A channel from the controller to ``node`` (mutual TLS unless the controller is insecure)."""
     if controller.insecure:
         return open_channel(address, node, None, None, None)
-    return open_channel(address, node, controller.ca, controller.cert, controller.key)
+    cert, key = controller.identities.get(node, (controller.cert, controller.key))
+    return open_channel(address, node, controller.ca, cert, key)
 
 
 def stock_complete(status: cels_pb2.NodeStatus) -> bool:
@@ -185,8 +190,8 @@ def run_on_nodes(
         try:  # a call that waits for the connection: channel_ready_future's watcher thread outlived the closed channel
             stub.Status(cels_pb2.NodeStatusRequest(), timeout=max(0.0, min(timeout, CONNECT_TIMEOUT)), wait_for_ready=True)
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise SessionAborted(controller.initiator, f"{exc.code().name}: {exc.details()}") from None
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # e.g. another organisation's controller: PERMISSION_DENIED
+                raise SessionAborted(call_abort(config.session_id, controller.initiator, "Status", exc, BEFORE_START, joined=False), rpc_text(exc)) from None
             raise SessionAborted(
                 abort_notice(config.session_id, controller.initiator, UNREACHABLE, "not running, or its certificate does not name it", BEFORE_START),
                 f"cannot connect to {controller.initiator} at {controller.address} within {max(0.0, min(timeout, CONNECT_TIMEOUT)):g}s",

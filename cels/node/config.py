@@ -72,7 +72,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from cels.certs import CONTROLLER
+from cels.certs import controller_name
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
 from cels.node.schemas import NODE_SCHEMAS, check_toml
@@ -103,7 +103,9 @@ class NodeConfig:
     key: Path | None = None
     insecure: bool = False
     deadline: float = DEFAULT_DEADLINE
-    controllers: tuple[str, ...] = (CONTROLLER,)
+    controllers: tuple[str, ...] = ()
+    """The certificate names whose Run, status details and report stream this node serves
+    (default: its own organisation's controller, ``controller-NAME``)."""
     min_key_bits: int = MIN_KEY_BITS
     record_view: Path | None = None
     """Where every session's view of this node is recorded (cels.views), if anywhere."""
@@ -123,6 +125,7 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("node name missing (--name or [node] name)")
+        self.controllers = tuple(self.controllers) or (controller_name(self.name),)
         check_host_port(self.listen, "listen address")
         if self.name in self.peers:
             raise ValueError(f"node {self.name!r} lists itself among its peers")
@@ -165,6 +168,9 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", type=Path, help="CA certificate (PEM) that signs every node")
     parser.add_argument("--cert", type=Path, help="this node's certificate (PEM)")
     parser.add_argument("--key", type=Path, help="this node's private key (PEM)")
+    parser.add_argument("--controller", action="append", default=[], metavar="NAME",
+                        help="a certificate name whose Run, status details and report stream this node serves (repeatable; "
+                        "default: its own organisation's, controller-NAME)")  # fmt: skip
     parser.add_argument("--deadline", type=float, help=f"seconds for every RPC (default {DEFAULT_DEADLINE:g})")
     parser.add_argument("--insecure", action="store_true", default=None, help="no TLS (development only; prints a warning)")
     parser.add_argument(
@@ -273,7 +279,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         key=path_of(args.key, "key"),
         insecure=bool(args.insecure if args.insecure is not None else node.get("insecure", False)),
         deadline=float(args.deadline if args.deadline is not None else node.get("deadline", DEFAULT_DEADLINE)),
-        controllers=tuple(node.get("controllers", (CONTROLLER,))),
+        controllers=tuple(args.controller or node.get("controllers", ())),
         min_key_bits=int(args.min_key_bits if args.min_key_bits is not None else node.get("min_key_bits", MIN_KEY_BITS)),
         record_view=args.record_view or (base / node["record_view"] if "record_view" in node else None),
         keys=key_policy(args, doc.get("keys", {})),

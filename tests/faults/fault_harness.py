@@ -321,7 +321,7 @@ class FaultCluster:
             str(BIN / ("cels-solver" if name == SOLVER else "cels-party")), "--name", name, "--listen", self.listen[name],
             "--ca", str(self.certs / "ca.pem"), "--cert", str(self.certs / f"{name}.pem"), "--key", str(self.certs / f"{name}.key"),
             *peers, "--deadline", str(self.deadline), "--node-key-bits", str(KEY_BITS), "--min-key-bits", str(KEY_BITS),
-            "--obfuscator-workers", "1",
+            "--obfuscator-workers", "1", "--controller", CONTROLLER,  # the harness's one operator controls every node
         ]  # fmt: skip
         if name != SOLVER:
             argv += ["--data", str(self.data[name]), "--format", self.fmt, "--obfuscators", str(self.obfuscators)]

@@ -42,3 +42,14 @@ def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL)
     os._exit(1)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

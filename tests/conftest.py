@@ -81,3 +81,22 @@ def rounds_on_the_user_shards(monkeypatch):
     rounds are larger than cels.engine.ray_work.NODE_WALK_NONZEROS would be (test logs are
     small: their rounds would be walked on the node)."""
     monkeypatch.setattr("cels.engine.ray_work.NODE_WALK_NONZEROS", -1)
+
+
+@pytest.fixture
+def ray_token(monkeypatch):
+    """Ray's token authentication on for this test and what it starts (a party's Ray cluster
+    requires it: cels.engine.ray_trust), with a token in Ray's default file (made, 0600, as
+    ``ray get-auth-token --generate`` would, if there is none)."""
+    import secrets
+
+    from cels.engine.ray_trust import default_token
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    token = default_token()
+    if not token.is_file() and not os.environ.get("RAY_AUTH_TOKEN"):
+        token.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    return token

@@ -91,7 +91,7 @@ def ray_cli(*argv: str) -> None:
 
 
 @pytest.fixture
-def two_raylets(monkeypatch):
+def two_raylets(monkeypatch, ray_token):
     """A Ray head and a second node on 127.0.0.1 (one CPU each); yields the head's ``host:port``.
 
     The cluster's token authentication follows this process's: Ray reads RAY_AUTH_MODE once
@@ -100,7 +100,7 @@ def two_raylets(monkeypatch):
     exists; so the mode is set explicitly for the ray CLI and the party nodes
     (a deployment sets RAY_AUTH_MODE=token everywhere, docs/deployment.md)."""
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))  # inherited by the CLI and the nodes
+    # token authentication on (the ray_token fixture): a party's Ray cluster requires it; inherited by the CLI and the nodes
     temp_dir = tempfile.mkdtemp(prefix="cels-ray-")  # short: Ray's socket paths must fit 107 bytes
     address = f"{LOOPBACK}:{free_port()}"
     common = ["--node-ip-address", LOOPBACK, "--num-cpus", "1", "--temp-dir", temp_dir, "--disable-usage-stats",

@@ -21,7 +21,7 @@ MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kuberay" / "part
 
 def test_the_kuberay_manifest_is_one_partys_cluster_and_node() -> None:
     docs = {d["kind"]: d for d in yaml.safe_load_all(MANIFEST.read_text())}
-    assert set(docs) == {"RayCluster", "ConfigMap", "Deployment"}
+    assert set(docs) == {"RayCluster", "ConfigMap", "Deployment", "NetworkPolicy"}
     namespaces = {d["metadata"]["namespace"] for d in docs.values()}
     assert namespaces == {"cels-party-1"}  # the party's own namespace: no other organisation shares it
     party = tomllib.loads(docs["ConfigMap"]["data"]["party.toml"])
@@ -31,6 +31,18 @@ def test_the_kuberay_manifest_is_one_partys_cluster_and_node() -> None:
     workers = cluster["spec"]["workerGroupSpecs"][0]
     assert workers["replicas"] * int(workers["rayStartParams"]["num-cpus"]) == party["engine"]["shards"]
     assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
-    env = {e["name"]: e["value"] for e in workers["template"]["spec"]["containers"][0]["env"]}
-    assert env == {name: str(value) for name, (_, value) in MALLOC_THRESHOLDS.items()}  # as the node fixes its own
+    env = {e["name"]: e.get("value") for e in workers["template"]["spec"]["containers"][0]["env"]}
+    assert {name: str(value) for name, (_, value) in MALLOC_THRESHOLDS.items()}.items() <= env.items()  # as the node fixes its own
+    containers = {
+        "head": cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0],
+        "worker": workers["template"]["spec"]["containers"][0],
+        "party node": docs["Deployment"]["spec"]["template"]["spec"]["containers"][0],
+    }
+    for who, container in containers.items():  # token authentication and TLS on every Ray process, the driver's too
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token" and env["RAY_USE_TLS"]["value"] == "1", who
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "cels-party-1-ray-token", who
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/ray-tls"}, who
+    policy = docs["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"ray.io/cluster": cluster["metadata"]["name"]} and policy["ingress"] == [{"from": [{"podSelector": {}}]}]
     assert docs["Deployment"]["spec"]["replicas"] == 1  # one node: the keys, the host, the rounds, the ledger

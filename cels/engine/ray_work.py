@@ -70,10 +70,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
+from ray._raylet import Config
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import scipy.sparse as sp
@@ -85,6 +87,7 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.log_shards import LogShard, ShardedLog, ShardedLogWork, on_party_rows
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
+from cels.engine.ray_trust import private_dir, require_token_auth
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.logs.parquet import pyarrow_modules
@@ -230,25 +233,32 @@ class RayEngine:
     watcher that ends the Ray instance the node started, if it started one (cels.engine.reaper);
     ``pool``: the node's warm shard actors (:class:`ShardPool`), if it keeps any."""
 
-    def __init__(self, options: EngineOptions, reaper: subprocess.Popen | None = None, pool: ShardPool | None = None) -> None:
-        self.options, self.reaper, self.pool = options, reaper, pool
+    def __init__(
+        self, options: EngineOptions, reaper: subprocess.Popen | None = None, pool: ShardPool | None = None, own_dir: Path | None = None
+    ) -> None:
+        self.options, self.reaper, self.pool, self.own_dir = options, reaper, pool, own_dir
 
     @classmethod
     def start(cls, options: EngineOptions) -> RayEngine:
-        """Start a local Ray instance (``address = "local"``), watched by a reaper, or join the
-        cluster at ``address``; then start the node's warm shard actors."""
-        reaper = None
+        """Start a local Ray instance (``address = "local"``) under a 0700 directory of the
+        node's, watched by a reaper, or join the cluster at ``address``, with Ray's token
+        authentication on either way (cels.engine.ray_trust); then start the node's warm
+        shard actors."""
+        reaper, own_dir = None, None
         if not ray.is_initialized():
+            require_token_auth(ray.__version__, joining=options.address != LOCAL_RAY)
+            Config.initialize("")  # Ray read RAY_AUTH_MODE when it was imported: this process reads it again, as ray.init does when it turns tokens on
             if options.address == LOCAL_RAY:
-                context = ray.init(include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG)
+                own_dir = private_dir()
+                context = ray.init(include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG, _temp_dir=str(own_dir / "r"))
                 stop_log_monitor()
-                reaper = watch(context.address_info["session_dir"])
+                reaper = watch(context.address_info["session_dir"], own_dir)
             else:
                 check_reachable(options.address)
                 join(options.address)
         pool = ShardPool.start(options.shards)
         warm_task_workers()
-        return cls(options, reaper, pool)
+        return cls(options, reaper, pool, own_dir)
 
     def check(self) -> None:
         """A StartSession: the cluster this node joined still answers (within
@@ -289,7 +299,7 @@ class RayEngine:
         if self.pool is not None:
             self.pool.close()
         ray.shutdown()
-        if self.reaper is not None:  # it ends what shutdown left (and then itself)
+        if self.reaper is not None:  # it ends what shutdown left, removes the node's Ray directory (and then ends itself)
             self.reaper.stdin.close()
             self.reaper.wait(SETTLE_SECONDS + 5)
 
@@ -456,8 +466,7 @@ class PairTasks:
         """Each chunk's result as an :func:`id_array`, in order, as it is asked for, with at most
         ``max_in_flight`` tasks submitted ahead (``tasks``: each chunk's parts of :func:`_pair_chunk`,
         ``size`` ids, the last maybe fewer)."""
-        raw, group = key_material(cipher)
-        key = ray.put(raw)
+        key, group = key_material(cipher)  # an inline argument of each task (over the cluster's authenticated RPC), not an object in the store
         dtype = f"V{id_width(cipher)}"
         task = _pair_chunk.options(max_retries=TASK_RETRIES, retry_exceptions=False)
         pending: deque = deque()

@@ -7,14 +7,17 @@ the GCS, about a minute later; and a node killed by SIGKILL runs no cleanup.  So
 starts its own Ray instance also starts this watcher (:func:`watch`).  It reads its stdin, a
 pipe whose other end only the node holds; when the pipe ends (the node exited, whichever way)
 it kills every process with a file open under the instance's session directory: Ray's
-processes of that instance keep their logs there, and no other instance's do.
+processes of that instance keep their logs there, and no other instance's do.  Then it
+removes the node's own Ray directory (its session, logs and spilled objects:
+cels.engine.ray_trust), if given.
 
-Run as ``python -m cels.engine.reaper NODE_PID SESSION_DIR`` (exit 0: nothing left).
+Run as ``python -m cels.engine.reaper NODE_PID SESSION_DIR [OWN_DIR]`` (exit 0: nothing left).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,19 +58,21 @@ def reap(session_dir: str, spare: set[int]) -> set[int]:
     return left
 
 
-def watch(session_dir: str) -> subprocess.Popen:
+def watch(session_dir: str, own_dir: os.PathLike[str] | None = None) -> subprocess.Popen:
     """Start the reaper of this process's Ray instance; closing its stdin (or this process
     ending) sets it off."""
-    argv = [sys.executable, "-m", "cels.engine.reaper", str(os.getpid()), session_dir]
+    argv = [sys.executable, "-m", "cels.engine.reaper", str(os.getpid()), session_dir, *([str(own_dir)] if own_dir else [])]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
 
 def main(argv: Sequence[str]) -> int:
-    node, session_dir = int(argv[0]), argv[1]
+    node, session_dir, own_dir = int(argv[0]), argv[1], (argv[2] if len(argv) > 2 else None)
     for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C or a stop of the node's group: the node's to handle
         signal.signal(sig, signal.SIG_IGN)
     sys.stdin.buffer.read()  # until the node's end of the pipe closes
     left = reap(session_dir, {node, os.getpid()})
+    if own_dir is not None and not left:
+        shutil.rmtree(own_dir, ignore_errors=True)
     if left:
         print(f"cels reaper: Ray processes of {session_dir} still running: {sorted(left)}", file=sys.stderr)
     return 1 if left else 0

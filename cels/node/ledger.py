@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from cels.fileio import atomic_write, atomic_write_json
+from cels.workers import process_alive
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import WORK_PHASES, Phase
 from cels.protocol.roles import Refusal
@@ -469,14 +470,3 @@ def show(policy: LedgerPolicy, now: float | None = None) -> str:
             budget.append(f"{name} {limit:g} (spent {spent:g}, reserved {held:g}, {limit - spent - held:g} left)")
     lines.append(f"budget: {', '.join(budget)}" if budget else "budget: none (the node records but refuses nothing)")
     return "\n".join(lines)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (``cels ledger`` runs where its node runs)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -337,13 +337,13 @@ def test_a_session_that_loses_a_shard_once_releases_an_audited_log(engine) -> No
 
 
 @pytest.fixture
-def ray_env(monkeypatch):
+def ray_env(monkeypatch, ray_token):
     """Short Ray paths (Ray's socket paths must fit 107 bytes; a node's TMPDIR is long) and no
     usage stats, for the node processes."""
     temp = tempfile.mkdtemp(prefix="cels-rt-")
     monkeypatch.setenv("RAY_TMPDIR", temp)
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
+    # token authentication on (the ray_token fixture): a party's Ray cluster requires it; inherited by the CLI and the nodes
     yield temp
     shutil.rmtree(temp, ignore_errors=True)
 
@@ -376,7 +376,8 @@ def holding(prefix: str) -> set[int]:
 def test_a_sigkilled_party_node_leaves_no_ray_process(tmp_path, ray_env) -> None:
     """party-1 with --engine ray starts its own Ray instance (GCS, raylet, agents, workers, all
     in its process session); SIGKILL the node: within GONE_SECONDS nothing of its process
-    session is left, and no process holds a file of its Ray session directory."""
+    session is left, no process holds a file of its Ray session directory, and the node's own
+    Ray directory (session, logs, spilled objects) is removed."""
     nodes = FaultCluster(tmp_path, users=40, pairs=40, extra={PARTIES[0]: ["--engine", "ray", "--shards", "2"]})
     run = nodes.start_node(PARTIES[0])
     try:
@@ -393,6 +394,11 @@ def test_a_sigkilled_party_node_leaves_no_ray_process(tmp_path, ray_env) -> None
         while ((left := set(session_members(pid))) or holding(session_dir)) and time.monotonic() < limit:
             time.sleep(0.2)
         assert not left and not holding(session_dir), {p: title(p) for p in left | holding(session_dir)}
+        own = Path(session_dir).parent.parent  # the node's 0700 Ray directory (cels.engine.ray_trust): its spilled rows go too
+        assert own.name.startswith(f"cr-{pid}-")
+        while own.exists() and time.monotonic() < limit:
+            time.sleep(0.2)
+        assert not own.exists(), sorted(p.name for p in own.rglob("*"))[:20]
     finally:
         nodes.stop()
 

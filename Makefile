@@ -4,12 +4,18 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test faults audit venv proto bench clean compose-test
+.PHONY: demo test faults audit venv proto bench clean compose-test lock audit-deps
 
-$(STAMP): pyproject.toml
+LOCK = deploy/lock/test.txt
+
+## the environment comes from the hashed lock (every version and file chosen, not drifted), then
+## the project itself without dependencies; make lock refreshes the lock (docs/deployment.md,
+## "Dependencies")
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -20,6 +26,22 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/cels simulate --parties 3 --out demo-out/sampled
 	$(VENV)/bin/cels simulate --parties 3 --release dp --synthetic-users 3000 --out demo-out/dp
+
+## make lock: re-resolve deploy/lock/test.txt (CI and make test: every extra) and
+## deploy/lock/image.txt (the image: the ray extra) with hashes, by pip-tools in a throwaway venv
+lock:
+	$(PYTHON) -m venv build/lock-tools
+	build/lock-tools/bin/pip install --quiet pip-tools pip-audit
+	build/lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra test --extra ray --extra parquet -o deploy/lock/test.txt pyproject.toml
+	build/lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra ray -o deploy/lock/image.txt pyproject.toml
+
+## make audit-deps: pip-audit over both locks (PyPI's advisories; a version PyPI does not know is
+## reported as not audited)
+audit-deps:
+	test -x build/lock-tools/bin/pip-audit || { $(PYTHON) -m venv build/lock-tools && build/lock-tools/bin/pip install --quiet pip-tools pip-audit; }
+	build/lock-tools/bin/pip-audit --disable-pip --no-deps --progress-spinner off -r deploy/lock/test.txt -r deploy/lock/image.txt
 
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)

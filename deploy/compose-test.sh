@@ -160,15 +160,17 @@ wheelhouse() {
         say "the wheelhouse is built by the host's Python $host_python but $BASE_IMAGE has Python $image_python: set PYTHON"
         exit 1
     fi
-    local wheels=build/compose-test/wheelhouse stamp project='.[ray]'  # the extras the Dockerfile installs
-    stamp="python $host_python, $project, $(sha256sum pyproject.toml | cut -d' ' -f1)"
+    local wheels=build/compose-test/wheelhouse stamp lock=deploy/lock/image.txt  # the hashed lock of what the Dockerfile installs ('.[ray]')
+    stamp="python $host_python, $lock, $(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)"
     if [ -f "$wheels/.stamp" ] && [ "$(cat "$wheels/.stamp")" = "$stamp" ]; then
         say "wheelhouse $wheels (cached: pyproject.toml unchanged)"
         return
     fi
     rm -rf "$wheels"
-    # the dependencies and the build backend; the project itself is built inside the image
-    "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels" "$project" 'setuptools>=77' wheel >"$WORK/logs/wheelhouse.log" 2>&1 \
+    # the locked dependencies (their hashes checked), then the build backend; the project itself is
+    # built inside the image, where only these wheels can satisfy '.[ray]' (docs/deployment.md, "Dependencies")
+    { "$PYTHON" -m pip wheel --quiet --require-hashes --no-deps --wheel-dir "$wheels" -r "$lock" \
+        && "$PYTHON" -m pip wheel --quiet --wheel-dir "$wheels" 'setuptools>=77' wheel; } >"$WORK/logs/wheelhouse.log" 2>&1 \
         || { tail -20 "$WORK/logs/wheelhouse.log" >&2; exit 1; }
     rm -f "$wheels"/cels-*.whl
     echo "$stamp" >"$wheels/.stamp"

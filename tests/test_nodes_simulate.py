@@ -11,6 +11,7 @@ import pty
 import re
 import select
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -75,7 +76,9 @@ def test_simulate_with_default_2048_bit_keys(tmp_path, capsys) -> None:
     assert list(views.rglob("sequence.mmd")) and list(views.rglob("sequence.png"))
 
     # every node process was stopped: their ports are free again
-    for line in (out / "node-logs").glob("*.log"):
+    logs = list((tmp_path / "operator" / "report.node-logs").glob("*.log"))  # beside the operator report, not the release
+    assert len(logs) == 4
+    for line in logs:
         address = next(l for l in line.read_text().splitlines() if "listening on" in l).rsplit(" ", 1)[1]
         host, port = address.rsplit(":", 1)
         with pytest.raises(OSError):
@@ -99,7 +102,9 @@ def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     assert operator.parent != out and operator.stat().st_mode & 0o777 == 0o600
     report = json.loads(operator.read_text())
     assert next(iter(report)) == "confidential"
-    assert sorted(p.name for p in out.iterdir()) == ["node-logs", "sanitized.tsv", "sanitized.tsv.release-note.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["sanitized.tsv", "sanitized.tsv.release-note.json"]  # no node log beside the release
+    logs = operator.with_name(f"{operator.name.removesuffix('.json')}.node-logs")
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700 and {stat.S_IMODE(p.stat().st_mode) for p in logs.glob("*.log")} == {0o600}
     note_text = (out / "sanitized.tsv.release-note.json").read_text()
     note = json.loads(note_text)
     for secret in ("total_before", "utility", "kl", "rounds", "seconds", "bytes", "phases", "noise_l1", "input_size"):

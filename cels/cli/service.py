@@ -186,6 +186,12 @@ def run_run(args: argparse.Namespace) -> int:
     return release_notes(report, output, report_path)
 
 
+def node_log_dir(report_path: Path) -> Path:
+    """Where a simulation's node logs go: beside its operator report (``NAME.node-logs/``,
+    0700), since they name the input's sizes."""
+    return report_path.with_name(f"{report_path.name.removesuffix('.json')}.node-logs")
+
+
 def operator_path(given: Path | None, output: Path) -> Path:
     """The operator report's path: the one given (its directory made 0700 if missing), else a
     new one under the operator report directory (cels.reports), never beside the release."""
@@ -279,7 +285,7 @@ def run_nodes(
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
     ``out/sanitized<suffix>`` (a DP histogram: ``out/dp-histogram.tsv``; cels.releases), its release note and the operator report at ``report_path``
     (cels.reports); returns the report (SessionAborted if
-    the session failed; the node logs stay in ``out/node-logs``).
+    the session failed; the node logs stay in :func:`node_log_dir`, the operator's, never beside the release).
 
     ``stock`` (key owner -> obfuscators) runs the offline phase first: every party node stocks
     that many obfuscators for each owner's node key, and the session starts once all stocks
@@ -318,7 +324,7 @@ def run_nodes(
             common += ["--record-view", str(record_view.resolve())]
         print(f"starting {len(addresses)} node processes on {LOOPBACK} (fresh dev CA, each makes its {options.key_bits}-bit node key)",
               file=sys.stderr, flush=True)  # fmt: skip
-        with LocalCluster(out / "node-logs") as cluster:
+        with LocalCluster(node_log_dir(report_path)) as cluster:
             for name in addresses:
                 argv = ["--name", name, "--listen", addresses[name], *tls_args(certs[name]), *peer_args(addresses, name), *common]
                 argv += (node_flags or {}).get(name, [])
@@ -460,7 +466,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
         report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags)
     except SessionAborted as exc:
-        print(f"cels simulate: {exc} (node logs in {args.out / 'node-logs'})", file=sys.stderr)
+        print(f"cels simulate: {exc} (node logs in {node_log_dir(report_path)})", file=sys.stderr)
         return 1
     took = f"cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
     return release_notes(report, output, report_path, took)

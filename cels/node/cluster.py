@@ -94,10 +94,10 @@ class LocalCluster:
         self.stop()
 
     def start(self, name: str, address: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> NodeProcess:
-        """Launch ``argv`` (a node command) with its output in ``log_dir/NAME.log``."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        """Launch ``argv`` (a node command) with its output in ``log_dir/NAME.log`` (0600, in a 0700 directory)."""
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # a node's log names its input's sizes: the operator's only
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "wb")
+        log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
         # a session of its own: a Ctrl-C on the terminal reaches the caller only, which stops the
         # nodes; were the caller SIGKILLed, each node stops by itself (STOP_WITH_PARENT)
         process = subprocess.Popen(

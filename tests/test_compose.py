@@ -192,9 +192,10 @@ def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
         if name not in cluster | {"party-1"}:
             text = yaml.safe_dump(svc)
             assert not any(ref in text for ref in ("ray-head", "ray-worker", "party-1-ray", "RAY_", "CELS_PARTY_1_ENGINE", f":{gcs}", f":{client}")), name
-    # the image has Ray, and make compose-test's offline wheelhouse has its wheels
+    # the image has Ray, and make compose-test's offline wheelhouse has its wheels, from the image's hashed lock
     assert "'/src[ray]'" in (REPO / "Dockerfile").read_text()
-    assert "project='.[ray]'" in (REPO / "deploy" / "compose-test.sh").read_text()
+    assert "lock=deploy/lock/image.txt" in (REPO / "deploy" / "compose-test.sh").read_text()
+    assert "ray==" in (REPO / "deploy" / "lock" / "image.txt").read_text()
 
 
 def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:

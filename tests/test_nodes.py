@@ -20,6 +20,7 @@ from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
 from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes
+from cels.node.health import node_health
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.config import add_data_arguments, add_node_arguments, node_config
 from cels.node.service import Node
@@ -285,6 +286,19 @@ def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
         toy.run(toy.config("pin-3"), tmp_path, controller=Controller("party-1", toy.addresses["party-1"], other_org.ca, other_org.cert, other_org.key))
     assert aborted.value.kind == "REFUSED" and "refused by party-1 (Status: refused the caller): PERMISSION_DENIED" in str(aborted.value)
     assert not (tmp_path / "out.tsv").exists()
+
+
+def test_health_answers_the_nodes_peers_controllers_and_itself_only(toy) -> None:
+    """Any certificate of the CA could read a node's health (issue 40, finding 6): now only the
+    certificates the node knows."""
+    def probe(as_name: str) -> str:
+        cert = toy.certs[as_name]
+        return node_health(toy.addresses["party-1"], "party-1", cert.ca, cert.cert, cert.key, timeout=10)
+
+    wait_for(lambda: probe("party-2") == "SERVING", 60)  # once its node key exists
+    assert [probe(n) for n in ("party-2", "solver", "controller-party-1", "party-1")] == ["SERVING"] * 4
+    for stranger in ("intruder", "controller-party-2"):
+        assert probe(stranger).startswith("PERMISSION_DENIED: health: only this node's peers"), stranger
 
 
 def test_status_gives_the_node_key_to_peers_and_the_stock_to_controllers(toy) -> None:

@@ -2,7 +2,9 @@
 
 A node reports SERVING once it listens and its node key exists (cels.node.keys; with
 ``--session-keys`` as soon as it listens), NOT_SERVING before.  The service sits behind the
-node's mutual TLS like every RPC: a probe presents a certificate of the deployment's CA.
+node's mutual TLS like every RPC, and answers only the certificates the node knows: its
+peers, its controllers and its own (a probe presents one; another certificate of the same CA
+gets PERMISSION_DENIED).
 ``python -m cels.node.health`` is that probe (docker-compose.yml's healthchecks, docs/deployment.md):
 
     python -m cels.node.health --name party-1 --ca ca.pem --cert party-1.pem --key party-1.key 127.0.0.1:7101
@@ -31,9 +33,39 @@ if TYPE_CHECKING:  # the probe imports no more than it needs (it runs every few 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def add_health(server: grpc.Server, keys: NodeKeys) -> health.HealthServicer:
-    """Register the health service on ``server``: NOT_SERVING until ``keys`` has its node key."""
-    servicer = health.HealthServicer()
+class KnownCallersHealth(health.HealthServicer):
+    """The standard health service, for the certificate names in ``allowed`` only (None: any
+    caller, a node without TLS)."""
+
+    def __init__(self, allowed: set[str] | None) -> None:
+        super().__init__()
+        self.allowed = allowed
+
+    def _admit(self, context: grpc.ServicerContext) -> None:
+        if self.allowed is None:
+            return
+        from cels.node.tls import peer_identity
+
+        try:
+            name = peer_identity(context).name
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"health: {exc}")
+        if name not in self.allowed:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "health: only this node's peers, controllers and own certificate")
+
+    def Check(self, request, context):  # noqa: N802 -- gRPC's method name
+        self._admit(context)
+        return super().Check(request, context)
+
+    def Watch(self, request, context, send_response_callback=None):  # noqa: N802
+        self._admit(context)
+        return super().Watch(request, context, send_response_callback)
+
+
+def add_health(server: grpc.Server, keys: NodeKeys, allowed: set[str] | None = None) -> health.HealthServicer:
+    """Register the health service on ``server`` for ``allowed`` callers: NOT_SERVING until
+    ``keys`` has its node key."""
+    servicer = KnownCallersHealth(allowed)
     servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
 

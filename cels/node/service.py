@@ -99,7 +99,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         self.telemetry.watch_pool(pool)
         self.server = grpc.server(pool, options=SERVER_OPTIONS)
         add_node_service(self, self.server)  # requests parsed in the handlers: garbage gets INVALID_ARGUMENT
-        add_health(self.server, self.keys)  # SERVING once the node key exists (cels.node.health)
+        known = None if self.config.insecure else {*self.config.peers, *self.config.controllers, self.config.name}
+        add_health(self.server, self.keys, known)  # SERVING once the node key exists, to known callers only (cels.node.health)
         try:
             if self.config.insecure:
                 warn_insecure(self.config.name)

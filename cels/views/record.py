@@ -170,15 +170,15 @@ class ViewRecorder:
         self.name = role.name
         session = getattr(role, "session_id", "session")
         self.root = Path(directory) / session / self.name
-        (self.root / "messages").mkdir(parents=True, exist_ok=True)
-        (self.root / "decoded").mkdir(exist_ok=True)
+        for made in (Path(directory), Path(directory) / session, self.root, self.root / "messages", self.root / "decoded"):
+            made.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)  # a view holds what the node decoded: its operator's only
         self._seq = 0
         self._lock = threading.Lock()
         self._file = self.root / VIEW_FILE
-        self._file.touch()
+        self._file.touch(mode=PRIVATE_FILE)
         options = getattr(role, "options", None)
         if options is not None:  # the StartSession parameters every node knows
-            atomic_write_json(self.root / SESSION_FILE, MessageToDict(options.to_config(), preserving_proto_field_name=True))
+            atomic_write_json(self.root / SESSION_FILE, MessageToDict(options.to_config(), preserving_proto_field_name=True), file_mode=PRIVATE_FILE)
 
     def __getattr__(self, name: str):
         return getattr(self.role, name)
@@ -222,12 +222,12 @@ class ViewRecorder:
             self._seq += 1
             stem = f"{seq:06d}"
             message = f"messages/{stem}-{direction}-{step}.pb"
-            with atomic_write(self.root / message, "wb") as fh:
+            with atomic_write(self.root / message, "wb", file_mode=PRIVATE_FILE) as fh:
                 fh.write(data)
             decoded = {}
             for name, array in arrays.items():
                 decoded[name] = f"decoded/{stem}-{name}.npy"
-                with atomic_write(self.root / decoded[name], "wb") as fh:
+                with atomic_write(self.root / decoded[name], "wb", file_mode=PRIVATE_FILE) as fh:
                     np.save(fh, array, allow_pickle=False)
             record = {
                 "seq": seq,
@@ -254,6 +254,10 @@ class ViewRecorder:
     def _note(self, seq: int, extra: dict) -> None:
         with self._lock, open(self._file, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"seq": seq, "note": extra}) + "\n")
+
+
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+"""A recorded view's modes (it holds decoded messages)."""
 
 
 def record_views(factory: Callable, directory: str | Path) -> Callable:

@@ -104,3 +104,13 @@ def test_summary_and_sequence_diagram(recorded, tmp_path, capsys) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["solver"]["kind"] == "SolverRole"
     assert "### party-1" in capsys.readouterr().out
+
+
+def test_a_recorded_view_is_its_operators_only(recorded) -> None:
+    """A view holds what its node decoded (issue 40, finding 6: the dumps were 0644): every
+    directory 0700, every file 0600."""
+    root = recorded[0]
+    modes = {path: path.stat().st_mode & 0o777 for path in root.rglob("*") if "sequence" not in path.name}  # `cels views` drawings aside
+    assert modes and all(mode == (0o700 if path.is_dir() else 0o600) for path, mode in modes.items()), {
+        str(p.relative_to(root)): oct(m) for p, m in modes.items() if m not in (0o700, 0o600)
+    }

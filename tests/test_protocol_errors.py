@@ -3,6 +3,11 @@ malformed content -> invalid_argument; an Abort stops every role and nothing is 
 
 from __future__ import annotations
 
+import contextlib
+import time
+
+import numpy as np
+
 import secrets
 
 import pytest
@@ -589,3 +594,38 @@ def test_complete_universe_ids_as_union_keys_are_checked(logs) -> None:
     err = intercepted_error(logs, "party-1", "universe_hop", twin)
     assert err.code == ProtocolError.INVALID_ARGUMENT
     assert "complete universe ids of party-2 are not sorted and distinct" in str(err)
+
+
+def test_a_universe_index_before_the_complete_set_left_is_refused_and_aborts(logs) -> None:
+    """Issue 41 finding 23: on a node, a party's sorted complete ids leave as its link drains,
+    and a UniverseIndex that came before the first of them was a numpy shape error (UNKNOWN at
+    the node) while the session ran on.  Now it is out of order: FAILED_PRECONDITION.  In
+    memory the host hands a Stream over at once, so the test puts party-2 back in the
+    node's state (its ids are back, the complete set has not begun to leave) first."""
+    cfg = config()
+    hosts = session_hosts(logs, cfg, allow_insecure_key_bits=True)
+    seen: dict = {}
+
+    def early_index(node, sender, env):
+        out = node.receive(sender, env)
+        if env.universe_hop.owner == "party-2" and not env.universe_hop.more and "code" not in seen:  # its own ids are all back
+            role = node.host.role(cfg.session_id)
+            role.stage.complete_sent = False  # as on a node whose link has not drained to the complete set
+            role.work.sorted_from = np.zeros(0, dtype=np.int64)
+            n = len(role.work.sent)
+            forged = envelope(cfg.session_id, universe_index=cels_pb2.UniverseIndex(size=n, first=0, columns=list(range(n)), more=False))
+            try:
+                node.host.deliver("party-1", forged, time.monotonic())  # the host's answer, as the node would send it
+                seen["code"] = "accepted"
+            except ProtocolError as exc:
+                seen["code"], seen["message"] = exc.code, str(exc)
+            except Exception as exc:  # noqa: BLE001 -- what the node would have answered UNKNOWN
+                seen["code"] = f"crash: {exc!r}"
+        return out
+
+    hosts["party-2"] = Intercept(hosts["party-2"], "universe_hop", early_index)
+    with contextlib.suppress(ProtocolError):
+        start_session(InMemoryNetwork(hosts), cfg)
+    assert seen["code"] == ProtocolError.INVALID_ARGUMENT, seen
+    assert "universe_index before its complete ids left for party-1" in seen["message"]
+    assert hosts["party-2"].host.host.role(cfg.session_id).aborted is not None  # the session does not run on

@@ -38,9 +38,9 @@ from cels.mechanism.dp_histogram import padding_shift
 from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
+from cels.protocol.rolebase import Overreach, RoleFailure
 from cels.protocol.roles import Outgoing, Stream, fail, malformed
 from cels.protocol.sorted_union import increasing
-from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
@@ -160,6 +160,7 @@ class Universe(Stage):
         self.union = work.union(self.key_width) if seat.name == seat.index_holder else None  # P_1: the index, where the work runs
         self.sets_in = 0  # P_1: complete sets merged into it
         self.indexed = ChunkCursor(f"{seat.name}: universe_index", STREAM_IDS)
+        self.complete_sent = False  # its sorted complete ids began to leave for P_1 (an index can only follow them)
         self.size: int | None = None  # the index size the first UniverseIndex chunk gave
         self.last_column = -1  # the last column a UniverseIndex chunk gave
         self.ids_seen = self.n_own  # every party's set passes this party: the union has at most this many
@@ -254,7 +255,7 @@ class Universe(Stage):
             return []
         keys = self.work.sorted_returned(STREAM_IDS)
         if seat.name != seat.index_holder:
-            return [Stream(self._hops(seat.index_holder, seat.name, list(msg.applied), keys, n))]
+            return [Stream(self._hops(seat.index_holder, seat.name, list(msg.applied), self._leaving(keys), n))]
         last = np.zeros(0, dtype=f"V{self.key_width}")
         for chunk in keys:
             if not increasing(chunk, last):  # P_1's own come back in the order they left, not sorted
@@ -262,6 +263,12 @@ class Universe(Stage):
             self.union.add(seat.name, chunk)
             last = chunk[-1:]
         return self._collect(seat.name)
+
+    def _leaving(self, keys: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """The sorted complete ids as they leave for P_1, marking that they began to."""
+        for chunk in keys:
+            self.complete_sent = True
+            yield chunk
 
     def _complete(self, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         """P_1: a chunk of another party's complete ids, sorted and distinct across chunks; at
@@ -329,6 +336,8 @@ class Universe(Stage):
         seat.expect_sender(sender, seat.index_holder, "universe_index")
         if not self.returned.done and not self.dp:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
+        if not self.complete_sent and not self.dp:  # P_1 cannot have indexed a set it has not seen: no session goes on from it
+            raise Overreach(f"{seat.name}: universe_index before its complete ids left for {seat.index_holder}")
         self.indexed.take(msg.first, len(msg.columns), msg.more)
         most = self.ids_seen + index_padding_bound(seat.options)
         if msg.size > most:

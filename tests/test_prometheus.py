@@ -91,3 +91,18 @@ def test_prometheus_scrapes_a_session(tmp_path) -> None:
     assert sorted(r["metric"]["node"] for r in seen["up"]) == sorted(NODES)
     assert {"load", "universe", "counts", "solve", "sampling", "union"} <= {r["metric"]["phase"] for r in seen["phases"]}
     assert float(seen["sent"][0]["value"][1]) > 0
+
+
+def test_a_taken_metrics_port_names_the_address_and_the_setting() -> None:
+    """Issue 41 finding 9: it said "[Errno 98] Address already in use" alone."""
+    import socket
+
+    from cels.node.telemetry import NodeTelemetry
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(OSError) as err:
+            NodeTelemetry("party-1", "party").serve(address)
+    assert str(err.value).startswith(f"party-1: cannot serve metrics on {address} (--metrics-listen / [metrics] listen): ")

@@ -182,3 +182,14 @@ def test_a_peer_entering_a_phase_ends_its_earlier_ones_live():
         progress.step(report("party-2", phase))
     assert progress.counted == {("party-2", "load"), ("party-2", "universe"), ("party-2", "counts")}
     assert sum(" done " in line for line in stream.getvalue().splitlines()) == 3
+
+
+def test_simulate_on_ray_without_the_extra_says_so_before_any_node_starts(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 41 finding 3: the nodes were started and one ended in a traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main(["simulate", "--parties", "2", "--engine", "ray", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == "cels simulate: error: --engine ray needs the ray extra (pip install 'cels[ray]')\n"
+    assert not (tmp_path / "out").exists()

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -437,7 +438,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory")
     options = simulate_options(args, args.parties)
-    engine_options(args, {})  # checked here: every party node gets the same engine flags
+    if engine_options(args, {}).kind == "ray" and importlib.util.find_spec("ray") is None:  # before any node starts
+        raise ValueError("--engine ray needs the ray extra (pip install 'cels[ray]')")
     warn_transformed(options, "cels simulate")
     if options.key_bits < DEFAULT_KEY_BITS:
         print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)

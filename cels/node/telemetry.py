@@ -265,7 +265,10 @@ class NodeTelemetry:
         """Serve ``/metrics`` on ``listen`` (host:port) in a thread of its own; the bound port
         (OSError when it is taken)."""
         host, _, port = listen.rpartition(":")
-        self._http, _thread = start_http_server(int(port), addr=host.strip("[]") or METRICS_HOST, registry=self.registry)
+        try:
+            self._http, _thread = start_http_server(int(port), addr=host.strip("[]") or METRICS_HOST, registry=self.registry)
+        except OSError as exc:  # a taken port: name the address and the setting, not only the errno
+            raise OSError(f"{self.name}: cannot serve metrics on {listen} (--metrics-listen / [metrics] listen): {exc.strerror or exc}") from None
         return int(self._http.server_port)
 
     def close(self) -> None:

@@ -306,6 +306,7 @@ def run_nodes(
     ``while_up(cluster)`` runs after the session, before the nodes stop."""
     parties = list(options.parties)
     limit = time.monotonic() + timeout
+    out.mkdir(parents=True, exist_ok=True)
     output = out / release_kind(options).output_name(suffix)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)

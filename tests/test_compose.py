@@ -251,6 +251,13 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         assert failed.returncode == 1, failed.stderr
         assert "cels run: party-2 failed in phase load (cannot load its log)" in failed.stderr, failed.stderr
         assert "line 2" in cluster.nodes["party-2"].log_text()
+        assert "line 2" not in failed.stderr  # party-2's details stay with party-2's operator
+        # the initiator's own bad log: its controller (the caller) gets the file, line and field (issue 41 finding 25)
+        first = tmp_path / "data" / "party-1.tsv"
+        first.write_text(bad.read_text())
+        own = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
+        assert own.returncode == 1 and "cels run: party-1 failed in phase load (cannot load its log): " in own.stderr, own.stderr
+        assert "party-1.tsv, line 2" in own.stderr, own.stderr
         assert {name: (tmp_path / "out" / name).read_bytes() for name in released} == released
         assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["operator", "sanitized.tsv", "sanitized.tsv.release-note.json"]
     sanitized = (tmp_path / "out" / "sanitized.tsv").read_text().splitlines()

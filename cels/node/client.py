@@ -211,7 +211,7 @@ def run_on_nodes(
                     elif kind == "report":
                         report = table_of(event.report)
                     elif kind == "aborted":
-                        raise SessionAborted(event.aborted)
+                        raise SessionAborted(event.aborted, event.detail)
                 if report is None:
                     raise SessionAborted(abort_notice(config.session_id, controller.initiator, PROTOCOL_ERROR, "the stream ended without a report", None))
         except grpc.RpcError as exc:  # the initiator refused the run, or its stream broke (the details are for its controller)

@@ -56,8 +56,8 @@ def follow(driver: SessionDriver, link: SessionLink, write_output: OutputWriter,
                 yield cels_pb2.RunEvent(progress=report)
             if item.phase not in (Phase.OVER, Phase.FAILED):
                 yield _phase_start(sid, me, item.phase, time.monotonic() - link.started)
-        elif isinstance(item, Event) and item.kind == ABORTED:
-            yield cels_pb2.RunEvent(aborted=item.abort)
+        elif isinstance(item, Event) and item.kind == ABORTED:  # the caller is this node's controller: its own failure's details too
+            yield cels_pb2.RunEvent(aborted=item.abort, detail=item.detail if item.abort.origin == me else "")
             return
         elif isinstance(item, Event) and item.kind == DONE:
             break

@@ -58,11 +58,14 @@ def operator_report_dir() -> Path:
     return Path(state) / "cels" / "reports"
 
 
-def default_operator_path(release: str | os.PathLike[str]) -> Path:
-    """``<operator_report_dir>/<release name>.<UTC time>.report.json``, the directory made 0700."""
+def default_operator_path(release: str | os.PathLike[str], session_id: str | None = None) -> Path:
+    """``<operator_report_dir>/<release name>.<UTC time>[.<session id>].report.json``, the
+    directory made 0700: a session's report is named by its session id (two runs in one second
+    do not share a name), and matches its release note and the parties' ledger entries."""
     directory = operator_report_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return directory / f"{Path(release).name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.report.json"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + (f".{session_id}" if session_id else "")
+    return directory / f"{Path(release).name}.{stamp}.report.json"
 
 
 def _lookup(report: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -81,6 +84,7 @@ def release_note(report: dict[str, Any], release: str | os.PathLike[str]) -> dic
     return {
         "release_note": PUBLIC_NOTE,
         "release": Path(release).name,
+        **({"session_id": report["session_id"]} if report.get("session_id") else {}),  # the parties' ledgers name it too
         "method": report.get("method"),
         "privacy": {k: privacy[k] for k in _PUBLIC_PRIVACY if k in privacy},
         "settings": {k: v for k, v in settings.items() if v is not None},

@@ -182,3 +182,21 @@ def test_simulate_on_a_terminal_shows_bars_says_what_it_does_and_peers_phases_as
         assert ended is not None and done is not None and released is not None, console[-3000:]
         assert ended + 1.0 < released and ended < done, (peer, ended, done, released)
     assert "session wall time" in console and "cels simulate took" in console
+
+
+def test_two_simulations_name_their_reports_by_session_and_the_note_names_the_session(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 41 finding 2: two runs in one second shared a report name (one-second stamps),
+    and nothing tied a release to the parties' ledger entries.  Now the default report is named
+    by the session id, which the release note carries too."""
+    monkeypatch.setenv("CELS_REPORT_DIR", str(tmp_path / "reports"))
+    notes = []
+    for k in range(2):
+        out = tmp_path / f"out-{k}"
+        assert main(["simulate", "--parties", "2", "--synthetic-users", "40", "--synthetic-pairs", "20", "--key-bits", "512", "--out", str(out)]) == 0
+        notes.append(json.loads((out / "sanitized.tsv.release-note.json").read_text()))
+    capsys.readouterr()
+    reports = sorted((tmp_path / "reports").glob("*.report.json"))
+    assert len(reports) == 2 and notes[0]["session_id"] != notes[1]["session_id"]
+    for note in notes:
+        (report,) = [r for r in reports if note["session_id"] in r.name]
+        assert json.loads(report.read_text())["session_id"] == note["session_id"]

@@ -166,7 +166,7 @@ def run_run(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.config}: [run] {key} = {run[key]!r}: {path} {'is not a file' if path.exists() else 'does not exist'}")
     controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
     output = base / run["output"]
-    report_path = operator_path(base / run["report"] if "report" in run else None, output)
+    report_path = operator_path(base / run["report"] if "report" in run else None, output, options.session_id)
     check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path})
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
     print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
@@ -193,11 +193,11 @@ def node_log_dir(report_path: Path) -> Path:
     return report_path.with_name(f"{report_path.name.removesuffix('.json')}.node-logs")
 
 
-def operator_path(given: Path | None, output: Path) -> Path:
+def operator_path(given: Path | None, output: Path, session_id: str | None = None) -> Path:
     """The operator report's path: the one given (its directory made 0700 if missing), else a
     new one under the operator report directory (cels.reports), never beside the release."""
     if given is None:
-        return default_operator_path(output)
+        return default_operator_path(output, session_id)
     given.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return given
 
@@ -456,7 +456,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     suffix = ".parquet" if args.format == "parquet" else output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / release_kind(options).output_name(suffix)
-    report_path = operator_path(args.report, output)
+    report_path = operator_path(args.report, output, options.session_id)
     check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else ())
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "

@@ -81,7 +81,7 @@ def test_docs_show_the_policy_rules_as_they_are() -> None:
     assert len(policy_table().splitlines()) == 2 + len(RULES)
 
 
-def test_a_party_node_refuses_before_its_budget_is_reserved_with_failed_precondition(tmp_path) -> None:
+def test_a_party_node_refuses_before_its_budget_is_reserved_with_failed_precondition(tmp_path, caplog) -> None:
     """The node's policy comes first: FAILED_PRECONDITION naming the rule (the value for the
     node's controller), the structured refusal peers read, and no reservation in its ledger."""
     ledger = tmp_path / "l.json"
@@ -104,5 +104,6 @@ def test_a_party_node_refuses_before_its_budget_is_reserved_with_failed_precondi
         assert (notice.origin, notice.kind, notice.reason) == ("party-1", REFUSED, "policy.max_epsilon")
         assert describe(notice) == "no session ran: refused by party-1 (policy.max_epsilon)"
         assert read_reservations(ledger)[0] == {}
+        assert "party-1 refuses session greedy: policy.max_epsilon: epsilon = 8 is above 4" in caplog.text  # the refusing node's own log
     finally:
         node.stop()

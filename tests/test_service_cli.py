@@ -193,3 +193,13 @@ def test_simulate_on_ray_without_the_extra_says_so_before_any_node_starts(tmp_pa
     assert main(["simulate", "--parties", "2", "--engine", "ray", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == "cels simulate: error: --engine ray needs the ray extra (pip install 'cels[ray]')\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_split_of_a_missing_input_says_so_in_one_line_and_makes_no_directory(tmp_path, capsys) -> None:
+    """Issue 41 finding 17: a raw [Errno 2], and the output directories were made first."""
+    assert main(["split", str(tmp_path / "nosuch.tsv"), "--format", "aol", "--parties", "2", "--out", str(tmp_path / "parts" / "party-{k}.tsv")]) == 2
+    assert capsys.readouterr().err == f"cels split: error: input {tmp_path / 'nosuch.tsv'} does not exist\n"
+    assert not (tmp_path / "parts").exists()
+    with pytest.raises(SystemExit):
+        main(["split", "--help"])
+    assert "``" not in capsys.readouterr().out  # plain text, not reST

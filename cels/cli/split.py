@@ -18,8 +18,16 @@ from cels.fileio import check_output_paths
 from cels.logs import write_log
 
 
+DESCRIPTION = """Split one log into per-party files: each user's whole log at exactly one party (the
+paper's horizontal partition), user j to party j mod R, or a seeded random partition with
+--seed.  Each file is written in the input's format (AOL rows lose QueryTime and ItemRank);
+a pattern ending in .parquet writes Parquet files whatever the input's format.
+
+  cels split LOG --format aol --parties 3 --out 'data/party-{k}.tsv'"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("split", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("split", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", metavar="INPUT", help="the log to split")
     add_input_arguments(parser)
     parser.add_argument("--parties", type=int, required=True, metavar="R", help="number of parties (files)")
@@ -32,10 +40,12 @@ def run(args: argparse.Namespace) -> int:
     if "{k}" not in args.out:
         raise ValueError(f"--out {args.out!r} needs {{k}} for the party number, e.g. data/party-{{k}}.tsv")
     outputs = {f"--out (party {k})": args.out.replace("{k}", str(k)) for k in range(1, args.parties + 1)}
+    if not Path(args.input).exists():  # before any directory is made: a typo leaves nothing behind
+        raise ValueError(f"input {args.input} does not exist")
+    log = load_input(args)
     for path in outputs.values():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     check_output_paths(outputs, inputs=(args.input,))
-    log = load_input(args)
     shares = log.split_by_user(args.parties, seed=args.seed)
     for path, share in zip(outputs.values(), shares):
         write_log(share, path)

@@ -236,3 +236,18 @@ def test_a_second_node_on_a_taken_address_exits_1_naming_it(tmp_path) -> None:
         assert f"cels-party: cannot serve: party-3: cannot listen on {address}" in err
         assert "serving on" not in err and "listening on" not in err
         assert cluster.nodes["party-2"].process.poll() is None  # the first node serves on
+
+
+def test_a_missing_certificate_names_its_toml_key_and_flag(tmp_path, capsys) -> None:
+    """Issue 41 finding 21: "cert file X does not exist" did not say where X was set."""
+    from party_node.__main__ import main as party_main
+
+    data = tmp_path / "d.tsv"
+    data.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\t\t\thttp://x/\n")
+    for name in ("ca.pem", "party-1.key"):
+        (tmp_path / name).write_text("x")
+    config = tmp_path / "party.toml"
+    config.write_text(f'[node]\nname = "party-1"\nlisten = "127.0.0.1:7101"\n[tls]\nca = "ca.pem"\ncert = "party-1.pem"\nkey = "party-1.key"\n'
+                      f'[data]\npath = "{data}"\n')  # fmt: skip
+    assert party_main(["--config", str(config)]) == 2
+    assert capsys.readouterr().err == f"cels-party: error: [tls] cert (--cert): {tmp_path / 'party-1.pem'} does not exist\n"

@@ -146,7 +146,7 @@ class NodeConfig:
                 )
             for n in ("ca", "cert", "key"):
                 if not Path(getattr(self, n)).is_file():
-                    raise ValueError(f"{n} file {getattr(self, n)} does not exist")
+                    raise ValueError(f"[tls] {n} (--{n}): {getattr(self, n)} does not exist")
             from cels.node.tls import certificate_identity  # grpc: only once the node is configured
 
             try:

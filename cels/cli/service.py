@@ -173,7 +173,7 @@ def run_run(args: argparse.Namespace) -> int:
     warn_transformed(options, "cels run")
     progress = SessionProgress(options)
     try:
-        wait_reachable(controller, nodes, CONNECT_TIMEOUT, unreachable_printer())
+        wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
         report = run_on_nodes(
             controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
             on_phase_start=progress.start,

@@ -160,6 +160,7 @@ SESSION_SCHEMA: dict[str, Any] = {
                 "output": {"type": "string"},
                 "report": {"type": "string"},
                 "timeout": POSITIVE,
+                "wait": {**POSITIVE, "description": "seconds cels run waits for the nodes to answer (default 60)"},
                 "nodes": PEERS_TABLE,
             },
         },

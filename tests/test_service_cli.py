@@ -209,8 +209,6 @@ def test_split_of_a_missing_input_says_so_in_one_line_and_makes_no_directory(tmp
 
 def test_run_waits_for_the_nodes_as_long_as_run_wait_says(tmp_path, capsys) -> None:
     """Issue 41 finding 21: the 60 s wait for the nodes could not be changed."""
-    from cels.node.cluster import free_port
-
     path = session_toml(tmp_path, address=f"127.0.0.1:{free_port()}", extra="wait = 2")
     started = time.monotonic()
     assert main(["run", "--config", str(path)]) == 1

@@ -4,7 +4,6 @@ nodes that are not up, a missing input, and the live phase lines of a session.""
 from __future__ import annotations
 
 import io
-
 import time
 
 import pytest

@@ -303,9 +303,10 @@ class Ledger:
                 raise LedgerError(f"ledger {policy.path}: cannot write beside it: {exc}") from None
         return ledger
 
-    def _entries(self, create: bool = False) -> list[dict[str, Any]]:
-        """The ledger's entries; with ``create``, its key and empty file made at a node's first
-        start, or a version 1 file signed when no key exists yet (under both locks)."""
+    def _entries(self, create: bool = False) -> tuple[list[dict[str, Any]], bytes | None]:
+        """The ledger's entries and its key (read once); with ``create``, its key and empty file
+        made at a node's first start, or a version 1 file signed when no key exists yet (under
+        both locks)."""
         p = self.policy
         assert p is not None
         if create and not p.key_file.exists() and p.path.exists() and _version(p.path) == 1:
@@ -316,11 +317,11 @@ class Ledger:
             for entry in entries:
                 signed.append(chained(key, signed, {k: v for k, v in entry.items() if k not in ("prev", "mac")}))
             write_entries(p.path, key, signed)
-            return signed
+            return signed, key
         key = read_key(p.path, p.key_file, create=create)
         if key is not None and not p.path.exists():
             write_entries(p.path, key, [])
-        return read_entries(p.path, p.key_file)
+        return read_entries(p.path, p.key_file), key
 
     def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
         """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
@@ -330,7 +331,7 @@ class Ledger:
             return make_role()
         eps, delta, noise = session_cost(options)
         with self._lock, locked(self.policy.path):
-            spent = totals(self._entries(create=True), self.policy.window_days, self.clock())
+            spent = totals(self._entries(create=True)[0], self.policy.window_days, self.clock())
             self._check(options.session_id, spent, eps + noise, delta)
             self._reserved[options.session_id] = Reservation(eps + noise, delta, self.clock())
             self._show_reserved()
@@ -396,8 +397,7 @@ class Ledger:
             "initiator": options.initiator,
         }
         with self._lock, locked(self.policy.path):
-            entries = self._entries(create=True)
-            key = read_key(self.policy.path, self.policy.key_file, create=False)
+            entries, key = self._entries(create=True)
             assert key is not None
             write_entries(self.policy.path, key, [*entries, chained(key, entries, entry)])
             if self._reserved.pop(options.session_id, None) is not None:

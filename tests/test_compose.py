@@ -246,6 +246,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
                 assert 'cels_sessions_total{outcome="done"} 1.0' in page.read().decode(), service
         # a malformed log on party-2: the session aborts, the run names party-2 (its log: the line), nothing is written
         bad = tmp_path / "data" / "party-2.tsv"
+        good = bad.read_bytes()
         bad.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\tt\tr\thttp://x/\textra\n")
         failed = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
         assert failed.returncode == 1, failed.stderr
@@ -255,6 +256,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         # the initiator's own bad log: its controller (the caller) gets the file, line and field (issue 41 finding 25)
         first = tmp_path / "data" / "party-1.tsv"
         first.write_text(bad.read_text())
+        bad.write_bytes(good)  # party-1 alone fails now
         own = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
         assert own.returncode == 1 and "cels run: party-1 failed in phase load (cannot load its log): " in own.stderr, own.stderr
         assert "party-1.tsv, line 2" in own.stderr, own.stderr

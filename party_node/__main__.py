@@ -74,12 +74,18 @@ def start(argv: Sequence[str] | None):
     decryption_pool = ElasticThreadPool(os.cpu_count() or 1, thread_name_prefix="decrypt")
     works = {}  # session id -> its work, until the session ends here
 
-    def factory(session: SessionOptions, keys: NodeKeys):
-        # the party's policy first (cels.node.policy), then a Ray cluster that no longer answers
-        # refuses the session (FAILED_PRECONDITION), then the privacy budget is checked (a
-        # refusal is FAILED_PRECONDITION too); the log is read when the session begins (a bad
-        # log aborts that session, not the node)
+    def screen(session: SessionOptions) -> bool:
+        # the party's policy first (cels.node.policy), before anything is read or reserved; a
+        # session its operator approves by hand waits here (cels approve)
         policy.check(config.name, session)
+        return policy.awaits(config.name, session)
+
+    def factory(session: SessionOptions, keys: NodeKeys):
+        # once the policy admitted the session (screen) and, where the policy says so, its
+        # operator approved it: a Ray cluster that no longer answers refuses the session
+        # (FAILED_PRECONDITION), then the privacy budget is checked (a refusal is
+        # FAILED_PRECONDITION too); the log is read when the session begins (a bad log aborts
+        # that session, not the node)
         if session.release == "sampled" and session.solve == "transformed":
             log.warning("%s: session %s: %s", config.name, session.session_id, TRANSFORMED_WARNING)
         engine.check()
@@ -112,7 +118,7 @@ def start(argv: Sequence[str] | None):
             engine.release(work)
         ledger.release(session_id)
 
-    node = Node(config, factory, write_output, encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close)
+    node = Node(config, factory, write_output, encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close, screen=screen)
     return node
 
 

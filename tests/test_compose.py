@@ -27,7 +27,7 @@ import yaml
 from cels.logs import synthetic_log, write_log
 from cels.node.client import Controller, node_statuses, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
-from cels.node.ledger import read_entries
+from cels.node.ledger_file import read_entries
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -269,7 +269,7 @@ def test_status_json_gives_byte_counts_as_numbers() -> None:
 
 def test_a_reader_that_stops_early_gets_no_broken_pipe_message(tmp_path) -> None:
     """``cels ... | head`` printed "Broken pipe" (issue 41 finding 18): the reader left, nothing to say."""
-    from cels.node.ledger import digest
+    from cels.node.ledger_file import digest
 
     entries = [{"session_id": f"s{i}", "finished_at": 1e9 + i, "epsilon": 1.0, "delta": 0.1, "noise_epsilon": 0.0, "epsilon_total": 1.0,
                 "end_to_end": False, "parties": ["party-1", "party-2"], "initiator": "party-1"} for i in range(20_000)]  # fmt: skip

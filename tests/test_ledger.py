@@ -13,13 +13,13 @@ import pytest
 
 from cels.cli import main
 from cels.node.cluster import LOOPBACK, free_port
-from cels.node.ledger import (
-    Ledger, LedgerError, LedgerPolicy, Reservation, digest, key_path, mac, read_entries, read_reservations, reservations_path,
-)  # fmt: skip
+from cels.node.ledger import Ledger, LedgerPolicy
+from cels.node.ledger_file import LedgerError, Reservation, digest, key_path, mac, read_entries, read_reservations, reservations_path
 from cels.node.peers import sent_abort
 from cels.protocol.aborts import REFUSED, describe
 from cels.protocol.phases import Phase
 from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Refusal
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from cels.protocol.wire.codec import phase_from_wire
 from party_node.__main__ import main as party_main, start as party_start
@@ -155,6 +155,21 @@ def test_the_ledger_survives_restarts_and_cels_ledger_shows_it(tmp_path, capsys)
     assert "s1  eps 2 (no noise on the counts)  delta 0.25" in out
     assert "(7 days): 2 session(s), eps 3.5, delta 0.5; 2 without noise on the counts" in out
     assert "budget: eps 10 (spent 3.5, reserved 0, 6.5 left)" in out
+
+
+def test_a_session_id_used_before_is_refused_after_a_restart(tmp_path):
+    """The ids of charged sessions are kept across a restart: a replayed StartSession (or an
+    initiator reusing an id) cannot make a second release under the id of the first."""
+    path = tmp_path / "party-1.ledger.json"
+    finish(Ledger(LedgerPolicy(path)), session("s1"))
+    restarted = Ledger(LedgerPolicy(path))
+    with pytest.raises(Refusal, match=r"session s1 was charged already \(finished \d{4}-\d\d-\d\d") as refused:
+        restarted.admit(session("s1"), FinishingRole)
+    assert refused.value.public == "the session id is taken"
+    restarted.admit(session("s2"), FinishingRole)
+    with pytest.raises(Refusal, match=r"session s2 was charged already \(running\)"):
+        restarted.admit(session("s2"), FinishingRole)
+    assert len(read_entries(path)) == 1
 
 
 @pytest.mark.parametrize(

@@ -434,8 +434,9 @@ def test_a_peer_abort_before_begin_ends_the_run_stream_naming_that_peer() -> Non
     sent: list[tuple[str, str]] = []
 
     class Peers:  # party-2's abort notice lands while party-1 signals BEGIN
-        def deliver(self, target, frames, deadline) -> None:
+        def deliver(self, target, frames, deadline) -> cels_pb2.Ack:
             sent.append((target, "start_session"))
+            return cels_pb2.Ack(session_id=frames[0].session_id)
 
         def signal(self, target, session_id, kind, deadline) -> None:
             if target == "party-2":

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from cels.node.cluster import LOOPBACK, free_port
-from cels.node.ledger import read_reservations
+from cels.node.ledger_file import read_reservations
 from cels.node.peers import sent_abort
 from cels.node.policy import RULES, PartyPolicy, add_policy_arguments, admitting, policy_table
 from cels.node.schemas import NODE_SCHEMAS, check_toml

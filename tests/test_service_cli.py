@@ -212,4 +212,6 @@ def test_run_waits_for_the_nodes_as_long_as_run_wait_says(tmp_path, capsys) -> N
     started = time.monotonic()
     assert main(["run", "--config", str(path)]) == 1
     assert time.monotonic() - started < 20
-    assert "party-1" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "party-1" in printed.err
+    assert "session " not in printed.out  # finding 21: no session id for a session that never started

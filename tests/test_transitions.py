@@ -12,6 +12,7 @@ import pytest
 from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.protocol.options import SessionOptions
+from cels.protocol.host import HOST_STEPS
 from cels.protocol.party import PartyRole
 from cels.protocol.phases import Phase
 from cels.protocol.roles import ProtocolError
@@ -20,7 +21,7 @@ from cels.protocol.wire import cels_pb2
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 ROLE_PHASES = [p for p in Phase if p not in (Phase.CONTROL, Phase.START)]
-HOST_STEPS = {"start_session", "abort"}
+HOST_TAKES = {"start_session": "any phase (the host)", "abort": "any phase (the host)", "approval": "the initiator, prepared (the host)"}
 """Step messages the host or every role takes whatever the phase (not rows of a role's table)."""
 STEPS = [f.name for f in cels_pb2.Envelope.DESCRIPTOR.oneofs_by_name["step"].fields]
 
@@ -106,7 +107,7 @@ def table_markdown() -> str:
             row = role_class.ACCEPTS.get(step)
             cells.append(", ".join(p.value for p in ROLE_PHASES if row is not None and p in row.phases) or "refused")
         if step in HOST_STEPS:
-            cells = ["any phase (the host)"] * 2
+            cells = [HOST_TAKES[step], HOST_TAKES[step] if step != "approval" else "refused"]
         rows.append(f"| `{step}` | {cells[0]} | {cells[1]} |")
     return "\n".join(rows)
 

@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "split": ("cels.cli.split", "split one log by user into per-party files"),
     "ledger": ("cels.cli.ledger", "show a party node's privacy budget ledger and the budget left"),
     "status": ("cels.cli.status", "is a node serving: its sessions, ledger and peers (node.toml)"),
+    "approve": ("cels.cli.approve", "approve a session that waits for a party node's operator (its policy: approve = manual)"),
+    "reject": ("cels.cli.approve", "reject a session that waits for a party node's operator"),
     "demo": ("cels.cli.demo", "sanitize the embedded synthetic log and print a summary"),
     "params": ("cels.cli.params", "baseline parameter calculations as JSON"),
     "bench": ("cels.cli.bench", "measure speed, bytes and memory; prints JSON"),

@@ -134,6 +134,19 @@ def session_options(table: dict[str, Any]) -> SessionOptions:
         raise ValueError(f"[session]: {exc}") from None
 
 
+def approval_printer(options: SessionOptions) -> Callable[[str, bool], None]:
+    """``cels run``'s lines for a party whose operator approves the session first."""
+
+    def show(party: str, approved: bool) -> None:
+        if approved:
+            print(f"cels run: {party}'s operator approved session {options.session_id}", file=sys.stderr)
+        else:
+            print(f"cels run: {party} waits for its operator to approve session {options.session_id} (on its host: cels approve "
+                  f"--config {party}.toml {options.session_id}; at most {options.approval_wait:g} s, --approval-wait)", file=sys.stderr)  # fmt: skip
+
+    return show
+
+
 def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float], None]:
     """``cels run`` while it waits for nodes: which are unreachable at which address, when
     that changes and every ``every`` seconds."""
@@ -169,20 +182,23 @@ def run_run(args: argparse.Namespace) -> int:
     report_path = operator_path(base / run["report"] if "report" in run else None, output, options.session_id)
     check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path})
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
-    print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
-    warn_transformed(options, "cels run")
-    progress = SessionProgress(options)
+    progress = None
     try:
         wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
+        # the session's id once the nodes answer: no id is printed for a session that never started
+        print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+        warn_transformed(options, "cels run")
+        progress = SessionProgress(options)
         report = run_on_nodes(
             controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
-            on_phase_start=progress.start,
+            on_phase_start=progress.start, on_approval=approval_printer(options),
         )  # fmt: skip
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
         return 1
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
     progress.finish(report)
     return release_notes(report, output, report_path)
 

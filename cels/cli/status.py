@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 EXIT_SERVING, EXIT_NOT_SERVING, EXIT_BAD_CONFIG, EXIT_PEER_UNREACHABLE = 0, 1, 2, 4
+SHOWN = ("initiator", "parties", "release", "solve", "epsilon", "delta", "noise_epsilon", "keep_user_ids", "collusion",
+         "items", "max_items_per_user", "key_bits", "approval_wait")  # fmt: skip
+"""The parameters an operator is shown of a session that waits for it."""
+
 WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 """Listen hosts that are no address to call: ``cels status`` calls 127.0.0.1 instead."""
 
@@ -50,6 +54,18 @@ def node_settings(path: Path):
     add_node_arguments(parser)
     config = node_config(parser.parse_args(["--config", str(path)]), role_table)
     return config, "solver" if role_table == "solver" else "party"
+
+
+def parameters(config: Any) -> str:
+    """A session's parameters as one line (the :data:`SHOWN` ones)."""
+    from cels.protocol.options import SessionOptions
+
+    options = SessionOptions.from_config(config)
+    shown = []
+    for name in SHOWN:
+        value = getattr(options, name)
+        shown.append(f"{name} {','.join(value) if isinstance(value, tuple) else value}")
+    return "; ".join(shown)
 
 
 def call_address(listen: str) -> str:
@@ -117,8 +133,9 @@ def node_state(config, address: str, timeout: float) -> dict[str, Any]:
         channel.close()
     sessions = [
         json_message(s) | ({"engine": table_of(s.engine)} if s.HasField("engine") else {})
+        | ({"parameters": parameters(s.config)} if s.HasField("config") else {})
         for s in status.sessions
-    ]  # a party's engine usage as its report (cels.engine), not as a Table's entries
+    ]  # a party's engine usage as its report (cels.engine), not as a Table's entries; what awaits approval, in one line
     ledger = None
     if status.HasField("ledger"):
         from cels.node.telemetry import budget_left
@@ -152,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         reached = {name: probe.result() for name, probe in peers.items()}
     serving = state["health"] == "SERVING" and state["status"] is not None
     code = EXIT_NOT_SERVING if not serving else EXIT_SERVING if all(p["reachable"] for p in reached.values()) else EXIT_PEER_UNREACHABLE
-    result = {"node": config.name, "role": role, "address": address, "serving": serving, **state, "peers": reached, "exit_code": code}
+    result = {"node": config.name, "role": role, "config": str(args.config), "address": address, "serving": serving, **state, "peers": reached, "exit_code": code}
     print(json.dumps(result, indent=2) if args.json else tables(result, args.timeout))
     return code
 
@@ -181,6 +198,9 @@ def tables(result: dict[str, Any], timeout: float) -> str:
             rows.append((s["session_id"], s["outcome"], s["phase"], _when(s["started_at"]), f"{s['seconds']:.1f}",
                          f"{int(s['bytes_sent']) / 1e6:.3f}", f"{int(s['bytes_received']) / 1e6:.3f}", s["initiator"], why[:80]))  # fmt: skip
         lines += _aligned(rows) if len(rows) > 1 else ["  none"]
+        for s in (s for s in status["sessions"] if "parameters" in s):
+            lines += ["", f"session {s['session_id']} waits for your approval: {s['parameters']}",
+                      f"  cels approve --config {result['config']} {s['session_id']}   or   cels reject --config {result['config']} {s['session_id']}"]  # fmt: skip
         if result["role"] == "party":
             lines += ["", *_ledger_lines(status["ledger"])]
     lines += ["", f"peers (called with {result['node']}'s certificate, {timeout:g} s each):"]

@@ -171,13 +171,15 @@ def run_on_nodes(
     on_progress: Callable[[cels_pb2.StepReport], None] | None = None,
     extra: dict[str, Any] | None = None,
     on_phase_start: Callable[[cels_pb2.PhaseStart], None] | None = None,
+    on_approval: Callable[[str, bool], None] | None = None,
 ) -> dict[str, Any]:
     """Run one session; write the sanitized log, its public release note and the confidential
     operator report at ``report_path`` (cels.reports), each atomically; return the report.
 
     Nothing is written unless the session completes: the log goes to a temporary file that is
     renamed only after the report arrived.  ``extra`` keys are added to the report.
-    ``on_progress`` gets every phase end, ``on_phase_start`` every phase start (RunEvent).
+    ``on_progress`` gets every phase end, ``on_phase_start`` every phase start (RunEvent),
+    ``on_approval(party, approved)`` a party whose operator approves the session first, and its approval.
     Raises SessionAborted with the failing node.
     """
     if controller.insecure:
@@ -206,6 +208,8 @@ def run_on_nodes(
                         on_progress(event.progress)
                     elif kind == "phase_start" and on_phase_start is not None:
                         on_phase_start(event.phase_start)
+                    elif kind in ("awaiting_approval", "approved") and on_approval is not None:
+                        on_approval(getattr(event, kind), kind == "approved")
                     elif kind == "output_chunk":
                         sink.write(event.output_chunk)
                     elif kind == "report":

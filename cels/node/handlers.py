@@ -70,7 +70,7 @@ def clipped(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any
 
 
 def add_node_service(servicer: Any, server: grpc.Server) -> None:
-    """Register ``servicer``'s Deliver, Signal, Run and Status as the generated code does,
+    """Register ``servicer``'s Deliver, Signal, Run, Status and Decide as the generated code does,
     with tolerant request parsers."""
     handlers = {
         "Deliver": grpc.stream_unary_rpc_method_handler(
@@ -84,6 +84,9 @@ def add_node_service(servicer: Any, server: grpc.Server) -> None:
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             clipped(servicer.Status), request_deserializer=tolerant(cels_pb2.NodeStatusRequest), response_serializer=cels_pb2.NodeStatus.SerializeToString
+        ),
+        "Decide": grpc.unary_unary_rpc_method_handler(
+            clipped(servicer.Decide), request_deserializer=tolerant(cels_pb2.ApprovalDecision), response_serializer=cels_pb2.SessionState.SerializeToString
         ),
     }  # fmt: skip
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -56,6 +56,10 @@ def follow(driver: SessionDriver, link: SessionLink, write_output: OutputWriter,
                 yield cels_pb2.RunEvent(progress=report)
             if item.phase not in (Phase.OVER, Phase.FAILED):
                 yield _phase_start(sid, me, item.phase, time.monotonic() - link.started)
+        elif isinstance(item, Event) and item.kind == "awaiting":  # a party's operator approves first
+            yield cels_pb2.RunEvent(awaiting_approval=item.node)
+        elif isinstance(item, Event) and item.kind == "approved":
+            yield cels_pb2.RunEvent(approved=item.node)
         elif isinstance(item, Event) and item.kind == ABORTED:  # the caller is this node's controller: its own failure's details too
             yield cels_pb2.RunEvent(aborted=item.abort, detail=item.detail if item.abort.origin == me else "")
             return
@@ -82,11 +86,11 @@ def make_call(driver: SessionDriver, link: SessionLink, call: Call) -> cels_pb2.
     with driver.lock:
         if driver.host.next_call(sid) != call:  # the session ended meanwhile
             return None
-    answer = None
+    answer, awaiting = None, False
     try:
         if call.step is Step.START:
             frames = to_frames(call.envelope, 0)
-            driver.peers.deliver(node, frames, link.deadline)
+            awaiting = driver.peers.deliver(node, frames, link.deadline).awaiting_approval
             link.bytes_sent[call.step.value] += sum(f.ByteSize() for f in frames)
             link.messages_sent[call.step.value] += 1
         else:
@@ -100,7 +104,7 @@ def make_call(driver: SessionDriver, link: SessionLink, call: Call) -> cels_pb2.
         notice, detail = abort_notice(sid, node, UNREACHABLE, "this node has no address for it", call.phase), str(exc)
         driver.call(lambda now: driver.host.unanswered(sid, node, notice, now, detail), sid)
         return None
-    driver.call(lambda now: driver.host.answered(sid, node, now), sid)
+    driver.call(lambda now: driver.host.answered(sid, node, now, awaiting=awaiting), sid)
     return answer
 
 

@@ -19,10 +19,10 @@ from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.peers import PeerClients, Refused, call_abort, rpc_text
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
-from cels.protocol.host import Call, Event, SessionHost
+from cels.protocol.host import Call, Effects, Event, HostedSession, SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
-from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
+from cels.protocol.roles import Envelope, ProtocolError, step_name
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_from_wire, phase_to_wire, state_from_wire, state_to_wire
 
@@ -68,10 +68,11 @@ class LinkOwner(Protocol):
 
     def take(self, sender: str, envelope: Envelope) -> None: ...
     def drained(self, session_id: str) -> None: ...
-    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None: ...
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[HostedSession], bool] | None = None) -> None: ...
     def adopt(self, session_id: str, notice: cels_pb2.Abort, detail: str = "") -> None: ...
     def phase(self, session_id: str) -> Phase: ...
     def expire(self) -> None: ...
+    def call(self, action: Callable[[float], Effects], session_id: str = "") -> Effects: ...
 
 
 class SessionLink:
@@ -94,11 +95,12 @@ class SessionLink:
 
     def snapshot(self) -> cels_pb2.SessionState:
         state, notice = self.node.host.state(self.id)
+        hosted = self.node.host.hosted(self.id)
         return cels_pb2.SessionState(
             session_id=self.id, state=state_to_wire(state), reason=describe(notice) if notice is not None else "", abort=notice,
             bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
-            busy_seconds=sum(self.node.host.role(self.id).seconds.values()), progress=self.node.host.steps(self.id), busy=self.busy,
-            phase=phase_to_wire(self.node.host.role(self.id).phase),
+            busy_seconds=hosted.busy_seconds, progress=self.node.host.steps(self.id), busy=self.busy,
+            phase=phase_to_wire(hosted.phase), approvals_pending=self.node.host.approvals_pending(self.id),
         )  # fmt: skip
 
     def queued_bytes(self) -> int:
@@ -140,21 +142,26 @@ class SessionLink:
                 self.outbox.task_done()
         self.outbox.task_done()  # the stop: a Run stream joining the outbox goes on
 
-    def _matters(self, peer: str, role: Role) -> bool:
+    def _matters(self, peer: str, session: HostedSession) -> bool:
         """Whether ``peer`` gone ends the session here: any peer while this node's part runs;
         once it is over, only the initiator, whose FINISH or abort ends it (a peer gone after
         its part does not void the release, cels.node.initiator)."""
-        return not role.finished or peer == self.options.initiator
+        return not session.finished or peer == self.options.initiator
 
     def _watched(self) -> list[str]:
-        """The peers the watchdog probes (the initiator, once its part is over, probes nobody)."""
-        role = self.node.host.role(self.id)
-        return [peer for peer in self.others if self._matters(peer, role)]
+        """The peers the watchdog probes: while the session runs, every peer that matters (the
+        initiator, once its part is over, probes nobody); while it is prepared, the initiator
+        (whether it still waits for parties' operators), and on the initiator the parties it
+        waits for."""
+        session = self.node.host.hosted(self.id)
+        if session.state == SessionState.PREPARED:
+            return sorted(session.initiation.awaiting) if session.initiation is not None else [self.options.initiator]
+        return [peer for peer in self.others if self._matters(peer, session)]
 
     def _peer_gone(self, peer: str, kind: int, reason: str, detail: str) -> None:
         """Abort naming ``peer`` if it still matters, checked under the host's lock: a probe
         begun before this node's part ended decides nothing."""
-        self.node.abort(self.id, peer, kind, reason, detail, unless=lambda role: not self._matters(peer, role))
+        self.node.abort(self.id, peer, kind, reason, detail, unless=lambda session: not self._matters(peer, session))
 
     def _watchdog(self) -> None:
         """Probe every peer while running; the host's timers end stalled or never-begun sessions.
@@ -167,7 +174,7 @@ class SessionLink:
         phases: dict[str, Phase | None] = {}
         while not self.stopped.wait(interval):
             self.node.expire()
-            if self.node.host.state(self.id)[0] != SessionState.RUNNING:
+            if self.node.host.state(self.id)[0] not in (SessionState.PREPARED, SessionState.RUNNING):
                 continue
             total, anyone_busy = 0, False
             for peer in self._watched():
@@ -188,6 +195,8 @@ class SessionLink:
                 elif said is SessionState.ABORTED:
                     peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", None)
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
+                if state.approvals_pending:  # the initiator waits for parties' operators: so does this node
+                    self.node.call(lambda now: self.node.host.awaits_approvals(self.id), self.id)
                 total, anyone_busy = total + state.progress, anyone_busy or state.busy
                 entered = phase_from_wire(state.phase)
                 if self.options.initiator == self.node.config.name and entered is not None and entered != phases.get(peer, Phase.READY):

@@ -100,10 +100,11 @@ class PeerClients:
                 self._stubs[peer] = cels_pb2_grpc.CelsNodeStub(self._channels[peer])
             return self._stubs[peer]
 
-    def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> None:
-        self._reaching(lambda **wait: self.stub(peer).Deliver(iter(frames), **wait), timeout)
+    def deliver(self, peer: str, frames: list[cels_pb2.Frame], timeout: float) -> cels_pb2.Ack:
+        ack = self._reaching(lambda **wait: self.stub(peer).Deliver(iter(frames), **wait), timeout)
         if self.on_sent is not None:
             self.on_sent(peer, frames[0].session_id, sum(f.ByteSize() for f in frames))
+        return ack
 
     def try_deliver(self, peer: str, envelope: Envelope, timeout: float) -> None:
         """Best effort (Abort notices): failures are logged, not raised."""

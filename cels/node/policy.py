@@ -26,6 +26,8 @@ from cels.protocol.options import RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.roles import Refusal
 
 NAME = {"type": "string", "minLength": 1}
+APPROVALS = ("auto", "manual")
+"""How a party takes a session that its rules admit: at once, or once its operator approves it."""
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -71,6 +73,15 @@ def _noise(options: SessionOptions, limit: float | None) -> str | None:
     return f"noise_epsilon = {options.noise_epsilon:g} is above {limit:g}" if options.noise_epsilon > limit else None
 
 
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return parse
+
+
 def _dp_bound(options: SessionOptions, limit: int | None) -> str | None:
     total = options.item_kinds.total
     if limit is None or options.release != "dp" or total <= limit:
@@ -99,6 +110,9 @@ RULES: tuple[Rule, ...] = (
          lambda o, v: f"collusion t = {o.collusion} is below {v}" if o.release == "dp" and o.collusion < v else None),
     Rule("dp_max_items_per_user", None, "the largest contribution bound of a DP release (Delta, the sum over its item kinds)",
          {"type": "integer", "minimum": 1}, int, _dp_bound),
+    Rule("approve", "auto", "manual: a session another party starts waits, with nothing read or reserved, until this party's "
+         "operator runs cels approve or cels reject (at most the session's approval_wait)", {"enum": list(APPROVALS)},
+         _choice(*APPROVALS), lambda o, v: None),
 )  # fmt: skip
 """Every rule of a party's policy, in the order they are checked."""
 
@@ -141,6 +155,17 @@ class PartyPolicy:
             reason = rule.breaks(options, self.value(rule.key))
             if reason is not None:
                 raise Refusal(f"policy.{rule.key}", f"{node} refuses session {options.session_id}: policy.{rule.key}: {reason}")
+
+    def awaits(self, node: str, options: SessionOptions) -> bool:
+        """Whether ``node``'s operator approves the session first (``approve = "manual"``; a
+        session its own controller started on it is approved already).  A session that leaves
+        no time for it (approval_wait = 0) is refused."""
+        if self.value("approve") != "manual" or options.initiator == node:
+            return False
+        if options.approval_wait <= 0:
+            raise Refusal("policy.approve", f"{node} refuses session {options.session_id}: policy.approve: its operator approves "
+                          "sessions by hand, and approval_wait = 0 leaves no time for it (--approval-wait)")  # fmt: skip
+        return True
 
     def allows_transformed(self) -> bool:
         return "transformed" in self.value("solves")

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 
@@ -40,7 +41,7 @@ from cels.node.sessions import NOTICE_SECONDS, SessionDriver
 from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.aborts import CANCELLED, DIED
-from cels.protocol.host import SessionHost
+from cels.protocol.host import Screen, SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import SessionState
 from cels.protocol.roles import SEND_WINDOW, ProtocolError, Refusal, Role, check_session_id, malformed, quoted
@@ -67,12 +68,15 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
     def __init__(
         self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False,
         ledger: Ledger | None = None, session_ended: Callable[[str], object] | None = None, on_stop: Callable[[], object] | None = None,
+        screen: Screen | None = None,
     ) -> None:
         """``output_writer``: a party's (the solver writes no output); ``ledger``: a party's
         privacy budget ledger, reported to its operators (cels.node.telemetry);
         ``session_ended(session_id)`` is called once when a session ends here, done or aborted
         (the party node's ledger releases its reservation, cels.node.ledger); ``on_stop()`` last
-        when the node stops (a party's engine shuts its Ray workers down, cels.engine)."""
+        when the node stops (a party's engine shuts its Ray workers down, cels.engine);
+        ``screen``: a party's policy on a new session, before anything is read or reserved, and
+        whether its operator approves it first (cels.node.policy)."""
         from cels.views import record_views
 
         self.output_writer, self.on_stop = output_writer, on_stop
@@ -80,16 +84,23 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         peers = PeerClients(config, on_sent=telemetry.frames_sent)
         keys = NodeKeys(config.name, list(config.peers), config.keys, peers.status, allow_insecure_key_bits=config.min_key_bits < DEFAULT_KEY_BITS, encrypts=encrypts)
 
-        def make_role(options: SessionOptions) -> Role:
-            try:
-                self._admit(options)
-                return factory(options, self.keys)
-            except (ValueError, OSError) as exc:  # the host refuses the session with this reason
-                self.telemetry.session_refused(options.session_id, options.initiator, str(exc))
-                raise
+        def refusing(check: Callable[[SessionOptions], Any]) -> Callable[[SessionOptions], Any]:
+            def checked(options: SessionOptions) -> Any:
+                try:
+                    return check(options)
+                except (ValueError, OSError) as exc:  # the host refuses the session with this reason
+                    self.telemetry.session_refused(options.session_id, options.initiator, str(exc))
+                    raise
 
+            return checked
+
+        def screened(options: SessionOptions) -> bool:
+            self._admit(options)
+            return screen is not None and screen(options)
+
+        make_role = refusing(lambda options: factory(options, self.keys))
         roles = record_views(make_role, config.record_view) if config.record_view else make_role
-        host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW)
+        host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW, screen=refusing(screened))
         super().__init__(config, host, peers, keys, telemetry, session_ended)
         self.server: grpc.Server | None = None
 
@@ -124,7 +135,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         reach the peers (at most NOTICE_SECONDS), then stop serving.  A session whose part is
         over is left to the initiator's FINISH (a node gone then does not void the release)."""
         for session_id in list(self.links):
-            if not self.host.role(session_id).finished:
+            if not self.host.hosted(session_id).finished:
                 self.abort(session_id, self.config.name, DIED, "node shutting down")
         limit = time.monotonic() + NOTICE_SECONDS
         for notice in list(self.notices):
@@ -182,7 +193,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
             sender = self.authenticate(context, envelope.sender, set(self.config.peers))
             self.telemetry.frames_received(sender, envelope.session_id, size)
             self.take(sender, envelope)
-            return cels_pb2.Ack(session_id=envelope.session_id)
+            awaiting = envelope.HasField("start_session") and self.host.state(envelope.session_id)[0] == SessionState.AWAITING_APPROVAL
+            return cels_pb2.Ack(session_id=envelope.session_id, awaiting_approval=awaiting)
         except ProtocolError as exc:
             self.refuse(context, exc)
         except Refused as exc:
@@ -245,6 +257,24 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
             if ledger is not None:
                 status.ledger.CopyFrom(ledger)
         return status
+
+    def Decide(self, request: cels_pb2.ApprovalDecision, context: grpc.ServicerContext) -> cels_pb2.SessionState:
+        """This node's operator (its controllers, or its own certificate: ``cels approve``)
+        approves or rejects a session that awaits it; the session's state after."""
+        try:
+            caller = self.authenticate(context, None, {*self.config.controllers, self.config.name})
+            if isinstance(request, Unparsed):
+                raise malformed(str(request))
+            check_session_id(request.session_id)
+            self.decide(request.session_id, request.approve)
+            log.warning("%s: session %s %s by %s", self.config.name, request.session_id, "approved" if request.approve else "rejected", caller)
+            link = self.link(request.session_id)
+            return link.snapshot() if request.session_id in self.links else link.final
+        except ProtocolError as exc:
+            self.refuse(context, exc, controller=True)
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+        raise AssertionError("unreachable")
 
     def Run(self, request: cels_pb2.RunRequest, context: grpc.ServicerContext) -> Iterator[cels_pb2.RunEvent]:
         """Start a session as its initiator; stream progress, then the output and the report."""

@@ -22,9 +22,9 @@ from cels.node.link import SessionLink, hold_seconds
 from cels.node.peers import PeerClients
 from cels.node.telemetry import NodeTelemetry
 from cels.protocol.aborts import describe
-from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, SessionHost
+from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, HostedSession, SessionHost
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Envelope, ProtocolError, Role, step_name
+from cels.protocol.roles import Envelope, ProtocolError, step_name
 from cels.protocol.wire import cels_pb2
 
 log = logging.getLogger("cels.node")
@@ -99,9 +99,14 @@ class SessionDriver:
     def _event(self, event: Event) -> None:
         name, sid = self.config.name, event.session_id
         if event.kind == "created":
-            self.links[sid] = SessionLink(self, self.host.role(sid).options)
+            self.links[sid] = SessionLink(self, self.host.hosted(sid).options)
             self.keys.session_started()
-            self.telemetry.session_created(sid, self.links[sid].options.initiator)
+            self.telemetry.session_created(sid, self.links[sid].options.initiator, self.links[sid].options.to_config())
+        elif event.kind in ("awaiting", "approved") and event.node == name:  # this node's operator decides
+            log.warning("%s: session %s %s", name, sid, "awaits its operator's approval: cels approve / cels reject" if event.kind == "awaiting" else "approved by its operator")
+            self.telemetry.session_awaiting(sid, event.kind == "awaiting")
+        elif event.kind in ("awaiting", "approved"):  # the initiator: a party's operator
+            log.info("%s: session %s: %s %s", name, sid, event.node, "awaits its operator's approval" if event.kind == "awaiting" else "approved")
         elif event.kind == "phase":
             log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
             self.telemetry.session_phase(sid, event.old, event.phase)
@@ -147,12 +152,12 @@ class SessionDriver:
             link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls
         return effects
 
-    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[Role], bool] | None = None) -> None:
+    def abort(self, session_id: str, origin: str, kind: int, reason: str, detail: str = "", unless: Callable[[HostedSession], bool] | None = None) -> None:
         """Abort the session naming ``origin`` (``kind``, generic ``reason``; ``detail`` for this
-        node's log); not if ``unless(role)`` holds under the host lock."""
+        node's log); not if ``unless(session)`` holds under the host lock."""
 
         def act(now: float) -> Effects:
-            if unless is not None and session_id in self.host.sessions and unless(self.host.role(session_id)):
+            if unless is not None and session_id in self.host.sessions and unless(self.host.hosted(session_id)):
                 return Effects()
             return self.host.abort(session_id, origin, kind, reason, now, detail)
 
@@ -164,10 +169,14 @@ class SessionDriver:
 
     def phase(self, session_id: str) -> Phase:
         """This node's phase in a session (the phase an abort it sees is reported in)."""
-        return self.host.role(session_id).phase
+        return self.host.hosted(session_id).phase
 
     def expire(self) -> None:
         self.call(self.host.expire)
+
+    def decide(self, session_id: str, approve: bool) -> None:
+        """This node's operator approves or rejects a session that awaits it (``cels approve``)."""
+        self.call(lambda now: self.host.decide(session_id, approve, now), session_id)
 
     def finish(self, session_id: str) -> None:
         """FINISH: the session ends here (the host refuses it unless this node's part is over);

@@ -24,14 +24,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cels.node.ledger import Ledger, LedgerError, read_entries, totals
+from cels.node.ledger import Ledger, totals
+from cels.node.ledger_file import LedgerError, read_entries
 from cels.node.pool import ElasticThreadPool
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import table_message
 
-RUNNING, DONE, ABORTED = SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED
+RUNNING, DONE, ABORTED, AWAITING = SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED, SessionState.AWAITING_APPROVAL
 REFUSED = "refused"  # an outcome, not a host state: the session was never admitted here
+LIVE = (RUNNING, AWAITING)
+"""The outcomes of a session that has not ended: running, or waiting for this node's operator."""
 OUTCOMES = (DONE, ABORTED, REFUSED)
 """How a session ends on a node: its part done, aborted (by anyone), or refused at its start
 (the ledger's budget, an unknown peer, keys below the node's minimum)."""
@@ -63,6 +66,8 @@ class SessionRecord:
     bytes_received: int = 0
     engine: dict[str, Any] | None = None
     """A party's engine and what the session's work used outside the node (cels.engine), once it ended."""
+    config: cels_pb2.SessionConfig | None = None
+    """The session's parameters, shown while it awaits this node's operator."""
 
     def summary(self, now: float) -> cels_pb2.SessionSummary:
         return cels_pb2.SessionSummary(
@@ -71,6 +76,7 @@ class SessionRecord:
             seconds=(self.ended if self.ended is not None else now) - self.started,
             bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
             engine=None if self.engine is None else table_message(self.engine),
+            config=self.config if self.outcome == AWAITING else None,
         )  # fmt: skip
 
 
@@ -161,6 +167,8 @@ class NodeTelemetry:
         for outcome in OUTCOMES:  # every series exists from the start (rate() and absent() need it)
             self.sessions_total.labels(outcome)
         self.active = Gauge("cels_active_sessions", "sessions running on this node now", registry=r)
+        self.awaiting = Gauge("cels_sessions_awaiting_approval", "sessions waiting for this node's operator (cels approve / cels reject)", registry=r)
+        self.awaiting.set_function(lambda: sum(1 for record in list(self._records.values()) if record.outcome == AWAITING))
         self.phase_seconds = Histogram(
             "cels_phase_seconds", "wall-clock seconds this node spent in a protocol phase (entered to left)", ["phase"],
             buckets=PHASE_BUCKETS, registry=r,
@@ -182,10 +190,10 @@ class NodeTelemetry:
         """``queued()``: the bytes waiting in the node's session outboxes, read at every scrape."""
         self.outbox.set_function(queued)
 
-    def session_created(self, session_id: str, initiator: str) -> None:
+    def session_created(self, session_id: str, initiator: str, config: cels_pb2.SessionConfig | None = None) -> None:
         now = time.monotonic()
         with self._lock:
-            self._records[session_id] = SessionRecord(session_id, initiator, self.clock(), now, phase_since=now)
+            self._records[session_id] = SessionRecord(session_id, initiator, self.clock(), now, phase_since=now, config=config)
             self.active.inc()
 
     def session_phase(self, session_id: str, old: str, new: str) -> None:
@@ -198,10 +206,17 @@ class NodeTelemetry:
                 self.phase_seconds.labels(old).observe(now - record.phase_since)
             record.phase, record.phase_since = new, now
 
+    def session_awaiting(self, session_id: str, awaiting: bool) -> None:
+        """The session waits for this node's operator (True), or was approved (False)."""
+        with self._lock:
+            record = self._records.get(session_id)
+            if record is not None and record.outcome in LIVE:
+                record.outcome = AWAITING if awaiting else RUNNING
+
     def session_ended(self, session_id: str, outcome: str, origin: str = "", reason: str = "") -> None:
         with self._lock:
             record = self._records.get(session_id)
-            if record is None or record.outcome != RUNNING:
+            if record is None or record.outcome not in LIVE:
                 return
             record.outcome, record.origin, record.reason, record.ended = outcome, origin, reason, time.monotonic()
             self._records.move_to_end(session_id)
@@ -240,7 +255,7 @@ class NodeTelemetry:
                 self._records[session_id].bytes_received += size
 
     def _forget(self) -> None:
-        ended = [sid for sid, r in self._records.items() if r.outcome != RUNNING]
+        ended = [sid for sid, r in self._records.items() if r.outcome not in LIVE]
         for sid in ended[: max(0, len(ended) - RECENT_SESSIONS)]:
             del self._records[sid]
 
@@ -250,8 +265,8 @@ class NodeTelemetry:
         now = time.monotonic()
         with self._lock:
             records = list(self._records.values())
-        running = [r for r in records if r.outcome == RUNNING]
-        ended = sorted((r for r in records if r.outcome != RUNNING), key=lambda r: r.ended or 0.0, reverse=True)
+        running = [r for r in records if r.outcome in LIVE]
+        ended = sorted((r for r in records if r.outcome not in LIVE), key=lambda r: r.ended or 0.0, reverse=True)
         return [r.summary(now) for r in [*running, *ended]]
 
     def ledger_status(self) -> cels_pb2.LedgerStatus | None:

@@ -18,9 +18,15 @@ host decides what comes next.
 
 Session states and what each takes (the h11-style table :data:`TAKES`)::
 
-    prepared --begin / first step message--> running --role finished--> done
-        \\                                        \\
-         `--abort / expiry-------------------------`--abort / expiry / failure--> aborted
+    awaiting_approval --its operator approves--> prepared --begin / first step message--> running --role finished--> done
+        \\                                          \\                                        \\
+         `--rejected / abort / expiry----------------`--abort / expiry-------------------------`--abort / expiry / failure--> aborted
+
+A party whose policy approves sessions by hand (:data:`Screen`) holds a new session in
+``awaiting_approval`` with no role: nothing read, nothing reserved.  Its operator's decision
+(:meth:`SessionHost.decide`) makes the role, or aborts the session; the approval goes to the
+initiator as an Approval message, and the initiator BEGINs no node before every awaited party
+has approved (docs/deployment.md, "Approval by a person").
 
 A message a state does not take is refused with FAILED_PRECONDITION naming the state, and
 changes nothing; an aborted session's refusal carries its Abort (``ProtocolError.abort``), so
@@ -45,20 +51,29 @@ from cels.protocol.wire import cels_pb2
 RoleFactory = Callable[[SessionOptions], Role]
 """Builds this node's role for a session; ValueError / OSError refuses the session (a
 :class:`Refusal` with the reason the peers are told)."""
+Screen = Callable[[SessionOptions], bool]
+"""Whether a new session waits for this node's operator (``approve = "manual"``) before its
+role is made; a refusal raises, as in :data:`RoleFactory` (the node's policy is checked here,
+before anything is read or reserved)."""
 Meter = Callable[[], float]
 """Seconds of a performance counter, read around role calls to charge busy time per phase
 (the driver passes ``time.perf_counter``; the host itself reads no clock)."""
 
 PREPARED, RUNNING, DONE, ABORTED = SessionState.PREPARED, SessionState.RUNNING, SessionState.DONE, SessionState.ABORTED
+AWAITING = SessionState.AWAITING_APPROVAL
 TAKES: dict[str, frozenset[str]] = {
-    PREPARED: frozenset({"begin", "step", "abort", "expire"}),
+    AWAITING: frozenset({"decide", "abort", "expire"}),
+    PREPARED: frozenset({"begin", "step", "approval", "abort", "expire"}),
     RUNNING: frozenset({"begin", "step", "abort", "expire", "finish"}),
     DONE: frozenset({"finish", "report"}),
     ABORTED: frozenset(),
 }
-"""Which input each session state takes: ``begin`` (BEGIN signal), ``step`` (a protocol
-message), ``abort`` (an Abort or a local reason), ``expire`` (its timers), ``finish`` (FINISH:
+"""Which input each session state takes: ``decide`` (its operator approves or rejects it),
+``begin`` (BEGIN signal), ``step`` (a protocol message), ``approval`` (the initiator: a party's
+Approval), ``abort`` (an Abort or a local reason), ``expire`` (its timers), ``finish`` (FINISH:
 the initiator has everything) and ``report`` (reading the initiator's report)."""
+HOST_STEPS = frozenset({"start_session", "approval", "abort"})
+"""The step messages the host takes itself (the roles' tables take the rest; an Abort reaches the role too)."""
 KEPT_STATES = 256
 """Ended sessions whose final state the host remembers (for probes and late messages)."""
 
@@ -88,19 +103,23 @@ class Call:
 
 @dataclass
 class Initiation:
-    """The initiator's calls still to make, the first one due; nodes gone at FINISH."""
+    """The initiator's calls still to make, the first one due; the parties whose operators
+    have still to approve (``awaiting``) or have approved; nodes gone at FINISH."""
 
     calls: deque[Call]
     finishing: bool = False
     gone: dict[str, str] = field(default_factory=dict)
+    awaiting: set[str] = field(default_factory=set)
+    approved: set[str] = field(default_factory=set)
 
 
 @dataclass
 class Event:
-    """Something worth a log line or a progress event: ``kind`` is "created", "phase" (the
-    node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent`` sent in ``old``),
-    "aborted" (``abort``: what the peers were told; ``detail``: this node's own details, for its
-    log only) or "done"."""
+    """Something worth a log line or a progress event: ``kind`` is "created", "awaiting" (the
+    session waits for the operator of ``node``), "approved" (``node``'s operator approved it),
+    "phase" (the node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent``
+    sent in ``old``), "aborted" (``abort``: what the peers were told; ``detail``: this node's own
+    details, for its log only) or "done"."""
 
     session_id: str
     node: str
@@ -134,10 +153,10 @@ class Effects:
 
 @dataclass
 class HostedSession:
-    """One session on this node: its options, role, state and deadlines."""
+    """One session on this node: its options, role (None while it awaits approval), state and deadlines."""
 
     options: SessionOptions
-    role: Role
+    role: Role | None
     state: str
     since: float
     last_progress: float
@@ -147,12 +166,33 @@ class HostedSession:
     mark: float = 0.0
     initiation: Initiation | None = None
     """The initiator's session-control calls (None on the other nodes)."""
+    approvals_pending: bool = False
+    """Parties' operators are approving the session (the initiator said so): a prepared session
+    waits for them, at most the session's approval_wait longer."""
 
     @property
     def expires_at(self) -> float:
-        """A prepared session that is never begun, or a running one where nothing moves on this
-        node, ends one deadline later (the gRPC watchdog also probes the peers)."""
-        return (self.since if self.state == PREPARED else self.last_progress) + self.options.deadline
+        """A session awaiting approval ends approval_wait after it came; a prepared one that is
+        never begun one deadline later (and approval_wait more while approvals are pending); a
+        running one where nothing moves on this node one deadline after its last move (the gRPC
+        watchdog also probes the peers)."""
+        if self.state == AWAITING:
+            return self.since + self.options.approval_wait
+        if self.state == PREPARED:
+            return self.since + self.options.deadline + (self.options.approval_wait if self.approvals_pending else 0.0)
+        return self.last_progress + self.options.deadline
+
+    @property
+    def phase(self) -> Phase:
+        return self.role.phase if self.role is not None else Phase.READY
+
+    @property
+    def finished(self) -> bool:
+        return self.role is not None and self.role.finished
+
+    @property
+    def busy_seconds(self) -> float:
+        return sum(self.role.seconds.values()) if self.role is not None else 0.0
 
 
 class InitiatorSteps:
@@ -179,14 +219,21 @@ class InitiatorSteps:
     def next_call(self, session_id: str) -> Call | None:
         """The initiator's call due now in a live session (None: none, or not the initiator)."""
         session = self.sessions.get(session_id)
-        if session is None or session.initiation is None or not session.initiation.calls:
-            return None
-        return session.initiation.calls[0]
+        return _due(session.initiation) if session is not None and session.initiation is not None else None
 
-    def answered(self, session_id: str, node: str, now: float) -> Effects:
-        """The due call to ``node`` was taken: the next call, or the initiator's own begin or finish."""
+    def answered(self, session_id: str, node: str, now: float, awaiting: bool = False) -> Effects:
+        """The due call to ``node`` was taken (``awaiting``: a StartSession that ``node``'s
+        operator approves first): the next call, or the initiator's own begin or finish."""
         called = self._called(session_id, node)
-        return self._next_call(called[0], now) if called is not None else Effects()
+        if called is None:
+            return Effects()
+        session, _ = called
+        effects = Effects()
+        if awaiting and node not in session.initiation.approved:
+            session.initiation.awaiting.add(node)
+            session.approvals_pending = True
+            effects.events.append(Event(session_id, node, "awaiting"))
+        return effects.extend(self._next_call(session, now))
 
     def unanswered(self, session_id: str, node: str, notice: cels_pb2.Abort | None, now: float, detail: str = "", refused: bool = True) -> Effects:
         """The due call to ``node`` failed: ``notice`` is the Abort its failure implies (None:
@@ -228,21 +275,92 @@ class InitiatorSteps:
         if initiation is None or session.state not in (PREPARED, RUNNING):
             return Effects()
         if initiation.calls:
-            return Effects(calls=[initiation.calls[0]])
+            due = _due(initiation)  # none while awaited parties decide
+            return Effects(calls=[due]) if due is not None else Effects(wake_at=session.expires_at)
         if not initiation.finishing:
             return self._call(session, session.role.begin, now)
         return Effects(events=self._end(session, DONE))
 
+    def _relay(self, session: HostedSession, aborted: cels_pb2.Abort) -> list[Outgoing]:
+        """The initiator passes a peer's Abort on to every other node: the peer may have died
+        before its own notices went out, and a session that was never begun has no watchdog."""
+        others = [n for n in session.options.nodes if n not in (self.name, aborted.origin)]
+        return [(node, Envelope(session_id=aborted.session_id, sender=self.name, abort=aborted)) for node in others]
 
-class SessionHost(InitiatorSteps):
+
+class ApprovalSteps:
+    """A session that waits for a party's operator (module doc): the decision on that node,
+    and the Approvals the initiator counts before it BEGINs any node.  Part of
+    :class:`SessionHost` (its sessions, roles and aborts)."""
+
+    def decide(self, session_id: str, approve: bool, now: float) -> Effects:
+        """This node's operator approves the session awaiting it (its role is made now: a
+        refusal, e.g. its budget, aborts the session; the initiator gets an Approval) or rejects
+        it (aborted, kind REFUSED)."""
+        session = self._session(session_id, "decide")
+        if not approve:
+            return self.abort(session_id, self.name, REFUSED, "its operator rejected the session", now, "rejected by its operator (cels reject)")
+        try:
+            role = self.make_role(session.options)
+        except Refusal as exc:
+            return self.abort(session_id, self.name, REFUSED, exc.public, now, str(exc))
+        except (ValueError, OSError) as exc:
+            return self.abort(session_id, self.name, REFUSED, "cannot take the session", now, str(exc))
+        self._attach(session, role)
+        session.state, session.since, session.approvals_pending = PREPARED, now, True
+        initiator = session.options.initiator
+        approval = Envelope(session_id=session_id, sender=self.name, approval=cels_pb2.Approval(session_id=session_id))
+        messages = [(initiator, approval)] if initiator != self.name else []
+        return Effects(messages=messages, events=[Event(session_id, self.name, "approved")], wake_at=session.expires_at)
+
+    def approvals_pending(self, session_id: str) -> bool:
+        """Whether the session waits for parties' operators (the initiator tells its probes)."""
+        session = self.sessions.get(session_id)
+        return session is not None and session.state == PREPARED and session.initiation is not None and bool(session.initiation.awaiting)
+
+    def awaits_approvals(self, session_id: str) -> Effects:
+        """The initiator says parties' operators are approving: a prepared session here waits
+        for them too (at most approval_wait more)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.state != PREPARED or session.approvals_pending:
+            return Effects()
+        session.approvals_pending = True
+        return Effects(wake_at=session.expires_at)
+
+    def _approval(self, session: HostedSession, sender: str, now: float) -> Effects:
+        """A party's Approval reached the initiator: BEGIN may follow once no party is awaited."""
+        initiation = session.initiation
+        if initiation is None or sender == self.name or sender in initiation.approved:
+            raise fail(f"{self.name}: an Approval of session {session.options.session_id!r} from {sender!r} is not awaited")
+        initiation.awaiting.discard(sender)
+        initiation.approved.add(sender)
+        return Effects(events=[Event(session.options.session_id, sender, "approved")]).extend(self._next_call(session, now))
+
+    def _abort_awaiting(self, session: HostedSession, notice: cels_pb2.Abort, detail: str) -> Effects:
+        """End a session that awaits approval (it has no role): every other node is told here."""
+        others = [n for n in session.options.nodes if n != self.name]
+        notices = [(n, Envelope(session_id=session.options.session_id, sender=self.name, abort=notice)) for n in others]
+        return Effects(messages=notices, events=self._end(session, ABORTED, notice, detail))
+
+    def _attach(self, session: HostedSession, role: Role) -> None:
+        session.role = role
+        role.phase_hook = lambda old, new: self._phase(session, old, new)
+        role.send_window = self.send_window
+
+
+class SessionHost(InitiatorSteps, ApprovalSteps):
     """All sessions of node ``name``; roles come from ``make_role``."""
 
-    def __init__(self, name: str, make_role: RoleFactory, meter: Meter, send_window: int | None = None) -> None:
+    def __init__(
+        self, name: str, make_role: RoleFactory, meter: Meter, send_window: int | None = None, screen: Screen | None = None
+    ) -> None:
         """``send_window``: bytes of a role's Stream per call, the rest on :meth:`drained`
         (cels.protocol.roles.Stream); None hands every Stream over whole (a driver that holds
-        no messages, as the in-memory network)."""
+        no messages, as the in-memory network).  ``screen``: this node's check of a new
+        session, and whether its operator approves it first (None: none, roles at once)."""
         self.name = name
         self.make_role = make_role
+        self.screen = screen
         self.meter = meter
         self.send_window = send_window
         self.sessions: dict[str, HostedSession] = {}
@@ -268,19 +386,23 @@ class SessionHost(InitiatorSteps):
         if self.name not in options.nodes:
             raise refuse(PROTOCOL_ERROR, "the session does not include this node")
         try:
-            role = self.make_role(options)
+            awaits = self.screen is not None and self.screen(options)
+            role = None if awaits else self.make_role(options)
         except Refusal as exc:
             raise refuse(REFUSED, exc.public, str(exc)) from None
         except (ValueError, OSError) as exc:
             raise refuse(REFUSED, "cannot take the session", str(exc)) from None
-        session = HostedSession(options, role, PREPARED, since=now, last_progress=now)
-        role.phase_hook = lambda old, new: self._phase(session, old, new)
-        role.send_window = self.send_window
-        self.sessions[options.session_id] = session
-        created = Effects(events=[Event(options.session_id, self.name, "created", phase=Phase.READY)], wake_at=session.expires_at)
-        sender, early = self.forewarned.pop(options.session_id, ("", None))
+        session = HostedSession(options, role, AWAITING if awaits else PREPARED, since=now, last_progress=now)
+        self.sessions[sid] = session
+        events = [Event(sid, self.name, "created", phase=Phase.READY)] + ([Event(sid, self.name, "awaiting")] if awaits else [])
+        created = Effects(events=events, wake_at=session.expires_at)
+        if role is not None:
+            self._attach(session, role)
+        sender, early = self.forewarned.pop(sid, ("", None))
         if sender in options.nodes:  # a node of the session aborted it before it reached this one
-            notice = Envelope(session_id=options.session_id, sender=sender, abort=early)
+            if role is None:
+                return created.extend(self.adopt(sid, early, now))
+            notice = Envelope(session_id=sid, sender=sender, abort=early)
             created.extend(self._call(session, lambda: role.receive(sender, notice), now))
         return created
 
@@ -303,6 +425,8 @@ class SessionHost(InitiatorSteps):
         session = self._session(envelope.session_id, "abort" if step == "abort" else "step")
         if sender not in session.options.nodes:
             raise fail(f"{self.name}: {sender!r} is not a node of session {session.options.session_id!r}")
+        if step == "approval":
+            return self._approval(self._session(envelope.session_id, "approval"), sender, now)
         effects = Effects()
         if session.state == PREPARED and step != "abort":  # a first step message also begins it
             effects.extend(self._call(session, session.role.begin, now))
@@ -324,7 +448,7 @@ class SessionHost(InitiatorSteps):
         session = self.sessions.get(session_id)
         if session is None or "abort" not in TAKES[session.state]:
             return Effects()
-        return self.adopt(session_id, abort_notice(session_id, origin, kind, reason, session.role.phase), now, detail)
+        return self.adopt(session_id, abort_notice(session_id, origin, kind, reason, session.phase), now, detail)
 
     def adopt(self, session_id: str, notice: cels_pb2.Abort, now: float, detail: str = "") -> Effects:
         """End a session here with an Abort another node made (its refusal said so, or its
@@ -332,6 +456,8 @@ class SessionHost(InitiatorSteps):
         session = self.sessions.get(session_id)
         if session is None or "abort" not in TAKES[session.state]:
             return Effects()
+        if session.role is None:  # awaiting approval: no role to tell
+            return self._abort_awaiting(session, notice, detail)
         notices = session.role.abort(notice, detail)  # empty if this node's part was over already
         return Effects(messages=notices, events=self._end(session, ABORTED, notice, detail))
 
@@ -349,11 +475,12 @@ class SessionHost(InitiatorSteps):
         and what a session aborted by a refused message has left to do (its Abort notices, the event)."""
         effects, self._deferred = self._deferred, Effects()
         for session in list(self.sessions.values()):
-            if session.state in (PREPARED, RUNNING) and now >= session.expires_at:
-                what = "was never begun" if session.state == PREPARED else "made no progress on this node"
-                detail = f"session {what} within its deadline of {session.options.deadline:g}s"
+            if session.state in (AWAITING, PREPARED, RUNNING) and now >= session.expires_at:
+                what = {AWAITING: "was not approved in time", PREPARED: "was never begun"}.get(session.state, "made no progress on this node")
+                limit = f"approval_wait of {session.options.approval_wait:g}s" if session.state == AWAITING else f"deadline of {session.options.deadline:g}s"
+                detail = f"session {what} within its {limit}"
                 effects.extend(self.abort(session.options.session_id, self.name, DEADLINE, f"session {what}", now, detail))
-            elif session.state in (PREPARED, RUNNING):
+            elif session.state in (AWAITING, PREPARED, RUNNING):
                 effects.extend(Effects(wake_at=session.expires_at))
         return effects
 
@@ -385,11 +512,18 @@ class SessionHost(InitiatorSteps):
         return session.state, session.notice
 
     def role(self, session_id: str) -> Role:
-        """The role of a live or ended session (its output and report)."""
+        """The role of a live or ended session (its output and report); one awaiting approval has none."""
+        role = self.hosted(session_id).role
+        if role is None:
+            raise fail(f"{self.name}: session {session_id!r} awaits its operator's approval")
+        return role
+
+    def hosted(self, session_id: str) -> HostedSession:
+        """A live or ended session (its options, phase, busy seconds)."""
         session = self.sessions.get(session_id) or self.ended.get(session_id)
         if session is None:
             raise fail(f"{self.name}: unknown session {session_id!r}")
-        return session.role
+        return session
 
     def steps(self, session_id: str) -> int:
         """Role calls made in a session so far (the watchdog's progress counter)."""
@@ -445,12 +579,6 @@ class SessionHost(InitiatorSteps):
             effects.extend(self._next_call(session, now))
         return effects
 
-    def _relay(self, session: HostedSession, aborted: cels_pb2.Abort) -> list[Outgoing]:
-        """The initiator passes a peer's Abort on to every other node: the peer may have died
-        before its own notices went out, and a session that was never begun has no watchdog."""
-        others = [n for n in session.options.nodes if n not in (self.name, aborted.origin)]
-        return [(node, Envelope(session_id=aborted.session_id, sender=self.name, abort=aborted)) for node in others]
-
     def _phase(self, session: HostedSession, old: str, new: str) -> None:
         now = self.meter()
         seconds = session.role.seconds[old] + (now - session.mark)
@@ -470,6 +598,13 @@ class SessionHost(InitiatorSteps):
         self.sessions.pop(sid, None)
         _keep(self.ended, sid, session)
         return [Event(sid, self.name, state, abort=notice, detail=detail)]
+
+
+def _due(initiation: Initiation) -> Call | None:
+    """The initiator's call due now: the first one left, but no BEGIN before every awaited party approved."""
+    if not initiation.calls or (initiation.calls[0].step is Step.BEGIN and initiation.awaiting):
+        return None
+    return initiation.calls[0]
 
 
 def _keep(memory: OrderedDict, key: str, value: object) -> None:

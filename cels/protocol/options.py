@@ -56,6 +56,8 @@ DEFAULT_ELL_RATIO = 1.5
 """Algorithm 2: the random matrix A has l >= ell_ratio * m rows (well-conditioned)."""
 DEFAULT_DEADLINE = 600.0
 """Seconds every node gives one protocol call of the session, and the watchdog's patience."""
+DEFAULT_APPROVAL_WAIT = 3600.0
+"""An hour for a party's operator to answer (``cels approve``)."""
 NODES = None
 """:attr:`Option.wire` of the fields that are the session's nodes and their addresses
 (``parties``, ``solver``, ``addresses``): the SessionConfig's NodeAddress messages."""
@@ -181,6 +183,11 @@ class SessionOptions:
     )  # fmt: skip
     deadline: float = option(
         DEFAULT_DEADLINE, "seconds for every RPC", flag="--deadline", bounds={"exclusiveMinimum": 0}, wire="deadline_ms", wire_scale=1000
+    )  # fmt: skip
+    approval_wait: float = option(
+        DEFAULT_APPROVAL_WAIT, "seconds the session waits for the parties whose operators approve sessions by hand (a party's "
+        "policy approve = manual; docs/deployment.md, \"Approval by a person\"); 0: it waits for nobody",
+        flag="--approval-wait", metavar="SEC", bounds={"minimum": 0},
     )  # fmt: skip
     solve: str = option(
         "private", "phase 3: private, a masked greedy, no constraint row leaves its party; transformed, the paper's Algorithm 2, "

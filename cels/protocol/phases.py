@@ -71,6 +71,9 @@ class SessionState(str, Enum):
     RUNNING = "running"
     DONE = "done"
     ABORTED = "aborted"
+    AWAITING_APPROVAL = "awaiting_approval"
+    """Taken by the party's policy only, nothing read or reserved: its operator decides
+    (``cels approve`` / ``cels reject``), or the session's approval_wait ends it."""
 
     def __str__(self) -> str:
         return self.value

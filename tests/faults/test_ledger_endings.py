@@ -23,7 +23,7 @@ import pytest
 
 from cels.node.client import SessionAborted
 from cels.node.framing import to_frames
-from cels.node.ledger import read_entries, read_reservations
+from cels.node.ledger_file import read_entries, read_reservations
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2

@@ -58,6 +58,11 @@ class CelsNodeStub:
                 request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.FromString,
                 _registered_method=True)
+        self.Decide = channel.unary_unary(
+                '/cels.v1.CelsNode/Decide',
+                request_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.ApprovalDecision.SerializeToString,
+                response_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.FromString,
+                _registered_method=True)
 
 
 class CelsNodeServicer:
@@ -96,6 +101,14 @@ class CelsNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Decide(self, request, context):
+        """A party's own operator approves or rejects a session that waits for it (its policy's
+        approve = "manual").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CelsNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +131,11 @@ def add_CelsNodeServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.FromString,
                     response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.SerializeToString,
+            ),
+            'Decide': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decide,
+                    request_deserializer=cels_dot_protocol_dot_wire_dot_cels__pb2.ApprovalDecision.FromString,
+                    response_serializer=cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -232,6 +250,33 @@ class CelsNode:
             '/cels.v1.CelsNode/Status',
             cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatusRequest.SerializeToString,
             cels_dot_protocol_dot_wire_dot_cels__pb2.NodeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decide(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cels.v1.CelsNode/Decide',
+            cels_dot_protocol_dot_wire_dot_cels__pb2.ApprovalDecision.SerializeToString,
+            cels_dot_protocol_dot_wire_dot_cels__pb2.SessionState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,8 +34,9 @@ _PUBLIC_PRIVACY = (
     "release", "plain", "unit", "threshold", "max_items_per_user", "items", "collusion", "padding_epsilon", "accounting",
 )  # fmt: skip
 """The privacy keys a release note keeps: parameters and claims, never a data-derived figure."""
-_PUBLIC_SIZES = ("output_size", "output_records", "output_users", "output_pairs", "output_items")
-"""Sizes anyone can count in the release itself."""
+_PUBLIC_SIZES = ("output_records", "output_users", "output_pairs", "output_items")
+"""Sizes anyone can count in the release itself: a sampled log's rows, pseudonymous users and
+distinct query-url pairs (cels.logs.model.output_sizes), a histogram's items."""
 _PUBLIC_SETTINGS = {
     "solve": ("solve", "mode"), "round_batch": ("solve", "round_batch"), "sampling": ("sampling", "mode"),
     "parties": ("sizes", "parties"), "key_bits": ("key_bits",), "group_bits": ("group_bits",),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cels import metrics
+from cels.logs.model import output_sizes
 from cels.claims import dp_release_accounting, privacy_accounting
 from cels.protocol.stages.dp_release import session_accounting
 from cels.protocol.options import SessionOptions
@@ -87,8 +88,7 @@ def session_report(result: SessionResult) -> dict:
                 if solved.constraint_rows is not None
                 else {}  # the private solve tells no party another party's number of rows
             ),
-            "output_records": int(output.counts.nnz),
-            "output_size": int(output.size),
+            **output_sizes(output),
         },
         "sampling": {"mode": opts.sampling, "stages": result.sampled.stages, "theta": opts.sampling_theta},
         "solve": {

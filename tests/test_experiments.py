@@ -16,7 +16,8 @@ from cels.experiments import common
 from cels.experiments.common import Dataset, UnionSolver, b_grid, clean
 from cels.logs import write_synthetic
 from cels.logs.model import SearchLog
-from cels.mechanism import build_conditions, feasible, solve
+from cels.mechanism.conditions import build_conditions
+from cels.mechanism.solvers import feasible, solve
 
 MSNBC_NAMES = "frontpage news tech local opinion on-air misc weather msn-news health living business msn-sports sports summary bbs travel"
 

@@ -38,10 +38,14 @@ def test_the_kuberay_manifest_is_one_partys_cluster_and_node() -> None:
         "worker": workers["template"]["spec"]["containers"][0],
         "party node": docs["Deployment"]["spec"]["template"]["spec"]["containers"][0],
     }
-    for who, container in containers.items():  # token authentication and TLS on every Ray process, the driver's too
+    # token authentication on every Ray process (KubeRay's authOptions from the party's secret), the driver's too
+    assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": "cels-party-1-ray-token"}
+    driver = {e["name"]: e for e in containers["party node"]["env"]}
+    assert driver["RAY_AUTH_MODE"]["value"] == "token"
+    assert driver["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "cels-party-1-ray-token", "key": "auth_token"}  # the key KubeRay reads
+    for who, container in containers.items():  # TLS on every Ray process and the driver
         env = {e["name"]: e for e in container["env"]}
-        assert env["RAY_AUTH_MODE"]["value"] == "token" and env["RAY_USE_TLS"]["value"] == "1", who
-        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "cels-party-1-ray-token", who
+        assert env["RAY_USE_TLS"]["value"] == "1", who
         assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/ray-tls"}, who
     policy = docs["NetworkPolicy"]["spec"]
     assert policy["podSelector"]["matchLabels"] == {"ray.io/cluster": cluster["metadata"]["name"]} and policy["ingress"] == [{"from": [{"podSelector": {}}]}]

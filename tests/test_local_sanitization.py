@@ -8,7 +8,9 @@ import scipy.sparse as sp
 
 from cels.baselines.local import local_sanitize, output_shares, pair_counts, union_logs
 from cels.logs import SearchLog, synthetic_log
-from cels.mechanism import SanitizeParams, build_conditions, feasible, privacy_bound, sanitize
+from cels.mechanism.conditions import build_conditions, privacy_bound
+from cels.mechanism.sanitize import SanitizeParams, sanitize
+from cels.mechanism.solvers import feasible
 from cels.mechanism.examples import FIGURE1_PAIRS, figure1_log
 from cels.mechanism.solvers import max_output_lp
 
@@ -69,9 +71,9 @@ def test_output_shares_are_proportional_and_sum_to_total(parties, released):
     assert sum(reported) == pytest.approx(total)
     for entry in report["party_reports"]:
         # each party releases at most its share (floored by the integer step), and at most |𝕆_k|
-        assert entry["output_size"] <= min(entry["output_share"], entry["max_output_lp"]) + 1e-9
+        assert entry["output_records"] <= min(entry["output_share"], entry["max_output_lp"]) + 1e-9
         assert entry["share_clipped"] == (entry["output_share"] > entry["max_output_lp"])
-    assert report["sizes"]["output_size"] == sum(p["output_size"] for p in report["party_reports"])
+    assert report["sizes"]["output_records"] == sum(p["output_records"] for p in report["party_reports"])
 
 
 def test_union_schema(log, parties, released):

@@ -24,11 +24,12 @@ from cels.node.health import node_health
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.config import add_data_arguments, add_node_arguments, node_config
 from cels.node.service import Node
-from cels.node.framing import to_frames
+from cels.node.framing import from_frames, to_frames
 from cels.node.initiator import follow
 from cels.node.tls import open_channel
 from cels.protocol.aborts import LOCAL_FAILURE
 from cels.protocol.options import SessionOptions
+from cels.protocol.roles import ProtocolError
 from cels.protocol.wire import cels_pb2, cels_pb2_grpc
 from cels.protocol.wire.codec import state_from_wire
 from cels.protocol.phases import SessionState
@@ -62,7 +63,7 @@ class ToyCluster:
         root = self.root
         for name, address in self.addresses.items():
             argv = [sys.executable, str(TOY), "--name", name, "--listen", address, *tls_args(self.certs[name])]
-            argv += peer_args(self.addresses, name)
+            argv += peer_args(self.addresses, name) + ["--max-message-mib", "16"]  # as a site that runs streamed sessions only
             if name.startswith("party"):
                 self.data[name] = root / f"{name}.tsv"
                 write_party_log(self.data[name], SIZES[name])
@@ -152,6 +153,28 @@ def test_large_messages_travel_in_frames_under_4mb(toy, tmp_path) -> None:
     sent = report["wire"]["nodes"]["party-2"]["bytes_sent"]["sum_result"]
     assert sent > 4 * 1024 * 1024
     assert max(f.ByteSize() for f in to_frames(toy_hop("s", "p", values=[7] * payload), 0)) < 1.1 * 2**20
+    largest = report["wire"]["nodes"]["party-2"]["largest_message_bytes"]["sum_result"]
+    assert sent / 2 < largest <= sent and report["wire"]["largest_message_bytes"] >= largest  # one hop of the two it sent
+
+
+def test_a_message_past_the_nodes_cap_is_refused_at_the_frame_that_passes_it(toy) -> None:
+    """Issue 40: a peer could make a node buffer 2 GiB for one message.  Now the cap is
+    ``[node] max_message_mib`` (256 MiB by default, 16 here); nothing past it is read."""
+    frames = to_frames(toy_hop("s", "party-2", values=[7] * 3_000_000), 1)  # about 3.4 MB in 4 frames
+    taken = []
+
+    def counted():
+        for frame in frames:
+            taken.append(frame.index)
+            yield frame
+
+    with pytest.raises(ProtocolError, match="larger than this node's 2 MiB") as err:
+        from_frames(counted(), 2 << 20)
+    assert err.value.code == ProtocolError.INVALID_ARGUMENT and taken == [0, 1, 2]
+    assert from_frames(iter(frames), 4 << 20)[0] == toy_hop("s", "party-2", values=[7] * 3_000_000)
+    with pytest.raises(grpc.RpcError) as refused:
+        deliver(toy.stub("party-1", "party-2"), toy_hop("no-such-session", "party-2", values=[1 << 60] * (2 << 20)))  # 19 MB
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than this node's 16 MiB" in refused.value.details()
 
 
 def test_unknown_session_is_failed_precondition(toy) -> None:

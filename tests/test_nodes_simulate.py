@@ -109,7 +109,8 @@ def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     note = json.loads(note_text)
     for secret in ("total_before", "utility", "kl", "rounds", "seconds", "bytes", "phases", "noise_l1", "input_size"):
         assert f'"{secret}"' not in note_text, secret
-    assert note["sizes"] == {"output_size": report["sizes"]["output_size"], "output_records": report["sizes"]["output_records"]}
+    rows = load_log(out / "sanitized.tsv", LoadOptions("aol"))
+    assert note["sizes"] == {"output_records": rows.size, "output_users": rows.n_users, "output_pairs": rows.n_pairs}  # as the single holder's (finding 16)
     assert "noise-free first-pass counts x, the noise total z" in note["privacy"]["learns"]["party"]
     assert note["privacy"]["end_to_end"] is False
     # the initiator's own progress lines carry its bytes too (the report's figure, in MB)

@@ -77,3 +77,39 @@ def test_a_stranger_without_the_token_cannot_join_the_nodes_own_instance(tmp_pat
         own = engine.own_dir
         engine.close()
     assert own is not None and not own.exists()  # the reaper removed it with the instance
+
+
+def test_a_cluster_that_takes_calls_without_a_token_is_refused_before_the_node_joins(tmp_path, monkeypatch, ray_token) -> None:
+    """The review's open item: the node refused to start without tokens itself, but joined a
+    cluster whose own authentication was off.  Now it calls the cluster once without a token
+    (its GCS, or its client server for ray://) and refuses one that answers."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    import shutil
+    import tempfile
+
+    from cels.engine import EngineOptions, open_engine
+    from cels.engine.ray_trust import refuse_open_cluster
+    from cels.node.cluster import LOOPBACK, free_port
+    from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
+
+    refuse_open_cluster(f"{LOOPBACK}:{free_port()}", timeout=1.0)  # nobody answers: left to ray.init to report
+    temp_dir = tempfile.mkdtemp(prefix="cels-open-")  # short: Ray's socket paths must fit 107 bytes
+    port, client = free_port(), free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    started = subprocess.run(
+        [RAY_CLI, "start", "--head", "--port", str(port), "--ray-client-server-port", str(client), "--node-ip-address", LOOPBACK,
+         "--num-cpus", "1", "--temp-dir", temp_dir, "--include-dashboard=false", "--disable-usage-stats",
+         "--dashboard-agent-listen-port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        for address in (f"{LOOPBACK}:{port}", f"ray://{LOOPBACK}:{client}"):
+            with pytest.raises(ValueError, match=f"the Ray cluster at {address} answers calls that carry no token"):
+                refuse_open_cluster(address)
+        with pytest.raises(ValueError, match="answers calls that carry no token"):
+            open_engine(EngineOptions(kind="ray", address=f"{LOOPBACK}:{port}", shards=1, max_in_flight=1))
+    finally:
+        left = end_processes(cluster_processes(temp_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not left, sorted(left)

@@ -119,7 +119,9 @@ def test_demo_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "KL" in out and "recall" in out and "b = " in out
     note = json.loads((tmp_path / "demo-out" / "sanitized.tsv.release-note.json").read_text())
-    assert note["sizes"]["output_size"] > 0 and "utility" not in note
+    rows = (tmp_path / "demo-out" / "sanitized.tsv").read_text().splitlines()[1:]
+    assert note["sizes"]["output_records"] == len(rows) > 0 and "utility" not in note  # read off the release: its rows
+    assert note["sizes"]["output_users"] == len({row.split("\t")[0] for row in rows})
     assert sorted(p.name for p in (tmp_path / "demo-out").iterdir()) == ["input.tsv", "sanitized.tsv", "sanitized.tsv.release-note.json"]
     assert (tmp_path / "demo-out" / "sanitized.tsv").read_text().startswith("AnonID")
 

@@ -122,7 +122,7 @@ def test_empty_release_says_why_and_exits_3(tmp_path, capsys):
     assert f"largest per-pair bound max u_i {b / need:.4g} < 1" in err
     assert f"b >= {need:.4g}: --delta >= {1 - math.exp(-need):.4g} and --epsilon >= {2 * need:.4g}" in err
     assert (tmp_path / "o.tsv").read_text() == HEADER  # written: the report says what happened
-    assert json.loads((tmp_path / "o.tsv.release-note.json").read_text())["sizes"]["output_size"] == 0
+    assert json.loads((tmp_path / "o.tsv.release-note.json").read_text())["sizes"]["output_records"] == 0
 
 
 def test_tsv_takes_any_delimiter(tmp_path, capsys):

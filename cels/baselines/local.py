@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels import metrics
-from cels.logs.model import Pair, SearchLog
+from cels.logs.model import Pair, SearchLog, output_sizes
 from cels.mechanism.conditions import apply_cap, build_conditions
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.mechanism.solvers import max_output_lp
@@ -95,12 +95,12 @@ def local_sanitize(
             entry["share_clipped"] = bool(shares[k] > max_output)
             output_size = min(shares[k] / max_output, 1.0) if max_output > 0 else 0.0
         if max_output <= 0 or (output_size is not None and output_size <= 0):
-            entry.update(released=False, reason="no releasable pair or a zero output share", output_size=0)
+            entry.update(released=False, reason="no releasable pair or a zero output share", output_records=0)
             party_reports.append(entry)
             continue
         seed = None if params.seed is None else params.seed + k
         out, report = sanitize(party, replace(params, output_size=output_size, seed=seed), progress=progress)
-        entry.update(released=True, output_size=report["sizes"]["output_size"], output_users=out.n_users, utility=report["utility"])
+        entry.update(released=True, **output_sizes(out), utility=report["utility"])
         entry["privacy"] = report["privacy"]
         outputs.append(out)
         party_reports.append(entry)
@@ -125,9 +125,7 @@ def local_sanitize(
         "sizes": {
             "users": united_input.n_users,
             "input_size": united_input.size,
-            "output_size": int(x.sum()),
-            "output_users": output.n_users,
-            "output_pairs": output.n_pairs,
+            **output_sizes(output),
         },
         "utility": metrics.utility_report(united_input.pair_totals()[universe], x[universe], support=params.support),
         "party_reports": party_reports,

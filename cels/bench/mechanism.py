@@ -23,7 +23,8 @@ from cels.fileio import atomic_write_json
 from cels.logs import LoadOptions, default_data_dir, load_log
 from cels.mechanism.conditions import build_conditions
 from cels.mechanism.sampling import make_rng, multinomial_sample
-from cels.mechanism.solvers import OBJECTIVES, feasible, solve
+from cels.mechanism.defaults import OBJECTIVES
+from cels.mechanism.solvers import feasible, solve
 from cels.workers import worker_pool
 
 AOL_FILE = "aol-dev.tsv.gz"

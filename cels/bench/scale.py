@@ -202,6 +202,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
         "total_seconds": offline.get("seconds", 0.0) + online,
         "bytes_total": figures["bytes_total"],
         "wire_bytes_total": (figures["wire"] or {}).get("bytes_total"),
+        "largest_message_bytes": (figures["wire"] or {}).get("largest_message_bytes"),
         "phases": phases,
         "peak_rss_bytes": rss,
         "peak_rss_bytes_max": max((r["process"] for r in rss.values()), default=None),

@@ -9,7 +9,7 @@ import sys
 
 from cels.fileio import atomic_write_json
 from cels.logs import FORMATS, LoadOptions, load_log, parse_columns, synthetic_log
-from cels.mechanism.solvers import OBJECTIVES
+from cels.mechanism.defaults import OBJECTIVES
 from cels.protocol.options import SOLVE_MODES
 
 PAPER_BITS = (512, 1024)

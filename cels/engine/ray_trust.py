@@ -8,7 +8,8 @@ and its own instance keeps its session directory, logs and spilled objects under
 directory of the node's, removed when the node stops and, after a crash, by the reaper or
 the next node that starts.  Ray binds its GCS, raylets and workers on every interface even
 when given a loopback node address (Ray 2.60, measured): the token is what refuses a
-stranger there.
+stranger there.  A cluster the node joins is its operator's: the node calls it once without
+a token (:func:`refuse_open_cluster`) and refuses to join one that answers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,41 @@ def require_token_auth(version: str, joining: bool) -> None:
     os.environ[AUTH_MODE] = "token"
     if joining and not any(os.environ.get(name) for name in TOKEN_SOURCES) and not default_token().is_file():
         raise ValueError(f"joining a Ray cluster needs its token: {' or '.join(TOKEN_SOURCES)}, or {default_token()}")
+
+
+PROBES = {"gcs": "/ray.rpc.NodeInfoGcsService/GetClusterId", "client": "/ray.rpc.RayletDriver/ClusterInfo"}
+"""The call a joined cluster is probed with, by address kind (``host:port``: its GCS;
+``ray://host:port``: its client server), sent without a token and with an empty request."""
+UNREACHED = {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+"""Probe outcomes that say nothing about the cluster's authentication (it did not answer)."""
+
+
+def refuse_open_cluster(address: str, timeout: float = 5.0) -> None:
+    """ValueError if the Ray cluster at ``address`` takes a call that carries no token: its
+    authentication is off, and anyone who reaches the address can run code beside the party's
+    rows.  With token authentication Ray answers UNAUTHENTICATED (Ray 2.60, measured on the GCS
+    and the client server).  Over Ray's TLS (``RAY_USE_TLS``) the probe presents Ray's own
+    certificate; a cluster that does not answer is left to ``ray.init`` to report."""
+    import grpc
+
+    client = address.startswith("ray://")
+    target = address.removeprefix("ray://")
+    if os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true"):
+        ca, cert, key = (Path(os.environ[name]).read_bytes() for name in ("RAY_TLS_CA_CERT", "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY"))
+        channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca, key, cert))
+    else:
+        channel = grpc.insecure_channel(target)
+    with channel:
+        try:
+            channel.unary_unary(PROBES["client" if client else "gcs"])(b"", timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED or exc.code().name in UNREACHED:
+                return
+    raise ValueError(
+        f"the Ray cluster at {address} answers calls that carry no token: its token authentication is off, and anyone who "
+        f"reaches it can run code beside this party's rows (start every node of it with {AUTH_MODE}=token; docs/deployment.md, "
+        "\"Who may reach a party's Ray cluster\")"
+    )
 
 
 def default_token() -> Path:

@@ -87,7 +87,7 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.log_shards import LogShard, ShardedLog, ShardedLogWork, on_party_rows
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
-from cels.engine.ray_trust import private_dir, require_token_auth
+from cels.engine.ray_trust import private_dir, refuse_open_cluster, require_token_auth
 from cels.engine.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.logs.parquet import pyarrow_modules
@@ -255,6 +255,7 @@ class RayEngine:
                 reaper = watch(context.address_info["session_dir"], own_dir)
             else:
                 check_reachable(options.address)
+                refuse_open_cluster(options.address)
                 join(options.address)
         pool = ShardPool.start(options.shards)
         warm_task_workers()
@@ -262,14 +263,19 @@ class RayEngine:
 
     def check(self) -> None:
         """A StartSession: the cluster this node joined still answers (within
-        :data:`CONNECT_SECONDS`), or a :class:`Refusal` naming the address to this node's log
-        and controller, before the session loads anything.  A Ray instance of the node's own
+        :data:`CONNECT_SECONDS`) and still refuses calls without its token, or a
+        :class:`Refusal` naming the address to this node's log and controller, before the
+        session loads anything.  A Ray instance of the node's own
         lives and dies with the node: nothing to check."""
         if self.options.address != LOCAL_RAY:
             try:
                 check_reachable(self.options.address)
             except ValueError as exc:
                 raise Refusal("its Ray cluster does not answer", str(exc)) from None
+            try:  # restarted since without its token authentication
+                refuse_open_cluster(self.options.address)
+            except ValueError as exc:
+                raise Refusal("its Ray cluster accepts unauthenticated calls", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> RayWork:
         """A session's work, sized to the cluster's CPUs as it is now (one that scales up is

@@ -151,6 +151,16 @@ class SearchLog:
         return [self.select_users(np.sort(part)) for part in np.array_split(order, parties)]
 
 
+def output_sizes(log: SearchLog) -> dict[str, int]:
+    """What anyone can count in a released log (a release note's sizes, cels.reports): its rows
+    (records), its pseudonymous users and its distinct query-url pairs, those with a record."""
+    return {
+        "output_records": log.size,
+        "output_users": int(np.count_nonzero(log.counts.getnnz(axis=1))),
+        "output_pairs": int(np.count_nonzero(log.pair_totals())),
+    }
+
+
 def split_records_by_user(records: Iterable[LogRecord], parties: int) -> list[list[LogRecord]]:
     """The events split as :meth:`SearchLog.split_by_user` splits users without a seed (user j in
     order of first appearance to share j mod ``parties``), each share in log order."""

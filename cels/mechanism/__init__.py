@@ -1,26 +1,3 @@
-"""The DP sampling mechanism: conditions, solvers, noise, sampling, preprocessing, recipe."""
-
-from cels.mechanism.conditions import (
-    Conditions,
-    build_conditions,
-    log_t_rows,
-    privacy_bound,
-    prune_dominated,
-    unique_pairs,
-)
-from cels.mechanism.sanitize import SanitizeParams, sanitize
-from cels.mechanism.solvers import Solution, feasible, solve
-
-__all__ = [
-    "Conditions",
-    "SanitizeParams",
-    "Solution",
-    "build_conditions",
-    "feasible",
-    "log_t_rows",
-    "privacy_bound",
-    "prune_dominated",
-    "sanitize",
-    "solve",
-    "unique_pairs",
-]
+"""The DP sampling mechanism: conditions, solvers, noise, sampling, preprocessing, recipe (one
+module each; the package imports none of them, so that a module's import pulls in only what
+it needs)."""

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from cels.logs.model import SearchLog
 
-BOUNDS = ("cels", "edbt")
+from cels.mechanism.defaults import BOUNDS
 
 
 def privacy_bound(epsilon: float, delta: float, bound: str = "cels") -> float:

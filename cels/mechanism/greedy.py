@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-DEFAULT_BATCH = 64
-"""Proposals per round B (the AOL slice: 241 units in 49 rounds; B = 1 takes 3,096 rounds)."""
+from cels.mechanism.defaults import DEFAULT_BATCH
+
 MAX_OUTPUT_BAND = 2.0
 """max-output proposes only the active pairs whose total is within this factor of the largest
 active total (docs/protocol.md, "Private solve": the rules measured)."""

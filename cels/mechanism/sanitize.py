@@ -16,12 +16,13 @@ from tqdm import tqdm
 from cels import metrics
 from cels.claims import privacy_accounting
 from cels.crypto.streams import CipherRandom
-from cels.logs.model import SearchLog
+from cels.logs.model import SearchLog, output_sizes
 from cels.mechanism.conditions import Conditions, apply_cap, build_conditions, privacy_bound
 from cels.mechanism.noise import add_noise_and_repair
 from cels.mechanism.preprocess import preprocess
 from cels.mechanism.sampling import multinomial_sample, released_log
-from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, Solution, solve
+from cels.mechanism.defaults import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT
+from cels.mechanism.solvers import Solution, solve
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,7 @@ def sanitize(log: SearchLog, params: SanitizeParams, *, progress: bool = True) -
             "input_size": input_log.size,
             "nonunique_pairs": int(len(var_pairs)),
             "constraint_rows_after_pruning": int(cond.G.shape[0]),
-            "output_size": int(x.sum()),
-            "output_users": out.n_users,
-            "output_pairs": out.n_pairs,
+            **output_sizes(out),
         },
         "utility": utility,
         "noise": noise_info,

@@ -30,15 +30,12 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from cels.mechanism.conditions import Conditions
+from cels.mechanism.defaults import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("kl", "max-output", "frequent", "diversity")
 INTEGER_METHODS = ("mip", "greedy", "floor")
-DEFAULT_BREAKPOINTS = 16
-DEFAULT_SUPPORT = 1 / 500
 DEFAULT_OUTPUT_FRACTION = 0.5
-DEFAULT_TIME_LIMIT = 20.0
 DIVERSITY_EXACT_MAX_VARS = 5000
 _MARGIN = 1e-12  # relative safety margin when adding a unit (keeps G x <= h exact in floats)
 

@@ -5,6 +5,7 @@
 name = "party-1"                 # the name in this node's certificate
 listen = "127.0.0.1:7101"
 deadline = 600.0                 # seconds, every RPC this node makes (sessions may set their own)
+max_message_mib = 256            # the largest message a peer may send it (cels.node.framing)
 insecure = false                 # plaintext gRPC: development only, prints a warning
 
 [tls]
@@ -73,6 +74,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from cels.certs import controller_name
+from cels.node.framing import DEFAULT_MAX_MESSAGE_MIB
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
 from cels.node.schemas import NODE_SCHEMAS, check_toml
@@ -107,6 +109,8 @@ class NodeConfig:
     """The certificate names whose Run, status details and report stream this node serves
     (default: its own organisation's controller, ``controller-NAME``)."""
     min_key_bits: int = MIN_KEY_BITS
+    max_message_mib: int = DEFAULT_MAX_MESSAGE_MIB
+    """The largest message a peer may send this node (cels.node.framing)."""
     record_view: Path | None = None
     """Where every session's view of this node is recorded (cels.views), if anywhere."""
     keys: KeyPolicy = field(default_factory=KeyPolicy)
@@ -133,6 +137,8 @@ class NodeConfig:
             check_host_port(address, f"peer {peer}: address")
         if self.deadline <= 0:
             raise ValueError(f"deadline must be positive seconds, not {self.deadline}")
+        if not 1 <= self.max_message_mib <= 2047:
+            raise ValueError(f"max_message_mib must lie in 1..2047 (protobuf's 2 GiB limit), not {self.max_message_mib}")
         if self.metrics_listen is not None:
             from cels.node.telemetry import metrics_address  # prometheus_client: only with a metrics port
 
@@ -178,6 +184,11 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="smallest Paillier key a session may ask for (default 2048; lower only to reproduce the paper)",
     )
+    parser.add_argument(
+        "--max-message-mib", type=int, metavar="MIB",
+        help=f"the largest message a peer may send this node, in MiB (default {DEFAULT_MAX_MESSAGE_MIB}; a larger release or the "
+        "transformed solve at scale may need more: docs/deployment.md, \"How delivery works\")",
+    )  # fmt: skip
     parser.add_argument(
         "--record-view",
         type=Path,
@@ -281,6 +292,7 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
         deadline=float(args.deadline if args.deadline is not None else node.get("deadline", DEFAULT_DEADLINE)),
         controllers=tuple(args.controller or node.get("controllers", ())),
         min_key_bits=int(args.min_key_bits if args.min_key_bits is not None else node.get("min_key_bits", MIN_KEY_BITS)),
+        max_message_mib=int(args.max_message_mib if args.max_message_mib is not None else node.get("max_message_mib", DEFAULT_MAX_MESSAGE_MIB)),
         record_view=args.record_view or (base / node["record_view"] if "record_view" in node else None),
         keys=key_policy(args, doc.get("keys", {})),
         extra={"base": base, **doc.get(role_table, {})},

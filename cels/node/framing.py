@@ -13,8 +13,13 @@ from cels.protocol.wire import cels_pb2
 CHUNK_BYTES = 1 << 20
 """Payload bytes per Frame (1 MiB: a quarter of gRPC's default 4 MB limit)."""
 
-MAX_ENVELOPE_BYTES = 1 << 31
-"""Largest envelope a node reassembles (2 GiB, the protobuf limit)."""
+DEFAULT_MAX_MESSAGE_MIB = 256
+"""Largest envelope a node reassembles by default (``[node] max_message_mib``): a peer cannot make
+it buffer more for one message.  Measured (docs/deployment.md, "How delivery works"): the
+private solve and the DP release stream their steps in chunks of at most 0.5 MiB whatever the
+input, and what grows with it is the secure union's hops (the release); the transformed solve's
+hops are not chunked (26 MB each on the AOL slice) and grow with its rows times its pairs,
+hence 256 MiB.  A site that runs streamed sessions only can set far less."""
 
 
 def to_frames(envelope: Envelope, message_id: int, chunk_bytes: int = CHUNK_BYTES) -> list[cels_pb2.Frame]:
@@ -34,11 +39,12 @@ def to_frames(envelope: Envelope, message_id: int, chunk_bytes: int = CHUNK_BYTE
     ]
 
 
-def from_frames(frames: Iterable[cels_pb2.Frame]) -> tuple[Envelope, int]:
-    """Reassemble one envelope; returns it with the frames' total wire size.
+def from_frames(frames: Iterable[cels_pb2.Frame], max_bytes: int = DEFAULT_MAX_MESSAGE_MIB << 20) -> tuple[Envelope, int]:
+    """Reassemble one envelope of at most ``max_bytes``; returns it with the frames' total wire size.
 
     Raises ProtocolError ``invalid_argument`` for bytes that are not a Frame, a bad session id,
-    frames out of order, of mixed messages, a missing last frame, an oversized message, or bytes
+    frames out of order, of mixed messages, a missing last frame, a message larger than
+    ``max_bytes`` (refused at the frame that passes it: nothing more is buffered), or bytes
     that are not an Envelope with a step.
     """
     parts: list[bytes] = []
@@ -59,8 +65,8 @@ def from_frames(frames: Iterable[cels_pb2.Frame]) -> tuple[Envelope, int]:
         if frame.index != len(parts):
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"frame {frame.index} arrived where {len(parts)} was due")
         size += len(frame.data)
-        if size > MAX_ENVELOPE_BYTES:
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"message larger than {MAX_ENVELOPE_BYTES} bytes")
+        if size > max_bytes:
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"message larger than this node's {max_bytes >> 20} MiB (its [node] max_message_mib)")
         parts.append(frame.data)
         complete = frame.last
     if not complete:

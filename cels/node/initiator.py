@@ -91,8 +91,7 @@ def make_call(driver: SessionDriver, link: SessionLink, call: Call) -> cels_pb2.
         if call.step is Step.START:
             frames = to_frames(call.envelope, 0)
             awaiting = driver.peers.deliver(node, frames, link.deadline).awaiting_approval
-            link.bytes_sent[call.step.value] += sum(f.ByteSize() for f in frames)
-            link.messages_sent[call.step.value] += 1
+            link.sent(call.step.value, sum(f.ByteSize() for f in frames))
         else:
             answer = driver.peers.signal(node, sid, SIGNALS[call.step], link.deadline)
     except grpc.RpcError as exc:
@@ -119,9 +118,11 @@ def wire_report(states: dict[str, cels_pb2.SessionState]) -> dict[str, Any]:
         name: {
             "bytes_sent": dict(sorted(state.bytes_sent.items())),
             "messages_sent": dict(sorted(state.messages_sent.items())),
+            "largest_message_bytes": dict(sorted(state.largest_sent.items())),
             "bytes_total": sum(state.bytes_sent.values()),
             "busy_seconds": round(state.busy_seconds, 6),
         }
         for name, state in states.items()
     }
-    return {"nodes": nodes, "bytes_total": sum(n["bytes_total"] for n in nodes.values())}
+    largest = max((size for state in states.values() for size in state.largest_sent.values()), default=0)
+    return {"nodes": nodes, "bytes_total": sum(n["bytes_total"] for n in nodes.values()), "largest_message_bytes": largest}

@@ -85,6 +85,7 @@ class SessionLink:
         self.events: queue.Queue[LinkEvent] = queue.Queue()  # read by the initiator's Run
         self.bytes_sent: Counter[str] = Counter()
         self.messages_sent: Counter[str] = Counter()
+        self.largest_sent: Counter[str] = Counter()
         self.stopped = threading.Event()
         self.busy = False
         self.deadline = options.deadline
@@ -98,10 +99,16 @@ class SessionLink:
         hosted = self.node.host.hosted(self.id)
         return cels_pb2.SessionState(
             session_id=self.id, state=state_to_wire(state), reason=describe(notice) if notice is not None else "", abort=notice,
-            bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent),
+            bytes_sent=dict(self.bytes_sent), messages_sent=dict(self.messages_sent), largest_sent=dict(self.largest_sent),
             busy_seconds=hosted.busy_seconds, progress=self.node.host.steps(self.id), busy=self.busy,
             phase=phase_to_wire(hosted.phase), approvals_pending=self.node.host.approvals_pending(self.id),
         )  # fmt: skip
+
+    def sent(self, step: str, size: int) -> None:
+        """Count one message of ``step`` this node sent (``size``: its frames' bytes)."""
+        self.bytes_sent[step] += size
+        self.messages_sent[step] += 1
+        self.largest_sent[step] = max(self.largest_sent[step], size)
 
     def queued_bytes(self) -> int:
         """Bytes of the messages waiting in the outbox (not the one being delivered now)."""
@@ -123,8 +130,7 @@ class SessionLink:
                 frames = to_frames(envelope, next(ids))
                 size = sum(f.ByteSize() for f in frames)
                 self.node.peers.deliver(recipient, frames, delivery_timeout(self.deadline, size))
-                self.bytes_sent[step_name(envelope)] += size
-                self.messages_sent[step_name(envelope)] += 1
+                self.sent(step_name(envelope), size)
             except grpc.RpcError as exc:
                 step = step_name(envelope)
                 notice = call_abort(self.id, recipient, f"delivering {step}", exc, self.node.phase(self.id))

@@ -41,6 +41,7 @@ NODE_TABLE = {
         "insecure": {"type": "boolean"},
         "controllers": {"type": "array", "items": NAME},
         "min_key_bits": KEY_BITS,
+        "max_message_mib": {"type": "integer", "minimum": 1, "maximum": 2047},
         "record_view": {"type": "string"},
     },
 }

@@ -189,7 +189,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
     # -- RPCs --------------------------------------------------------------------------------
     def Deliver(self, request_iterator: Iterator[cels_pb2.Frame], context: grpc.ServicerContext) -> cels_pb2.Ack:
         try:
-            envelope, size = from_frames(request_iterator)
+            envelope, size = from_frames(request_iterator, self.config.max_message_mib << 20)
             sender = self.authenticate(context, envelope.sender, set(self.config.peers))
             self.telemetry.frames_received(sender, envelope.session_id, size)
             self.take(sender, envelope)

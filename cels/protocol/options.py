@@ -24,17 +24,17 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.paillier import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
-from cels.mechanism.conditions import BOUNDS
-from cels.mechanism.greedy import DEFAULT_BATCH
-from cels.mechanism.item_kinds import ItemKinds
-from cels.mechanism.sanitize import SanitizeParams
-from cels.mechanism.solvers import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
+from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
 from cels.protocol.wire import cels_pb2
+
+if TYPE_CHECKING:  # imported where used: the flags and schemas come from this module without numpy or scipy
+    from cels.mechanism.item_kinds import ItemKinds
+    from cels.mechanism.sanitize import SanitizeParams
 
 SOLVER_NAME = "solver"
 """The solver node's name unless a session names another (certificates carry it)."""
@@ -261,6 +261,8 @@ class SessionOptions:
     @property
     def item_kinds(self) -> ItemKinds:
         """The DP release's item kinds and their bounds (``items`` and ``max_items_per_user``)."""
+        from cels.mechanism.item_kinds import ItemKinds
+
         return ItemKinds.parse(self.items, self.max_items_per_user)
 
     @property
@@ -271,6 +273,8 @@ class SessionOptions:
     @property
     def params(self) -> SanitizeParams:
         """The mechanism's parameters (the same as ``cels sanitize`` with these flags)."""
+        from cels.mechanism.sanitize import SanitizeParams
+
         return SanitizeParams(**{o.name: getattr(self, o.name) for o in OPTIONS if o.mechanism})
 
     def address(self, node: str) -> str:

@@ -76,7 +76,7 @@ class PrivateSolve(Solve):
             "round_batch": options.round_batch,
             "rounds": private.round,
             "integer_total": int(private.x.sum()),
-            "output_size": options.output_size,
+            **({"output_size": options.output_size} if options.output_size is not None else {}),  # the requested |O|, when asked for
         }
         if private.noise_total is not None:  # CELS App. C, from shares no node chose or saw
             z, first = private.noise_total, private.first_x

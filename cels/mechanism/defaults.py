@@ -1,0 +1,14 @@
+"""The mechanism's parameter choices and defaults, apart from the code that uses them (no numpy
+or scipy here): the session options, the flags and the schemas declare themselves from these
+without importing a solver (``cels simulate --help`` stays fast)."""
+
+from __future__ import annotations
+
+BOUNDS = ("cels", "edbt")
+"""The privacy bound b of the sampling: CELS eq. 5 or EDBT 2012 Theorem 1 (cels.mechanism.conditions)."""
+OBJECTIVES = ("kl", "max-output", "frequent", "diversity")
+DEFAULT_BREAKPOINTS = 16
+DEFAULT_SUPPORT = 1 / 500
+DEFAULT_TIME_LIMIT = 20.0
+DEFAULT_BATCH = 64
+"""Proposals per round B (the AOL slice: 241 units in 49 rounds; B = 1 takes 3,096 rounds)."""

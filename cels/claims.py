@@ -258,7 +258,10 @@ def privacy_accounting(
     if seeded:
         not_private.append("the draws come from an explicit --seed (reproducible, not secret)")
         recipients = f"{SEEDED_NONE}; with secret draws it would be: {recipients}"
+    given = "counts with noise that are repaired against the private data" if noise else "counts computed exactly from the data"
+    bottom = f"NOT differentially private end to end: the sampling is ({epsilon:g}, {delta:g})-probabilistic DP given {given}"
     return {
+        "plain": sampled_plain(epsilon, delta, noise, setting, seeded),
         "epsilon": epsilon,
         "delta": delta,
         "b": b,
@@ -266,7 +269,7 @@ def privacy_accounting(
         "noise_epsilon": noise_epsilon,
         "sensitivity": sensitivity,
         "cap": cap,
-        "guarantee": f"against recipients: {recipients}",
+        "guarantee": f"{SEEDED_NONE}; with secret draws: {bottom}" if seeded else bottom,
         "against_recipients": recipients,
         "against_partners": partners,
         "learns": learns(setting, noise),
@@ -277,6 +280,28 @@ def privacy_accounting(
         "private": not not_private,
         "not_private_because": not_private,
     }
+
+
+def sampled_plain(epsilon: float, delta: float, noise: bool, setting: str, seeded: bool) -> list[str]:
+    """A sampled release's guarantee in one plain sentence per observer (the exact terms are in
+    the other ``privacy`` keys and docs/security.md)."""
+    if seeded:
+        return ["this run replayed its draws from --seed: it is NOT private and must not be published"]
+    counts = "noisy counts repaired against the data" if noise else "exact counts of the data"
+    plain = [
+        f"for any one user, with probability at least {1 - delta:g} the release is at most e^{epsilon:g} = {math.exp(epsilon):.3g} "
+        f"times likelier with that user's log than without it; with probability up to {delta:g} it holds one of the user's "
+        f"records and nothing is promised. This holds given the released counts, which are {counts}: the release is "
+        "not differentially private end to end",
+    ]
+    if setting != "single":
+        plain.append(
+            "your partners and the solver node learn exact counts computed from every party's data (privacy.learns lists them), "
+            "with no differential privacy; not another party's rows"
+        )
+    if setting == "transformed":
+        plain.append("in the transformed solve the solver node can rebuild every party's rows: use it only to reproduce the paper")
+    return plain
 
 
 ITEM_WORDS = {"pairs": ("query-url pair", "query-url pairs"), "queries": ("query", "queries"), "query-pairs": ("query pair", "query pairs")}
@@ -338,7 +363,8 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
         "collusion": accounting["collusion"],
         "padding_epsilon": accounting["padding_epsilon"],
         "accounting": accounting,
-        "guarantee": f"against recipients: {recipients}",
+        "guarantee": f"{SEEDED_NONE}; with secret draws: ({epsilon:g}, {delta:g})-DP end to end against recipients" if seeded
+        else f"({epsilon:g}, {delta:g})-DP end to end against recipients, for one user's records at one organisation",
         "against_recipients": recipients,
         "against_partners": partners,
         "learns": learns("dp", True) if not single else {

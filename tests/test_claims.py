@@ -34,7 +34,12 @@ def test_no_path_claims_an_end_to_end_bound(setting, noise) -> None:
     )
     assert p["end_to_end"] is False and "total_epsilon" not in p
     assert "given the released counts" in p["against_recipients"]
-    assert "composition" not in p["guarantee"]
+    assert "composition" not in p["guarantee"] and p["guarantee"] != p["against_recipients"]  # a bottom line, not a repeat (finding 16)
+    # finding 7: one plain sentence per observer, the exact terms elsewhere
+    assert p["plain"][0].startswith("for any one user, with probability at least 0.6 the release is at most e^2 = 7.39 times likelier")
+    assert p["plain"][0].endswith("not differentially private end to end")
+    assert len(p["plain"]) == {"single": 1, "private": 2, "transformed": 3}[setting]
+    assert not any(term in " ".join(p["plain"]) for term in ("PDP", "Theorem", "verdict", "Lap(", " c,"))
     assert p["private"] is (setting != "transformed")
     if setting != "single":
         assert p["against_partners"].startswith("no differential privacy against partner organisations")

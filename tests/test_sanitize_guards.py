@@ -88,7 +88,7 @@ def test_only_the_release_note_is_written_beside_the_output_without_report_flag(
     assert sanitize(src, tmp_path / "o.tsv") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.tsv", "o.tsv.release-note.json", "s.tsv"]
     privacy = json.loads((tmp_path / "o.tsv.release-note.json").read_text())["privacy"]
-    assert privacy["end_to_end"] is False and "NOT end-to-end" in privacy["guarantee"]
+    assert privacy["end_to_end"] is False and "NOT differentially private end to end" in privacy["guarantee"]
     (operator,) = reports.iterdir()
     assert operator.stat().st_mode & 0o777 == 0o600
     assert next(iter(json.loads(operator.read_text()))) == "confidential"

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from cels.cli import sanitize as sanitize_cli
+from cels.cli.notices import utility_words
 from cels.logs import synthetic_log, write_log
 
 DEMO_DIR = Path("demo-out") / "single-holder"
@@ -43,10 +44,12 @@ def run(args: argparse.Namespace) -> int:
     s, u, p, z = r["solver"], r["utility"], r["privacy"], r["sizes"]
     print(f"input      {input_path}: {z['users']} users, {z['pairs']} pairs, |D| = {z['input_size']}, "
           f"{z['nonunique_pairs']} pairs held by 2+ users, {z['constraint_rows_after_pruning']} condition rows after pruning")
-    print(f"privacy    epsilon {p['epsilon']}, delta {p['delta']} -> b = {p['b']:.5f} ({p['bound']} bound); against recipients: {p['against_recipients']}")
+    print(f"privacy    epsilon {p['epsilon']}, delta {p['delta']} -> b = {p['b']:.5f} ({p['bound']} bound): {p['guarantee']}")
+    for sentence in p["plain"]:
+        print(f"           in plain words: {sentence}")
     print(f"counts     objective {s['objective']}: LP bound |O| <= {s['max_output_lp']:.2f}, target |O| = {s['output_size']:.2f}, "
           f"released {s['integer_total']} (integer ratio {s['integer_ratio']:.3f}, {s['integer_method']}, x from {s['integer_source']})")
-    print(f"utility    KL {u['kl']:.4f}, recall of distinct pairs {u['recall']:.4f}, top-100 coverage {u['top_100']['coverage']:.2f}")
+    print(f"utility    {utility_words(u)}, top-100 coverage {u['top_100']['coverage']:.2f} (the share of the 100 most frequent pairs released)")
     print(f"output     {sanitize_args.out} ({z['output_users']} pseudonymous users, {z['output_pairs']} pairs), "
           f"release note {sanitize_args.out}.release-note.json, confidential operator report {sanitize_args.report}")
     return 0

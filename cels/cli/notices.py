@@ -27,6 +27,14 @@ def privacy_notice(privacy: dict[str, Any]) -> list[str]:
     return lines
 
 
+def utility_words(utility: dict[str, Any]) -> str:
+    """KL and recall with what each measures and which way is good (CELS eq. 2; cels.metrics)."""
+    return (
+        f"KL {utility['kl']:.4f} (how far the released pair frequencies are from the input's, CELS eq. 2: 0 is the same, "
+        f"lower is better), recall {utility['recall']:.4f} (the share of the input's distinct pairs that the release holds: 1 is all)"
+    )
+
+
 def empty_release_reason(report: dict[str, Any]) -> str | None:
     """None if the release holds a record, else why it is empty: b, the LP bound |O_max| and
     which flag would change it.  Both |O_max| and the per-pair bounds u_i = b / max_j ln t_ij

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_option_arguments, option_values
-from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice, utility_words
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
 from cels.baselines.base import Baseline
@@ -228,7 +228,7 @@ def summary_line(report: dict) -> str:
     if s:
         parts += [f"|O| {s['integer_total']}", f"LP bound {s['max_output_lp']:.1f}", f"integer ratio {s['integer_ratio']:.3f}"]
     if "kl" in u:
-        parts += [f"KL {u['kl']:.4f}", f"recall {u['recall']:.4f}"]
+        parts.append(utility_words(u))
     for kind, per_kind in u.items():  # baselines: utility per released item type
         if isinstance(per_kind, dict) and "released" in per_kind:
             measured = f"recall {per_kind['recall']:.2e}" if "recall" in per_kind else "none in the log"

@@ -22,7 +22,7 @@ from typing import Any
 
 
 from cels.certs import SOLVER, controller_name, make_dev_certs, node_names
-from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice, utility_words
 from cels.cli.progress import SessionProgress
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
 from cels.cli.sanitize import delimiter, guarantee_word, input_options, load_input, single_holder_arguments
@@ -508,6 +508,6 @@ def summary(report: dict[str, Any]) -> str:
     return (
         f"released |O| = {s.get('integer_total')} "
         + (f"(LP bound {s['max_output_lp']:.1f}), " if "max_output_lp" in s else f"(private solve, {s.get('rounds')} rounds), ")
-        + f"KL {u['kl']:.4f}, recall {u['recall']:.4f}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
+        + f"{utility_words(u)}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
         f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages ({report['wire']['bytes_total'] / 1e6:.2f} MB on the wire)"
     )

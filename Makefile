@@ -11,24 +11,37 @@ LOCK = deploy/lock/test.txt
 ## the environment comes from the hashed lock (every version and file chosen, not drifted), then
 ## the project itself without dependencies; make lock refreshes the lock (docs/deployment.md,
 ## "Dependencies")
+## (pip's output goes to $(VENV)/pip.log, shown only if an install fails)
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(call quiet-pip,--upgrade pip)
+	$(call quiet-pip,--require-hashes -r $(LOCK))
+	$(call quiet-pip,--no-deps -e .)
 	touch $(STAMP)
+## make demo needs only the core lock (no Ray, no pyarrow, no test tools): a venv made by
+## make test serves it too
+CORE_LOCK = deploy/lock/core.txt
+DEMO_STAMP = $(VENV)/.demo-stamp
+$(DEMO_STAMP): pyproject.toml $(CORE_LOCK)
+	if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(call quiet-pip,--upgrade pip) && \
+		$(call quiet-pip,--require-hashes -r $(CORE_LOCK)) && \
+		$(call quiet-pip,--no-deps -e .) && \
+		touch $(DEMO_STAMP); fi
+quiet-pip = $(PY) -m pip install --quiet $(1) > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
 venv: $(STAMP)
 
 ## make demo: the distributed service on one machine: 3 party nodes + 1 solver node as
 ## processes on 127.0.0.1 (mutual TLS, 2048-bit keys) sanitize the embedded synthetic log,
 ## first as the sampled log, then as the DP histogram (docs/releases.md)
-demo: $(STAMP)
-	$(VENV)/bin/cels simulate --parties 3 --out demo-out/sampled
-	$(VENV)/bin/cels simulate --parties 3 --release dp --synthetic-users 3000 --out demo-out/dp
+demo: $(DEMO_STAMP)
+	$(VENV)/bin/cels simulate --parties 3 --out demo-out/sampled --force
+	$(VENV)/bin/cels simulate --parties 3 --release dp --synthetic-users 3000 --out demo-out/dp --force
 
-## make lock: re-resolve deploy/lock/test.txt (CI and make test: every extra) and
-## deploy/lock/image.txt (the image: the ray extra) with hashes, by pip-tools in a throwaway venv
+## make lock: re-resolve deploy/lock/test.txt (CI and make test: every extra),
+## deploy/lock/image.txt (the image: the ray extra) and deploy/lock/core.txt (make demo) with hashes, by pip-tools in a throwaway venv
 lock:
 	$(PYTHON) -m venv build/lock-tools
 	build/lock-tools/bin/pip install --quiet pip-tools pip-audit
@@ -36,6 +49,8 @@ lock:
 		--extra test --extra ray --extra parquet -o deploy/lock/test.txt pyproject.toml
 	build/lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
 		--extra ray -o deploy/lock/image.txt pyproject.toml
+	build/lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+		-o deploy/lock/core.txt pyproject.toml
 
 ## make audit-deps: pip-audit over both locks (PyPI's advisories; a version PyPI does not know is
 ## reported as not audited)

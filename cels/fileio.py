@@ -41,11 +41,14 @@ def atomic_write(
     encoding: str | None = "utf-8",
     newline: str | None = None,
     file_mode: int | None = None,
+    replace: bool = True,
 ) -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; rename it to ``path`` on success.
 
     ``mode`` is ``"w"`` (text, with ``encoding`` and ``newline``) or ``"wb"`` (binary);
     ``file_mode`` the permissions (default: the replaced file's, else 0o666 & ~umask).
+    ``replace=False`` publishes only if ``path`` does not exist at that moment (a hard link,
+    atomic): FileExistsError otherwise, the temporary file removed and ``path`` untouched.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', not {mode!r}")
@@ -65,7 +68,14 @@ def atomic_write(
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
+        if replace:
+            os.replace(tmp_name, target)
+        else:
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError:
+                raise FileExistsError(f"{target} exists: another run wrote it meanwhile (--force replaces it)") from None
+            os.unlink(tmp_name)
         _fsync_directory(directory)
     except BaseException:
         if tmp_name is not None:
@@ -152,18 +162,23 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, file_mode: int | N
         fh.write("\n")
 
 
-def check_output_paths(outputs: dict[str, str | os.PathLike[str] | None], inputs: tuple[str | os.PathLike[str], ...] = ()) -> None:
+def check_output_paths(
+    outputs: dict[str, str | os.PathLike[str] | None], inputs: tuple[str | os.PathLike[str], ...] = (), force: bool = False
+) -> None:
     """Refuse, before any work starts, output paths that cannot or must not be written.
 
     ``outputs`` maps a label (the flag, e.g. ``"--out"``) to the user's path (None: not asked
-    for).  Raises ValueError naming the user's path when a path is a directory, its directory
-    does not exist or is not writable, two outputs are the same file, or an output is one of
-    ``inputs`` -- compared by device and inode (symlinks and hard links alike) when the file
-    exists, else by the resolved path."""
+    for).  Raises ValueError naming the user's path when a path is a directory, exists (unless
+    ``force``: an earlier release is not lost by a second run), its directory does not exist or
+    is not writable, two outputs are the same file, or an output is one of ``inputs`` --
+    compared by device and inode (symlinks and hard links alike) when the file exists, else by
+    the resolved path."""
     given = {label: Path(path) for label, path in outputs.items() if path is not None}
     for label, path in given.items():
         if path.is_dir():
             raise ValueError(f"{label} {path} is a directory; give a file name")
+        if path.exists() and not force and not any(same_file(path, Path(source)) for source in inputs):
+            raise ValueError(f"{label} {path} exists: give --force to replace it, or another path")
         parent = path.resolve().parent
         if not parent.is_dir():
             raise ValueError(f"{label} {path}: directory {parent} does not exist")

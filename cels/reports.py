@@ -12,6 +12,7 @@ its first field, and by default not beside the release but under :func:`operator
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,13 @@ def operator_report_dir() -> Path:
 
 
 def default_operator_path(release: str | os.PathLike[str], session_id: str | None = None) -> Path:
-    """``<operator_report_dir>/<release name>.<UTC time>[.<session id>].report.json``, the
-    directory made 0700: a session's report is named by its session id (two runs in one second
-    do not share a name), and matches its release note and the parties' ledger entries."""
+    """``<operator_report_dir>/<release name>.<UTC time>.<id>.report.json``, the directory made
+    0700: a session's report is named by its session id, which matches its release note and the
+    parties' ledger entries; a single holder's by a random id.  Two runs in one second never
+    share a name, so neither report replaces the other."""
     directory = operator_report_dir()
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + (f".{session_id}" if session_id else "")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f".{session_id or secrets.token_hex(4)}"
     return directory / f"{Path(release).name}.{stamp}.report.json"
 
 

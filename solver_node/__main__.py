@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 draws=DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name),
             )
 
-        return Node(config, factory)
+        # the pool ends with the node: its queues' semaphores are released, not left to the resource tracker
+        return Node(config, factory, on_stop=lambda: pool.shutdown(wait=True, cancel_futures=True))
 
     return node_main("cels-solver", start)
 

@@ -248,7 +248,8 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         bad = tmp_path / "data" / "party-2.tsv"
         good = bad.read_bytes()
         bad.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n1\tq\tt\tr\thttp://x/\textra\n")
-        failed = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
+        again = [*compose.argv("run"), "--force"]  # the same session.toml again: its release exists (issue 41 finding 2)
+        failed = subprocess.run(again, env=env, capture_output=True, text=True, timeout=300)
         assert failed.returncode == 1, failed.stderr
         assert "cels run: party-2 failed in phase load (cannot load its log)" in failed.stderr, failed.stderr
         assert "line 2" in cluster.nodes["party-2"].log_text()
@@ -257,7 +258,7 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
         first = tmp_path / "data" / "party-1.tsv"
         first.write_text(bad.read_text())
         bad.write_bytes(good)  # party-1 alone fails now
-        own = subprocess.run(compose.argv("run"), env=env, capture_output=True, text=True, timeout=300)
+        own = subprocess.run(again, env=env, capture_output=True, text=True, timeout=300)
         assert own.returncode == 1 and "cels run: party-1 failed in phase load (cannot load its log): " in own.stderr, own.stderr
         assert "party-1.tsv, line 2" in own.stderr, own.stderr
         assert {name: (tmp_path / "out" / name).read_bytes() for name in released} == released

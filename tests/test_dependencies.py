@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
-LOCKS = {name: REPO / "deploy" / "lock" / f"{name}.txt" for name in ("test", "image")}
+LOCKS = {name: REPO / "deploy" / "lock" / f"{name}.txt" for name in ("test", "image", "core")}
 FIXED = {
     "pyarrow": ("14.0.1", "CVE-2023-47248: code execution when reading a Parquet file"),
     "cryptography": ("42.0.4", "CVE-2024-26130: a NULL dereference in PKCS#12 serialisation"),
@@ -64,6 +64,8 @@ def test_the_locks_pin_every_dependency_with_hashes_past_the_floors() -> None:
                 assert pins[package][0] >= Version(fixed), (name, package, why)
     assert {"numpy", "grpcio", "cryptography", "ray", "pyarrow", "pytest"} <= set(locked(LOCKS["test"]))
     assert "ray" in locked(LOCKS["image"]) and "pytest" not in locked(LOCKS["image"])
+    core = set(locked(LOCKS["core"]))  # make demo's: the core dependencies, no extra
+    assert {"numpy", "grpcio", "cryptography"} <= core and not core & {"ray", "pyarrow", "pytest", "hypothesis"}
 
 
 def test_this_environment_is_the_locked_one() -> None:

@@ -376,21 +376,45 @@ def ray_processes() -> set[int]:
     return pids_whose_argv(lambda argv: argv[0].startswith(b"ray::") or any(b"raylet" in a or b"gcs_server" in a or b"ray/dashboard" in a for a in argv[:2]))
 
 
+def processes_with_env(name: str, value: str) -> set[int]:
+    """Pids of this user's processes whose environment has ``name=value`` (a Ray worker's
+    argv is its title, ``ray::IDLE``, but it inherits its node's environment)."""
+    wanted, found = f"{name}={value}".encode(), set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 @pytest.mark.slow
-def test_a_simulated_ray_session_leaves_no_ray_process_behind(tmp_path) -> None:
+def test_a_simulated_ray_session_leaves_no_ray_process_behind(tmp_path, monkeypatch) -> None:
     """A party node with --engine ray starts its own Ray instance; when the node stops, the
-    instance goes with it (no raylet, GCS or agent left orphaned), and the release is written."""
+    instance goes with it (no raylet, GCS or agent left orphaned), and the release is written.
+    Issue 41 finding 6: only this test's processes count (their RAY_TMPDIR is the test's own),
+    not another Ray on a busy host."""
+    import shutil
+    import tempfile
+
     from cels.cli import main
 
-    before = ray_processes()
-    argv = ["simulate", "--parties", "2", "--synthetic-users", "40", "--synthetic-pairs", "40", "--key-bits", "512",
-            "--engine", "ray", "--shards", "2", "--out", str(tmp_path / "out"), "--report", str(tmp_path / "report.json")]  # fmt: skip
-    assert main(argv) in (0, 3)
-    assert (tmp_path / "out" / "sanitized.tsv").is_file()
-    limit = time.monotonic() + 20
-    while (left := ray_processes() - before) and time.monotonic() < limit:
-        time.sleep(0.5)
-    assert not left, sorted(left)
+    own = tempfile.mkdtemp(prefix="cr-t")  # short: Ray's socket paths must fit 107 bytes
+    monkeypatch.setenv("RAY_TMPDIR", own)
+    try:
+        argv = ["simulate", "--parties", "2", "--synthetic-users", "40", "--synthetic-pairs", "40", "--key-bits", "512",
+                "--engine", "ray", "--shards", "2", "--out", str(tmp_path / "out"), "--report", str(tmp_path / "report.json")]  # fmt: skip
+        assert main(argv) in (0, 3)
+        assert (tmp_path / "out" / "sanitized.tsv").is_file()
+        limit = time.monotonic() + 20
+        while (left := processes_with_env("RAY_TMPDIR", own)) and time.monotonic() < limit:
+            time.sleep(0.5)
+        assert not left, sorted(left)
+        assert not list(Path(own).iterdir())  # and each node's own Ray directory is gone
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def seeded_release(log: SearchLog | list[LogFile], config: SessionOptions, engine=None, seed: int = 11) -> SearchLog:

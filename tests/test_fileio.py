@@ -115,3 +115,22 @@ def test_a_signal_removes_the_temporary_file(tmp_path: Path, sig: signal.Signals
     assert writer.returncode == (128 + sig if unwinding == "hang" else 1)
     assert time.monotonic() - start < 10
     assert not list(tmp_path.iterdir())
+
+
+def test_an_existing_output_is_refused_unless_forced_and_a_racing_writer_loses(tmp_path: Path) -> None:
+    """Issue 41 finding 2: two runs to one path both wrote it, and one release was lost."""
+    from cels.fileio import check_output_paths
+
+    out = tmp_path / "sanitized.tsv"
+    out.write_text("first release\n")
+    with pytest.raises(ValueError, match=rf"--out {out} exists: give --force to replace it"):
+        check_output_paths({"--out": out})
+    check_output_paths({"--out": out}, force=True)
+    with pytest.raises(FileExistsError, match="another run wrote it meanwhile"):  # the check passed, then another run published
+        with atomic_write(out, replace=False) as fh:
+            fh.write("second release\n")
+    assert out.read_text() == "first release\n" and [p.name for p in tmp_path.iterdir()] == ["sanitized.tsv"]
+    fresh = tmp_path / "fresh.tsv"
+    with atomic_write(fresh, replace=False) as fh:
+        fh.write("mine\n")
+    assert fresh.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["fresh.tsv", "sanitized.tsv"]

@@ -24,6 +24,9 @@ RULES = {
     "mechanism": ("cels.protocol", "cels.node", "grpc"),
 }
 """Package under cels/ -> module prefixes none of its modules may import."""
+EXCEPTIONS = {"engine/ray_trust.py": {"grpc"}}
+"""Module -> what it may import all the same: ray_trust calls a joined Ray cluster's own gRPC
+services without a token (Ray's wire, not CELS's) to refuse a cluster that answers."""
 
 
 def imports(path: Path) -> set[str]:
@@ -48,6 +51,7 @@ def test_layer_imports(package) -> None:
         for path in modules(package)
         for name in imports(path)
         if any(name == banned or name.startswith(banned + ".") for banned in RULES[package])
+        and name not in EXCEPTIONS.get(str(path.relative_to(CELS)), set())
     }
     assert not found, sorted(found)
 

@@ -19,7 +19,7 @@ import pytest
 from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
 from cels.logs.model import LogRecord
-from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes
+from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_reachable
 from cels.node.health import node_health
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args
 from cels.node.config import add_data_arguments, add_node_arguments, node_config
@@ -278,6 +278,28 @@ def test_an_overlong_session_id_is_invalid_argument_and_not_echoed(toy) -> None:
     with pytest.raises(grpc.RpcError) as err:
         stub.Deliver(iter([cels_pb2.Frame(session_id="ok-id", message_id=1, index=0, last=True, data=hop.SerializeToString())]), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.value.details()) < 300, err.value.details()[:300]
+
+
+def test_a_refused_tls_handshake_ends_the_wait_at_once_in_one_line(toy, tmp_path) -> None:
+    """Issue 41 finding 4: a certificate from another CA cost `cels run` its whole wait and
+    printed the C core's raw lines; now each refusal is named in one line, at the first try."""
+    other = make_dev_certs(tmp_path / "other-ca", ["controller-party-1"])["controller-party-1"]
+    ours = toy.certs["controller-party-1"]
+    cases = {
+        "another CA trusted": (Controller("party-1", toy.addresses["party-1"], ca=other.ca, cert=other.cert, key=other.key),
+                               "its certificate is signed by another CA than this side's ca.pem"),
+        "our certificate from another CA": (Controller("party-1", toy.addresses["party-1"], ca=ours.ca, cert=other.cert, key=other.key),
+                                            "it closed the TLS handshake: it refuses this side's certificate"),
+        "another node at the address": (Controller("party-2", toy.addresses["party-1"], ca=ours.ca, cert=ours.cert, key=ours.key),
+                                        "its certificate names another node"),
+    }  # fmt: skip
+    for what, (controller, said) in cases.items():
+        started = time.monotonic()
+        with pytest.raises(SessionAborted) as aborted:
+            wait_reachable(controller, {controller.initiator: controller.address}, timeout=60)
+        assert time.monotonic() - started < 10, what  # not the 60 s of waiting
+        assert aborted.value.kind == "UNREACHABLE" and f"TLS handshake refused: {said}" in str(aborted.value), (what, str(aborted.value))
+        assert "\n" not in str(aborted.value) and "ssl_transport_security" not in str(aborted.value)
 
 
 def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:

@@ -105,6 +105,7 @@ def test_end_to_end_noise_over_node_processes(tmp_path, capsys) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["sanitized.tsv", "sanitized.tsv.release-note.json"]  # no node log beside the release
     logs = operator.with_name(f"{operator.name.removesuffix('.json')}.node-logs")
     assert stat.S_IMODE(logs.stat().st_mode) == 0o700 and {stat.S_IMODE(p.stat().st_mode) for p in logs.glob("*.log")} == {0o600}
+    assert not [p.name for p in logs.glob("*.log") if "leaked semaphore" in p.read_text()]  # finding 10: every pool ends with its node
     note_text = (out / "sanitized.tsv.release-note.json").read_text()
     note = json.loads(note_text)
     for secret in ("total_before", "utility", "kl", "rounds", "seconds", "bytes", "phases", "noise_l1", "input_size"):

@@ -305,8 +305,9 @@ def test_the_baselines_draw_from_chacha20(weak_draws, tmp_path) -> None:
     src.write_text("AnonID\tQuery\tQueryTime\tItemRank\tClickURL\n" + "".join(f"{u}\t{q}\t2006-03-01 00:00:00\t\t{url}\n" for u, q, url in rows))
     for method in sorted(BASELINES):
         for seed in ([], ["--seed", "3"]):
-            argv = ["sanitize", str(src), "--format", "aol", "--quiet", "--out", str(tmp_path / f"{method}.tsv"),
-                    "--report", str(tmp_path / f"{method}.json"), "--epsilon", "10", "--delta", "0.001",
+            name = f"{method}{'-seeded' if seed else ''}"
+            argv = ["sanitize", str(src), "--format", "aol", "--quiet", "--out", str(tmp_path / f"{name}.tsv"),
+                    "--report", str(tmp_path / f"{name}.json"), "--epsilon", "10", "--delta", "0.001",
                     "--method", method, *seed]  # fmt: skip
             assert main(argv) == 0
     # Safelog's transitions: the zero-count pairs' binomial draw (a PCG64 of its own before)

@@ -4,9 +4,11 @@ token authentication required, the node's own Ray directory private and removed.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -104,6 +106,14 @@ def test_a_cluster_that_takes_calls_without_a_token_is_refused_before_the_node_j
     )  # fmt: skip
     try:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        limit = time.monotonic() + 60  # the client server comes up after `ray start` returns
+        while True:
+            try:
+                socket.create_connection((LOOPBACK, client), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < limit, "the Ray client server never listened"
+                time.sleep(0.5)
         for address in (f"{LOOPBACK}:{port}", f"ray://{LOOPBACK}:{client}"):
             with pytest.raises(ValueError, match=f"the Ray cluster at {address} answers calls that carry no token"):
                 refuse_open_cluster(address)

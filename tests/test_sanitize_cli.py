@@ -30,7 +30,7 @@ def figure1_rows() -> list[tuple[str, str, str]]:
 def run(tmp_path: Path, *extra: str, input_path: Path | None = None) -> int:
     src = input_path or aol_file(tmp_path / "in.tsv", figure1_rows())
     return main(["sanitize", str(src), "--format", "aol", "--quiet", "--out", str(tmp_path / "out.tsv"),
-                 "--report", str(tmp_path / "report.json"), *extra])  # fmt: skip
+                 "--report", str(tmp_path / "report.json"), "--force", *extra])  # fmt: skip (one output, run again and again)
 
 
 def test_sanitize_writes_output_and_report(tmp_path, capsys):

@@ -136,3 +136,19 @@ def test_tsv_takes_any_delimiter(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["sanitize", str(src), "--format", "tsv", "--delimiter", ";;", "--out", "x", "--epsilon", "1", "--delta", "0.5"])
     assert exc.value.code == 2 and "';;' is not one character" in capsys.readouterr().err
+
+
+def test_a_second_run_to_an_existing_release_is_refused_unless_forced(tmp_path, capsys):
+    """Issue 41 finding 2: a second run overwrote the first release; now it refuses before any
+    work, naming the flag, and --force replaces it."""
+    src = aol_file(tmp_path / "s.tsv", figure1_rows())
+    out = tmp_path / "o.tsv"
+    assert sanitize(src, out) in (0, EXIT_EMPTY_RELEASE)
+    first = out.read_bytes(), (tmp_path / "o.tsv.release-note.json").read_bytes()
+    capsys.readouterr()
+    assert sanitize(src, out) == 2
+    assert capsys.readouterr().err == f"cels sanitize: error: --out {out} exists: give --force to replace it, or another path\n"
+    assert (out.read_bytes(), (tmp_path / "o.tsv.release-note.json").read_bytes()) == first
+    assert sanitize(src, out, "--force") in (0, EXIT_EMPTY_RELEASE)
+    note = json.loads((tmp_path / "o.tsv.release-note.json").read_text())
+    assert note["sizes"]["output_records"] == len(out.read_text().splitlines()) - 1

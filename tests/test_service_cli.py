@@ -109,7 +109,7 @@ def test_run_without_nodes_says_which_are_unreachable_at_which_address(tmp_path,
     err = capsys.readouterr().err
     waiting = [line for line in err.splitlines() if "waiting" in line]
     assert waiting and all(f"party-1 at {initiator} (UNAVAILABLE)" in line and f"solver at {solver}" in line for line in waiting)
-    assert f"cels run: no session ran: party-1 unreachable (not running, wrong address, or a certificate that does not name the node): party-1 at {initiator} (UNAVAILABLE), solver at {solver} (UNAVAILABLE) after " in err
+    assert f"cels run: no session ran: party-1 unreachable (not running, or at another address): party-1 at {initiator} (UNAVAILABLE), solver at {solver} (UNAVAILABLE) after " in err
     assert "aborted by" not in err
     assert list((tmp_path / "out").iterdir()) == []
 
@@ -215,3 +215,14 @@ def test_run_waits_for_the_nodes_as_long_as_run_wait_says(tmp_path, capsys) -> N
     printed = capsys.readouterr()
     assert "party-1" in printed.err
     assert "session " not in printed.out  # finding 21: no session id for a session that never started
+
+
+def test_run_refuses_an_existing_output_before_it_calls_a_node(tmp_path, capsys) -> None:
+    """Issue 41 finding 2: two `cels run` of one session.toml both wrote out/sanitized.tsv."""
+    path = session_toml(tmp_path, address=f"127.0.0.1:{free_port()}", extra="wait = 1")
+    (tmp_path / "out" / "sanitized.tsv").write_text("an earlier release\n")
+    assert main(["run", "--config", str(path)]) == 2
+    printed = capsys.readouterr()
+    assert "[run] output" in printed.err and "exists: give --force to replace it" in printed.err and "waiting" not in printed.err
+    assert (tmp_path / "out" / "sanitized.tsv").read_text() == "an earlier release\n"
+    assert main(["run", "--config", str(path), "--force"]) == 1  # forced: it goes on, to the unreachable initiator

@@ -13,12 +13,12 @@ import math
 import random
 from functools import lru_cache
 
-from wordfreq import top_n_list
-
 
 @lru_cache(maxsize=4)
 def pool_words(vocabulary: int) -> tuple[str, ...]:
     """The ``vocabulary`` most frequent alphabetic English words (wordfreq's list, fixed order)."""
+    from wordfreq import top_n_list  # a third of a second to import: only when a pool is drawn
+
     if vocabulary < 1:
         raise ValueError(f"the pool vocabulary must hold at least one word, not {vocabulary}")
     words = [w for w in top_n_list("en", 4 * vocabulary + 1000) if w.isascii() and w.isalpha()]

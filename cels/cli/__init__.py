@@ -81,6 +81,7 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's C core logs no raw handshake lines on the console: each failure is one line of ours
     parser = build_parser(command_of(argv))
     if not argv:  # no command: the command list, not only a usage error
         parser.print_help(sys.stderr)

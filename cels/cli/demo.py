@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         "sanitize", str(input_path), "--format", "aol",
         "--epsilon", str(args.epsilon), "--delta", str(args.delta),
         "--objective", "kl", "--time-limit", "3",
-        "--out", str(out_dir / "sanitized.tsv"),
+        "--out", str(out_dir / "sanitized.tsv"), "--force",  # the demo's own directory: a second demo replaces the first
     ]  # fmt: skip
     parser = argparse.ArgumentParser(prog="cels")
     sanitize_cli.register(parser.add_subparsers(dest="command"))

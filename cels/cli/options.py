@@ -28,6 +28,11 @@ DEMO_DELTA = {"sampled": 0.4, "dp": 1e-6}
 probability (probabilistic DP), or approximate DP's negligible delta for the DP histogram."""
 
 
+def add_force_argument(parser: argparse.ArgumentParser) -> None:
+    """``--force``: replace outputs that exist (without it an earlier release is never lost)."""
+    parser.add_argument("--force", action="store_true", help="replace the output, its release note and the report if they exist (default: refuse)")
+
+
 def add_option_arguments(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     options: Iterable[Option],

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_option_arguments, option_values
+from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_force_argument, add_option_arguments, option_values
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice, utility_words
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
@@ -141,6 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=None, help="reproducible randomness: the release is then NOT private")
     parser.add_argument("--out", required=True, metavar="OUT", help="the sanitized log (same format as the input; a path ending in .parquet: Parquet)")
     parser.add_argument("--report", default=None, metavar="REPORT.json", help="the confidential operator report (JSON, mode 0600): privacy accounting, solver, sizes, utility, timings (default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside OUT); the public release note goes to OUT.release-note.json")
+    add_force_argument(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     for method in METHODS.values():
         if method.add_arguments is not None:
@@ -248,11 +249,11 @@ def guarantee_word(privacy: dict) -> str:
 
 def execute(args: argparse.Namespace) -> Release:
     """Check OUT and REPORT, load, run the chosen method, write OUT and REPORT; returns the release."""
-    check_output_paths(
-        {"--out": args.out, "release note": str(release_note_path(args.out)), "--report": report_path(args)}, inputs=(args.input,)
-    )
     if args.release == "dp" and args.method != "optimal":
         raise ValueError(f"--release dp is its own method: leave out --method {args.method}")
+    check_output_paths(
+        {"--out": args.out, "release note": str(release_note_path(args.out)), "--report": report_path(args)}, inputs=(args.input,), force=args.force,
+    )
     release = run_dp_histogram(args) if args.release == "dp" else METHODS[args.method].run(args)
     write_release_and_reports(release, args.out, report_path(args))
     return release

@@ -24,7 +24,7 @@ from typing import Any
 from cels.certs import SOLVER, controller_name, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice, utility_words
 from cels.cli.progress import SessionProgress
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_force_argument, add_option_arguments, session_values
 from cels.cli.sanitize import delimiter, guarantee_word, input_options, load_input, single_holder_arguments
 from cels.logs import FORMATS, LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
 from cels.crypto.paillier import DEFAULT_KEY_BITS
@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     run = subparsers.add_parser("run")
     run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
+    add_force_argument(run)
     run.set_defaults(func=run_run)
 
     sim = subparsers.add_parser("simulate")
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, its public release note sanitized.<ext>.release-note.json and the node logs")
     sim.add_argument("--report", type=Path, metavar="REPORT.json", help="the confidential operator report (mode 0600; default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside the release)")
     sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
+    add_force_argument(sim)
     add_stock_arguments(sim)
     add_engine_arguments(sim)
     add_seed_argument(sim)
@@ -180,7 +182,7 @@ def run_run(args: argparse.Namespace) -> int:
     controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
     output = base / run["output"]
     report_path = operator_path(base / run["report"] if "report" in run else None, output, options.session_id)
-    check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path})
+    check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path}, force=args.force)
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
     progress = None
     try:
@@ -191,7 +193,7 @@ def run_run(args: argparse.Namespace) -> int:
         progress = SessionProgress(options)
         report = run_on_nodes(
             controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
-            on_phase_start=progress.start, on_approval=approval_printer(options),
+            on_phase_start=progress.start, on_approval=approval_printer(options), force=args.force,
         )  # fmt: skip
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
@@ -297,6 +299,7 @@ def run_nodes(
     timeout: float = DEFAULT_TIMEOUT,
     node_flags: dict[str, list[str]] | None = None,
     while_up: Callable[[LocalCluster], None] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
@@ -319,7 +322,8 @@ def run_nodes(
     the node's session summary, cels.engine).
 
     ``node_flags``: more flags for some nodes (name -> flags, e.g. ``--metrics-listen``);
-    ``while_up(cluster)`` runs after the session, before the nodes stop."""
+    ``while_up(cluster)`` runs after the session, before the nodes stop; ``force`` replaces an
+    existing release (cels.node.client.run_on_nodes)."""
     parties = list(options.parties)
     limit = time.monotonic() + timeout
     out.mkdir(parents=True, exist_ok=True)
@@ -384,7 +388,7 @@ def run_nodes(
             try:
                 report = run_on_nodes(
                     controller, options.to_config(), output, report_path, limit - time.monotonic(),
-                    progress.step, extra=extra, on_phase_start=phase_started,
+                    progress.step, extra=extra, on_phase_start=phase_started, force=force,
                 )  # fmt: skip
             finally:
                 progress.close()
@@ -473,7 +477,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / release_kind(options).output_name(suffix)
     report_path = operator_path(args.report, output, options.session_id)
-    check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else ())
+    check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else (), force=args.force)
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
@@ -483,7 +487,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         shares, fmt_args = split_records_by_user(events, args.parties), ["--format", "aol"]
     try:
         flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
-        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags)
+        report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags, force=args.force)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {node_log_dir(report_path)})", file=sys.stderr)
         return 1

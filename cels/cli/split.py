@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from cels.cli.sanitize import add_input_arguments, load_input
+from cels.cli.options import add_force_argument
 from cels.fileio import check_output_paths
 from cels.logs import write_log
 
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--parties", type=int, required=True, metavar="R", help="number of parties (files)")
     parser.add_argument("--seed", type=int, default=None, help="a seeded random partition (default: user j to party j mod R)")
     parser.add_argument("--out", required=True, metavar="PATTERN", help="output path with {k} for the party number 1..R (directories are made); ending in .parquet: Parquet files")
+    add_force_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     log = load_input(args)
     for path in outputs.values():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    check_output_paths(outputs, inputs=(args.input,))
+    check_output_paths(outputs, inputs=(args.input,), force=args.force)
     shares = log.split_by_user(args.parties, seed=args.seed)
     for path, share in zip(outputs.values(), shares):
         write_log(share, path)

@@ -86,9 +86,11 @@ def probe_peer(config, name: str, address: str, timeout: float) -> dict[str, Any
         reply = cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
         return {"address": address, "reachable": True, "state": "reachable", "node_key": bool(reply.key.n)}
     except grpc.RpcError as exc:
+        from cels.node.peers import tls_refusal
+
         refuses = exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
-        state = f"refuses {config.name}" if refuses else "unreachable"
-        return {"address": address, "reachable": False, "state": f"{state}: {exc.code().name}: {exc.details()}", "node_key": None}
+        state = f"refuses {config.name}: {exc.code().name}: {exc.details()}" if refuses else tls_refusal(exc) or f"unreachable: {exc.code().name}: {exc.details()}"
+        return {"address": address, "reachable": False, "state": state, "node_key": None}
     finally:
         channel.close()
 
@@ -128,7 +130,9 @@ def node_state(config, address: str, timeout: float) -> dict[str, Any]:
     try:
         status = cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
     except grpc.RpcError as exc:
-        return {"health": health, "status": None, "error": f"{exc.code().name}: {exc.details()}"}
+        from cels.node.peers import tls_refusal
+
+        return {"health": health, "status": None, "error": tls_refusal(exc) or f"{exc.code().name}: {exc.details()}"}
     finally:
         channel.close()
     sessions = [

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from cels.fileio import atomic_write
-from cels.node.peers import call_abort, rpc_text
+from cels.node.peers import call_abort, rpc_text, tls_refusal
 from cels.reports import write_reports
 from cels.node.tls import open_channel, warn_insecure
 from cels.protocol.aborts import BEFORE_START, DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe
@@ -122,15 +122,17 @@ def wait_for_stock(
         time.sleep(poll)
 
 
-def unreachable_nodes(controller: Controller, nodes: dict[str, str], timeout: float = 2.0) -> dict[str, str]:
-    """Node name -> "address (why)" for every node whose ``Status`` does not answer."""
+def unreachable_nodes(controller: Controller, nodes: dict[str, str], timeout: float = 2.0) -> dict[str, tuple[str, str, bool]]:
+    """Node name -> (address, why, refused) for every node whose ``Status`` does not answer;
+    ``refused``: the TLS handshake was refused (cels.node.peers.tls_refusal), which waiting does not mend."""
     out = {}
     for name, address in nodes.items():
         try:
             with controller_channel(controller, name, address) as channel:
                 cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
         except grpc.RpcError as exc:
-            out[name] = f"{address} ({exc.code().name})"
+            refused = tls_refusal(exc)
+            out[name] = (address, refused or exc.code().name, refused is not None)
     return out
 
 
@@ -141,23 +143,28 @@ def wait_reachable(
     on_wait: Callable[[dict[str, str], float], None] | None = None,
     poll: float = 1.0,
 ) -> None:
-    """Wait until every node answers ``Status``; ``on_wait(unreachable, waited_seconds)`` after
-    each round that found one unreachable.  Raises SessionAborted (UNREACHABLE, before any
-    session) naming the first unreachable node, with every unreachable address, after
-    ``timeout`` seconds."""
+    """Wait until every node answers ``Status``; ``on_wait(unreachable, waited_seconds)`` (node
+    -> "address (why)") after each round that found one unreachable.  Raises SessionAborted
+    (before any session) naming the first unreachable node, with every unreachable address,
+    after ``timeout`` seconds; at once, naming the cause in one line, if a node's TLS handshake
+    was refused (another CA, an expired certificate, another node's name: waiting mends none)."""
     start = time.monotonic()
     while True:
         missing = unreachable_nodes(controller, nodes)
         if not missing:
             return
         waited = time.monotonic() - start
+        refused = {name: (address, why) for name, (address, why, final) in missing.items() if final}
+        if refused:
+            name, (address, why) = next(iter(refused.items()))
+            raise SessionAborted(abort_notice("", name, UNREACHABLE, why, BEFORE_START), f"{name} at {address}")
         if on_wait is not None:
-            on_wait(missing, waited)
+            on_wait({name: f"{address} ({why})" for name, (address, why, _) in missing.items()}, waited)
         if waited >= timeout:
             name = next(iter(missing))
             raise SessionAborted(
-                abort_notice("", name, UNREACHABLE, "not running, wrong address, or a certificate that does not name the node", BEFORE_START),
-                f"{', '.join(f'{n} at {a}' for n, a in missing.items())} after {waited:.0f}s",
+                abort_notice("", name, UNREACHABLE, "not running, or at another address", BEFORE_START),
+                f"{', '.join(f'{n} at {a} ({why})' for n, (a, why, _) in missing.items())} after {waited:.0f}s",
             )
         time.sleep(poll)
 
@@ -172,6 +179,7 @@ def run_on_nodes(
     extra: dict[str, Any] | None = None,
     on_phase_start: Callable[[cels_pb2.PhaseStart], None] | None = None,
     on_approval: Callable[[str, bool], None] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run one session; write the sanitized log, its public release note and the confidential
     operator report at ``report_path`` (cels.reports), each atomically; return the report.
@@ -180,6 +188,8 @@ def run_on_nodes(
     renamed only after the report arrived.  ``extra`` keys are added to the report.
     ``on_progress`` gets every phase end, ``on_phase_start`` every phase start (RunEvent),
     ``on_approval(party, approved)`` a party whose operator approves the session first, and its approval.
+    The release replaces an existing file only with ``force``: another run's release is never
+    lost (FileExistsError, nothing written).
     Raises SessionAborted with the failing node.
     """
     if controller.insecure:
@@ -200,7 +210,7 @@ def run_on_nodes(
             ) from None
         began = False
         try:
-            with atomic_write(output, mode="wb") as sink:
+            with atomic_write(output, mode="wb", replace=force) as sink:
                 for event in stub.Run(request, timeout=timeout):
                     began = True
                     kind = event.WhichOneof("event")

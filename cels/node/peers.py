@@ -34,6 +34,26 @@ CALL_FAILURES = {
 a protocol error)."""
 
 
+TLS_REFUSALS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("certificate has expired", "CERTIFICATE_EXPIRED"), "a certificate has expired (the node's, or this side's)"),
+    (("BAD_SIGNATURE", "certificate signature failure", "unable to get local issuer"),
+     "its certificate is signed by another CA than this side's ca.pem"),
+    (("Hostname Verification Check failed",), "its certificate names another node: a node other than the one asked for answers at that address"),
+    (("Socket closed",), "it closed the TLS handshake: it refuses this side's certificate (signed by another CA, expired, or not one it serves)"),
+)  # fmt: skip
+"""What gRPC's text of a failed TLS handshake means (grpcio 1.7x with BoringSSL, measured:
+tests/test_nodes.py), in the order they are tried; no digit (an Abort's reason)."""
+
+
+def tls_refusal(exc: grpc.RpcError) -> str | None:
+    """One line on why a call's TLS handshake failed, or None if the call failed otherwise: a
+    refused handshake does not mend by waiting."""
+    details = exc.details() or ""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    return next((f"TLS handshake refused: {why}" for marks, why in TLS_REFUSALS if any(mark in details for mark in marks)), None)
+
+
 def rpc_text(exc: grpc.RpcError) -> str:
     """A failed call as one line (its str() is a multi-line dump)."""
     return f"{exc.code().name}: {exc.details()}"

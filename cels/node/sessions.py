@@ -108,7 +108,10 @@ class SessionDriver:
         elif event.kind in ("awaiting", "approved"):  # the initiator: a party's operator
             log.info("%s: session %s: %s %s", name, sid, event.node, "awaits its operator's approval" if event.kind == "awaiting" else "approved")
         elif event.kind == "phase":
-            log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
+            if event.phase == Phase.FAILED:  # not "done": the phase did not complete (issue 41 finding 11)
+                log.info("%s: session %s: %s ended after %.2f s: the session failed", name, sid, event.old, event.seconds)
+            else:
+                log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
             self.telemetry.session_phase(sid, event.old, event.phase)
         elif event.kind in (ABORTED, DONE):
             notice = event.abort

@@ -67,6 +67,8 @@ def test_bad_log_on_one_party_aborts_naming_it(cluster: FaultCluster, tmp_path: 
     assert str(aborted.value) == f"{VICTIM} failed in phase load (cannot load its log)", aborted.value
     own = [line for line in cluster.log_text(VICTIM).splitlines() if f"session {options.session_id} aborted" in line]
     assert len(own) == 1 and str(path) in own[0] and all(name in own[0] for name in names), own
+    failed = [line for line in cluster.log_text(VICTIM).splitlines() if f"session {options.session_id}: load " in line]
+    assert failed and all(line.endswith(": the session failed") and "done" not in line for line in failed), failed  # finding 11
     for node in NODES:  # every node ended the session, blaming party-2, told nothing of its file
         limit = time.monotonic() + 10  # the Abort notices travel on their own calls: a peer may take them a moment later
         while (said := state_from_wire((state := cluster.state(node, options.session_id)).state)) not in (SessionState.ABORTED, SessionState.UNKNOWN) and time.monotonic() < limit:

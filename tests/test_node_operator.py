@@ -149,6 +149,10 @@ def test_metrics_after_a_session(operated) -> None:
     phases = {dict(k)["phase"] for k in party["cels_phase_seconds_count"]}
     assert {"load", "universe", "counts", "solve", "sampling", "union"} <= phases, phases
     assert {dict(k)["phase"] for k in solver["cels_phase_seconds_count"]} == {"solve"}
+    # finding 11: one definition of a phase's time: the initiator's stamps, in Prometheus and in the report alike
+    walls = operated["report"]["phase_wall_seconds"]
+    for phase in ("load", "universe", "counts", "solve", "sampling", "union"):
+        assert party["cels_phase_seconds_sum"][(("phase", phase),)] == pytest.approx(walls[phase], abs=1e-6), phase
     # the second session was refused by party-1's budget: 1 spent, 1.5 - 1 left, nothing reserved
     assert "privacy budget exceeded" in operated["refusal"]
     assert party["cels_sessions_total"][(("outcome", "refused"),)] == 1

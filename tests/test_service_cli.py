@@ -126,28 +126,41 @@ def report(node: str, phase: str, seconds: float = 1.0) -> cels_pb2.StepReport:
     return cels_pb2.StepReport(node=node, phase=phase_to_wire(phase), seconds=seconds, bytes_sent=1000)
 
 
-def start(node: str, phase: str) -> cels_pb2.PhaseStart:
-    return cels_pb2.PhaseStart(node=node, phase=phase_to_wire(phase))
+def start(node: str, phase: str, at: float = 0.0) -> cels_pb2.PhaseStart:
+    return cels_pb2.PhaseStart(node=node, phase=phase_to_wire(phase), seconds_since_start=at)
 
 
-def test_progress_lines_follow_protocol_order_and_list_the_initiator():
+def test_progress_is_one_line_per_node_and_phase_in_protocol_order_with_one_kind_of_seconds():
+    """Issue 41 finding 11: a peer's phases appeared twice ("ended ... wall", then "done ...
+    busy"), busy seconds exceeded wall ones, and bars stacked out of order.  Now each node's
+    phase is one line when it is left, with its wall-clock seconds between the stamps, and the
+    end has one line per phase in protocol order."""
     config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4, solve="transformed")
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
-    progress.start(start("party-1", "load"))
-    progress.start(start("solver", "nlp"))
-    for phase in sorted(("load", "universe", "counts", "nlp", "sampling", "union")):  # today's emitter: alphabetical
-        progress.step(report("party-2", phase))
-    progress.step(report("solver", "nlp", 7.5))
-    phases_of_initiator = {p: {"seconds": {"party-1": 2.0}, "bytes": {"party-1": 10}} for p in ("union", "load", "nlp")}
-    progress.finish({"phases": phases_of_initiator})
+    phases = ("load", "universe", "counts", "nlp", "sampling", "union")
+    for k, phase in enumerate(phases):
+        progress.start(start("party-1", phase, 2.0 * k))
+    progress.start(start("party-1", "over", 12.0))
+    progress.start(start("party-2", "load", 0.5))
+    progress.start(start("party-2", "counts", 4.5))  # the probes missed universe: it ends with load, unseen beginning
+    progress.start(start("solver", "nlp", 6.25))
+    progress.start(start("solver", "over", 8.0))
+    progress.step(report("party-2", "union"))  # a peer's reports come once its part is over: union ends here
+    progress.finish({"phases": {phase: {"bytes_total": 1_000_000 * (k + 1)} for k, phase in enumerate(phases)}})
     lines = stream.getvalue().splitlines()
-    assert "party-1 (initiator) load      started" in lines[0] and "solver nlp       started" in lines[1]
-    party2 = [line.split()[4] for line in lines if " party-2 " in line]
-    assert party2 == ["load", "universe", "counts", "nlp", "sampling", "union"]
-    initiator = [line.split()[5] for line in lines if "party-1 (initiator)" in line and "done" in line]
-    assert initiator == ["load", "nlp", "union"]  # from the report: no event carries the initiator's own phases
-    assert any("solver" in line and "7.50 s busy" in line for line in lines)
+    rows = [line.split("]", 1)[1].split() for line in lines if line.startswith("  [")]
+    party1 = [r[2:4] for r in rows if r[0] == "party-1"]
+    assert party1 == [[phase, "2.00"] for phase in phases]  # every phase 2 s between its stamps, in protocol order
+    party2 = [r[1] for r in rows if r[0] == "party-2"]
+    assert party2 == list(phases)  # its union report ended what no stamp ended, in protocol order
+    assert [r[1:3] for r in rows if r[0] == "solver"] == [["nlp", "1.75"]]
+    assert sum(1 for r in rows if r[0] == "party-2" and r[1] == "load") == 1 and "ended (its start was not seen)" in stream.getvalue()
+    assert not any(word in stream.getvalue() for word in ("busy", " done ", "started"))
+    table = lines[lines.index(next(l for l in lines if l.startswith("phases ("))) + 1 :]
+    assert [row.split()[0] for row in table] == list(phases)
+    assert table[0].split()[1:] == ["2.00", "s", "1.000", "MB"]  # on the initiator: they add up to its 12 s
+    assert sum(progress.phase_wall_seconds().values()) == pytest.approx(12.0)
 
 
 def test_cels_help_is_for_users_and_imports_no_subcommand():
@@ -167,22 +180,19 @@ def test_cels_help_is_for_users_and_imports_no_subcommand():
 
 
 def test_a_peer_entering_a_phase_ends_its_earlier_ones_live():
-    """Peers report their busy seconds and bytes only when their part is over; the initiator's
-    watchdog sees them enter phases, so their phases are shown ended (and counted in the bars)
-    as they end, not in one burst at the end (issue 23)."""
+    """Peers report their figures only when their part is over; the initiator's watchdog sees
+    them enter phases, so their phases are shown as they end, not in one burst at the end."""
     config = SessionOptions.create(["party-1", "party-2"], epsilon=1.0, delta=0.4)
     stream = io.StringIO()
     progress = SessionProgress(config, stream=stream, bars=False)
-    progress.start(start("party-2", "load"))
-    progress.start(start("party-2", "counts"))  # the probe missed universe
-    lines = stream.getvalue().splitlines()
-    assert [line.split()[4:6] for line in lines] == [["load", "started"], ["load", "ended"], ["universe", "ended"], ["counts", "started"]]
-    assert "s wall" in lines[1] and "wall" not in lines[2]  # universe was never seen starting
-    assert progress.counted == {("party-2", "load"), ("party-2", "universe")}  # one more node done in those bars
-    for phase in ("load", "universe", "counts"):  # its reports at the end: printed, each counted once
+    progress.start(start("party-2", "load", 1.0))
+    assert stream.getvalue() == ""  # entering prints nothing
+    progress.start(start("party-2", "counts", 4.0))  # the probe missed universe
+    rows = [line.split("]", 1)[1].split() for line in stream.getvalue().splitlines()]
+    assert rows == [["party-2", "load", "3.00", "s"], ["party-2", "universe", "ended", "(its", "start", "was", "not", "seen)"]]
+    for phase in ("load", "universe"):  # its reports at the end print nothing more
         progress.step(report("party-2", phase))
-    assert progress.counted == {("party-2", "load"), ("party-2", "universe"), ("party-2", "counts")}
-    assert sum(" done " in line for line in stream.getvalue().splitlines()) == 3
+    assert len(stream.getvalue().splitlines()) == 2
 
 
 def test_simulate_on_ray_without_the_extra_says_so_before_any_node_starts(tmp_path, capsys, monkeypatch) -> None:

@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cels.mechanism.defaults import INTEGER_METHODS
 from cels.protocol.options import OPTIONS, Option
 
 SESSION_FLAGS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.flag)
@@ -26,6 +27,20 @@ release kind, :data:`DEMO_DELTA`); ``cels sanitize`` needs both."""
 DEMO_DELTA = {"sampled": 0.4, "dp": 1e-6}
 """delta when a demo command is given none: the sampled release's per-user disclosure
 probability (probabilistic DP), or approximate DP's negligible delta for the DP histogram."""
+
+
+def delimiter(text: str) -> str:
+    """``--delimiter``: one character; ``tab`` or ``\\t`` for a tab."""
+    value = "\t" if text in ("tab", "\\t") else text
+    if len(value) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one character (use 'tab' for a tab)")
+    return value
+
+
+def single_holder_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The optimal method's flags that are no session option (``cels simulate`` refuses them)."""
+    parser.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
+    parser.add_argument("--integer", choices=INTEGER_METHODS, default="mip", help="integer counts: HiGHS MIP + greedy (default), greedy fill, or floor")
 
 
 def add_force_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,16 +1,19 @@
 """Live progress of a distributed session on the console (``cels run``, ``cels simulate``).
 
-The initiator streams RunEvents: ``phase_start`` when a node enters a phase and ``progress``
-(a StepReport) when it leaves it.  :class:`SessionProgress` prints one line per event, each
-node's phases in protocol order (docs/protocol.md: load, universe, counts, solve -- or nlp
-with ``--solve transformed`` --, sampling, union; the solver takes part in that one phase) whatever order the reports arrive in, keeps one
-tqdm bar per running phase (nodes done / nodes in it; on a terminal only), and at the end
-lists what no event carried from the session report.
-
-A peer sends its StepReports (busy seconds, bytes) only once its part is over; the initiator's
-watchdog sees it enter each phase.  So a peer entering a phase ends its earlier ones: they are
-printed as "ended" (with the wall clock seen here) and counted in the bars when that happens,
-and the "done" lines with the peer's own figures follow when its reports arrive.
+The initiator streams a RunEvent ``phase_start`` whenever a node enters a phase (``over``: it
+left its last one), stamped with when it happened, in seconds since the session began on the
+initiator: its own phases from its host's events, its peers' from its watchdog's probes (so
+within about a second).  :class:`SessionProgress` prints one line per node and phase when the
+node leaves it, each node's phases in protocol order (docs/protocol.md: load, universe, counts,
+solve -- or nlp with ``--solve transformed`` --, sampling, union; the solver takes part in that
+one phase), with the phase's wall-clock seconds on that node.  There is one definition of time
+on the console: wall-clock seconds between those stamps.  What each node spent inside its role
+(busy seconds) and sent is in the operator report.  At the end it prints one line per phase,
+in protocol order: its wall-clock seconds on the initiator, which takes part in every phase (the
+report's ``phase_wall_seconds``: they add up to the session's), and the megabytes every node
+sent in it.  A peer's phase that began and ended between two probes is shown ended, without
+seconds.  On a terminal,
+one bar shows the phase under way, nodes done of nodes in it.
 """
 
 from __future__ import annotations
@@ -20,23 +23,13 @@ import sys
 import time
 from typing import IO, Any
 
-from typing import NamedTuple
-
 from tqdm import tqdm
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.phases import party_phases, solve_phase
+from cels.protocol.phases import Phase, party_phases, solve_phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_label
 
-
-class Ended(NamedTuple):
-    """A node left a phase: its busy seconds and bytes sent in it (a StepReport, or the report's)."""
-
-    node: str
-    phase: str
-    seconds: float
-    bytes_sent: int
 
 class SessionProgress:
     """Renders a session's phase events: ``start`` takes the PhaseStarts, ``step`` the StepReports."""
@@ -45,125 +38,104 @@ class SessionProgress:
         self.stream = stream or sys.stderr
         self.expected = {party: party_phases(options.solve) for party in options.parties}
         self.expected[options.solver] = (solve_phase(options.solve),)
+        self.order = party_phases(options.solve)
+        """Every phase of the session in protocol order (the solver's is one of the parties')."""
         self.initiator = options.initiator
         self.t0 = time.monotonic()
-        self.ended: dict[str, dict[str, Ended]] = {node: {} for node in self.expected}
-        self.printed: dict[str, int] = {node: 0 for node in self.expected}  # phases printed, in protocol order
-        self.started: set[tuple[str, str]] = set()
-        self.shown: set[tuple[str, str]] = set()
-        self.counted: set[tuple[str, str]] = set()  # (node, phase) counted as ended in its bar
-        self.bars: dict[str, tqdm] = {}
+        self.entered: dict[tuple[str, str], float] = {}
+        """(node, phase) -> seconds since the session began on the initiator."""
+        self.left: dict[tuple[str, str], float] = {}
+        self.latest = 0.0
         self.show_bars = bars
-        self.lines: list[str] = []
-        self.seen: dict[tuple[str, str, str], float] = {}  # (node, phase, "start" | "end") -> seconds since t0
+        self.bar: tqdm | None = None
+        self.bar_phase = ""
 
     def _write(self, line: str) -> None:
-        self.lines.append(line)
         tqdm.write(line, file=self.stream)
 
-    def _line(self, node: str, phase: str, what: str) -> str:
-        role = " (initiator)" if node == self.initiator else ""
-        return f"  [{time.monotonic() - self.t0:7.1f} s] {node + role:>22} {phase:<9} {what}"
-
-    def _bar(self, phase: str) -> tqdm:
-        if phase not in self.bars:
-            size = shutil.get_terminal_size()  # COLUMNS / LINES, the terminal's size, or 80 x 24 where it says 0
-            total = sum(phase in phases for phases in self.expected.values())
-            self.bars[phase] = tqdm(
-                total=total, desc=f"{phase:<9}", unit="node", file=self.stream, leave=False,
-                disable=None if self.show_bars is None else not self.show_bars,  # None: bars on a terminal only
-                # a terminal that reports 0 x 0 (a pty nobody sized: script, docker exec -t, CI) got no bar at all
-                ncols=size.columns, nrows=size.lines,
-            )  # fmt: skip
-        return self.bars[phase]
-
-    def _count(self, node: str, phase: str) -> None:
-        """``node`` left ``phase``: one more node done in that phase's bar (once)."""
-        if (node, phase) in self.counted:
-            return
-        self.counted.add((node, phase))
-        bar = self._bar(phase)
-        bar.update(1)
-        if bar.n >= (bar.total or 0):
-            bar.close()
-
     def start(self, event: cels_pb2.PhaseStart) -> None:
-        """A node entered a phase (RunEvent ``phase_start``): its earlier phases are over."""
+        """A node entered a phase at ``event.seconds_since_start`` (RunEvent ``phase_start``):
+        the phases before it on that node are over then."""
         node, phase = event.node, phase_label(event.phase)
-        if (node, phase) in self.started:
+        phases = self.expected.get(node)
+        if phases is None:
             return
-        now = time.monotonic() - self.t0
-        self.seen[(node, phase, "start")] = now
-        phases = self.expected.get(node, ())
-        for earlier in phases[: phases.index(phase)] if phase in phases else ():
-            if (node, earlier) not in self.counted:
-                began = self.seen.get((node, earlier, "start"))
-                self._count(node, earlier)
-                self._write(self._line(node, earlier, "ended" + (f"  {now - began:8.2f} s wall" if began is not None else "")))
-        self.started.add((node, phase))
-        self._bar(phase)
-        self._write(self._line(node, phase, "started"))
+        at = event.seconds_since_start
+        self.latest = max(self.latest, at)
+        before = phases if phase == Phase.OVER else phases[: phases.index(phase)] if phase in phases else ()
+        for earlier in before:
+            if (node, earlier) not in self.left:
+                self._leave(node, earlier, at)
+        if phase in phases:
+            self.entered.setdefault((node, phase), at)
+            self._show(phase)
 
     def step(self, step_report: cels_pb2.StepReport) -> None:
-        """A node finished a phase (RunEvent ``progress``): print it once every earlier phase
-        of that node is printed, so each node's lines come in protocol order."""
-        report = Ended(step_report.node, phase_label(step_report.phase), step_report.seconds, step_report.bytes_sent)
-        phases = self.expected[report.node]
-        self.seen.setdefault((report.node, report.phase, "end"), time.monotonic() - self.t0)
-        self.ended.setdefault(report.node, {})[report.phase] = report
-        self.printed.setdefault(report.node, 0)
-        if report.phase not in phases:  # a phase outside the protocol order (e.g. control)
-            self._print_end(report)
+        """A node's report of a phase it left (RunEvent ``progress``; its seconds are busy
+        seconds, in the operator report).  The initiator's come just before its next stamp, which
+        ends the phase; a peer's come when its part is over, so they end what no probe saw end."""
+        node, phase = step_report.node, phase_label(step_report.phase)
+        phases = self.expected.get(node, ())
+        if node != self.initiator and phase in phases:  # it left this phase and every one before it
+            for earlier in phases[: phases.index(phase) + 1]:
+                if (node, earlier) not in self.left:
+                    self._leave(node, earlier, max(self.latest, time.monotonic() - self.t0))
+
+    def _leave(self, node: str, phase: str, at: float) -> None:
+        """``node`` left ``phase`` at ``at``: its line, once, with the phase's wall-clock seconds there."""
+        self.left[(node, phase)] = at
+        began = self.entered.get((node, phase))
+        took = f"{at - began:8.2f} s" if began is not None else "   ended (its start was not seen)"
+        role = " (initiator)" if node == self.initiator else ""
+        self._write(f"  [{at:7.1f} s] {node + role:>22} {phase:<9} {took}")
+        if phase == self.bar_phase and self.bar is not None:
+            self.bar.update(1)
+
+    def _show(self, phase: str) -> None:
+        """The bar follows the latest phase in protocol order that a node entered."""
+        if self.bar_phase and self.order.index(phase) <= self.order.index(self.bar_phase):
             return
-        self._flush(report.node)
-
-    def _flush(self, node: str, everything: bool = False) -> None:
-        phases, ended = self.expected[node], self.ended[node]
-        while self.printed[node] < len(phases):
-            phase = phases[self.printed[node]]
-            if phase not in ended:
-                if not everything:
-                    return
-            else:
-                self._print_end(ended[phase])
-            self.printed[node] += 1
-
-    def _print_end(self, report: Ended) -> None:
-        self.shown.add((report.node, report.phase))
-        self._count(report.node, report.phase)
-        what = f"done   {report.seconds:8.2f} s busy {report.bytes_sent / 1e6:9.3f} MB sent"
-        self._write(self._line(report.node, report.phase, what))
+        if self.bar is not None:
+            self.bar.close()
+        nodes = [node for node, phases in self.expected.items() if phase in phases]
+        size = shutil.get_terminal_size()  # COLUMNS / LINES, the terminal's size, or 80 x 24 where it says 0
+        self.bar_phase = phase
+        self.bar = tqdm(
+            total=len(nodes), initial=sum((n, phase) in self.left for n in nodes), desc=f"{phase:<9}", file=self.stream,
+            leave=False, bar_format="{desc} {bar} {n_fmt}/{total_fmt} nodes done",
+            disable=None if self.show_bars is None else not self.show_bars,  # None: a bar on a terminal only
+            ncols=size.columns, nrows=size.lines,  # a terminal that reports 0 x 0 (a pty nobody sized) still gets one
+        )  # fmt: skip
 
     def finish(self, report: dict[str, Any]) -> None:
-        """The session ended with output: print the phases no event carried from the report's
-        per-phase costs, then close the bars."""
-        for phase, entry in report.get("phases", {}).items():
-            for node, seconds in entry.get("seconds", {}).items():
-                if phase not in self.ended.setdefault(node, {}):
-                    self.ended[node][phase] = Ended(node, phase, seconds, int(entry.get("bytes", {}).get(node, 0)))
-        for node in list(self.ended):
-            self.printed.setdefault(node, 0)
-            self._flush(node, everything=True)
-            for phase, rep in self.ended[node].items():
-                if (node, phase) not in self.shown:
-                    self._print_end(rep)
+        """The session ended with output: end what no stamp ended, then one line per phase."""
+        end = max(self.latest, *self.left.values(), 0.0)
+        for node, phases in self.expected.items():
+            for phase in phases:
+                if (node, phase) in self.entered and (node, phase) not in self.left:
+                    self._leave(node, phase, end)
         self.close()
+        walls = self.phase_wall_seconds()
+        costs = report.get("phases", {})
+        self._write("phases (wall-clock seconds on the initiator, which takes part in each; megabytes all nodes sent in it):")
+        for phase in self.order:
+            if phase in walls or phase in costs:
+                wall = f"{walls[phase]:8.2f} s" if phase in walls else "       - s"
+                self._write(f"  {phase:<9} {wall} {costs.get(phase, {}).get('bytes_total', 0) / 1e6:10.3f} MB")
 
     def phase_wall_seconds(self) -> dict[str, float]:
-        """Wall-clock seconds of each phase as this console saw the initiator's events: from it
-        entering the phase to entering its next one (to leaving it, for the last).  The phases
-        follow one another (docs/protocol.md) and the initiator takes part in each; the
-        solver's phase lies inside the initiator's phase of the same name."""
-        phases = self.expected[self.initiator]
+        """Wall-clock seconds of each phase on the initiator, which takes part in every one (the
+        solver's phase lies inside the initiator's of the same name): from its stamp entering the
+        phase to its stamp leaving it, so they add up to the session's time (the report's
+        ``phase_wall_seconds``)."""
         walls = {}
-        for k, phase in enumerate(phases):
-            start = self.seen.get((self.initiator, phase, "start"))
-            following = self.seen.get((self.initiator, phases[k + 1], "start")) if k + 1 < len(phases) else None
-            end = following if following is not None else self.seen.get((self.initiator, phase, "end"))
-            if start is not None and end is not None:
-                walls[phase] = end - start
+        for phase in self.order:
+            key = (self.initiator, phase)
+            if key in self.entered and key in self.left:
+                walls[phase] = self.left[key] - self.entered[key]
         return walls
 
     def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

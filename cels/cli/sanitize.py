@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_force_argument, add_option_arguments, option_values
+from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_force_argument, add_option_arguments, delimiter, option_values, single_holder_arguments
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice, utility_words
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
@@ -35,7 +35,6 @@ from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.protocol.options import DEFAULT_PADDING_EPSILON
 from cels.releases import DP_HISTOGRAM
 from cels.reports import default_operator_path, release_note_path, write_reports
-from cels.mechanism.solvers import INTEGER_METHODS
 
 
 @dataclass
@@ -119,12 +118,6 @@ def _optimal_arguments(parser: argparse.ArgumentParser) -> None:
     single_holder_arguments(g)
 
 
-def single_holder_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """The optimal method's flags that are no session option (``cels simulate`` refuses them)."""
-    parser.add_argument("--preprocess", action="store_true", help="App. C: drop user logs that move a count by more than d")
-    parser.add_argument("--integer", choices=INTEGER_METHODS, default="mip", help="integer counts: HiGHS MIP + greedy (default), greedy fill, or floor")
-
-
 METHODS: dict[str, Method] = {
     "optimal": Method(run_optimal, _optimal_arguments, "optimal counts + multinomial sampling (CELS)"),
     **{name: baseline_method(baseline) for name, baseline in BASELINES.items()},
@@ -169,14 +162,6 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
         delimiter=args.delimiter,
         encoding=args.encoding,
     )
-
-
-def delimiter(text: str) -> str:
-    """``--delimiter``: one character; ``tab`` or ``\\t`` for a tab."""
-    value = "\t" if text in ("tab", "\\t") else text
-    if len(value) != 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one character (use 'tab' for a tab)")
-    return value
 
 
 def load_input(args: argparse.Namespace) -> SearchLog:

@@ -24,14 +24,12 @@ from typing import Any
 from cels.certs import SOLVER, controller_name, make_dev_certs, node_names
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice, utility_words
 from cels.cli.progress import SessionProgress
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_force_argument, add_option_arguments, session_values
-from cels.cli.sanitize import delimiter, guarantee_word, input_options, load_input, single_holder_arguments
+from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_force_argument, add_option_arguments, delimiter, session_values, single_holder_arguments
 from cels.logs import FORMATS, LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
 from cels.crypto.paillier import DEFAULT_KEY_BITS
 from cels.claims import TRANSFORMED_WARNING, items_words
 from cels.node.policy import admitting
 from cels.fileio import check_output_paths
-from cels.mechanism.solvers import mip_stop_notice
 from cels.node.client import (
     CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
 )  # fmt: skip
@@ -41,6 +39,7 @@ from cels.node.config import add_engine_arguments, add_seed_argument, engine_arg
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_label, table_of
 from cels.reports import default_operator_path, release_note_path, write_reports
@@ -236,6 +235,8 @@ def release_notes(report: dict[str, Any], output: Path, report_path: Path, took:
           f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
     if took:
         print(took)
+    from cels.mechanism.solvers import mip_stop_notice  # scipy: imported once a release is there, not for --help
+
     notice = mip_stop_notice(report.get("solver", {}))
     if notice is not None:
         print(f"solver: {notice}", file=sys.stderr)
@@ -381,7 +382,7 @@ def run_nodes(
             progress, cpu = SessionProgress(options), PhaseCpu(cluster)
 
             def phase_started(event: cels_pb2.PhaseStart) -> None:
-                if event.node == options.initiator:  # the phases' clock is the initiator's, as in phase_wall_seconds
+                if event.node == options.initiator and phase_label(event.phase) != Phase.OVER:  # the phases' clock: the initiator's
                     cpu.mark(phase_label(event.phase))
                 progress.start(event)
 
@@ -454,6 +455,8 @@ def offline_report(offline: dict[str, Any], after: dict[str, cels_pb2.NodeStatus
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from cels.cli.sanitize import input_options, load_input  # the single holder's reading: imported when it runs, not for --help
+
     if args.input is not None and args.format is None:
         raise ValueError("--input needs --format")
     if args.out.exists() and not args.out.is_dir():
@@ -508,6 +511,8 @@ def dp_summary(report: dict[str, Any]) -> str:
 
 def summary(report: dict[str, Any]) -> str:
     """One human line about a distributed release."""
+    from cels.cli.sanitize import guarantee_word
+
     s, u, p = report["solver"], report["utility"], report["privacy"]
     return (
         f"released |O| = {s.get('integer_total')} "

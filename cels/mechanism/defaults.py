@@ -7,6 +7,8 @@ from __future__ import annotations
 BOUNDS = ("cels", "edbt")
 """The privacy bound b of the sampling: CELS eq. 5 or EDBT 2012 Theorem 1 (cels.mechanism.conditions)."""
 OBJECTIVES = ("kl", "max-output", "frequent", "diversity")
+INTEGER_METHODS = ("mip", "greedy", "floor")
+"""How the solver makes the counts integer: HiGHS MIP (with a greedy fill), greedy fill, or floor."""
 DEFAULT_BREAKPOINTS = 16
 DEFAULT_SUPPORT = 1 / 500
 DEFAULT_TIME_LIMIT = 20.0

@@ -30,11 +30,10 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from cels.mechanism.conditions import Conditions
-from cels.mechanism.defaults import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
+from cels.mechanism.defaults import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, INTEGER_METHODS, OBJECTIVES
 
 log = logging.getLogger(__name__)
 
-INTEGER_METHODS = ("mip", "greedy", "floor")
 DEFAULT_OUTPUT_FRACTION = 0.5
 DIVERSITY_EXACT_MAX_VARS = 5000
 _MARGIN = 1e-12  # relative safety margin when adding a unit (keeps G x <= h exact in floats)

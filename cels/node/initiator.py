@@ -48,14 +48,14 @@ def follow(driver: SessionDriver, link: SessionLink, write_output: OutputWriter,
                 answers[item.node] = answer
         elif isinstance(item, cels_pb2.StepReport):  # a node left a phase (its report)
             yield cels_pb2.RunEvent(progress=item)
-        elif isinstance(item, PeerPhase) and item.phase not in (Phase.OVER, Phase.FAILED):
+        elif isinstance(item, PeerPhase) and item.phase is not Phase.FAILED:  # OVER: it left its last phase
             yield _phase_start(sid, item.node, item.phase, item.seconds)
         elif isinstance(item, Event) and item.kind == "phase":  # this node, the initiator
             if item.old not in (Phase.READY, Phase.OVER):
                 report = cels_pb2.StepReport(session_id=sid, node=me, phase=phase_to_wire(item.old), seconds=item.seconds, bytes_sent=item.bytes_sent)
                 yield cels_pb2.RunEvent(progress=report)
-            if item.phase not in (Phase.OVER, Phase.FAILED):
-                yield _phase_start(sid, me, item.phase, time.monotonic() - link.started)
+            if item.phase is not Phase.FAILED:  # when it happened, not when the stream got to it (a step's events come together)
+                yield _phase_start(sid, me, item.phase, item.at - link.started)
         elif isinstance(item, Event) and item.kind == "awaiting":  # a party's operator approves first
             yield cels_pb2.RunEvent(awaiting_approval=item.node)
         elif isinstance(item, Event) and item.kind == "approved":

@@ -90,7 +90,9 @@ class SessionLink:
         self.busy = False
         self.deadline = options.deadline
         self.probe_timeout = min(self.deadline / 4, 5.0)
-        self.started = time.monotonic()
+        self.started = time.perf_counter()
+        """The session's origin on this node, on the host's meter (time.perf_counter): the Run
+        stream's phase times count from it (cels.node.initiator)."""
         for target in (self._send_loop, self._watchdog):
             threading.Thread(target=target, name=f"{target.__name__}-{self.id}", daemon=True).start()
 
@@ -207,7 +209,7 @@ class SessionLink:
                 entered = phase_from_wire(state.phase)
                 if self.options.initiator == self.node.config.name and entered is not None and entered != phases.get(peer, Phase.READY):
                     phases[peer] = entered  # a peer entered a phase: the initiator streams it (Run)
-                    self.events.put(PeerPhase(peer, entered, time.monotonic() - self.started))
+                    self.events.put(PeerPhase(peer, entered, time.perf_counter() - self.started))
             if total != last_total or anyone_busy:
                 last_total = total
                 self.node.host.touch(self.id, time.monotonic())

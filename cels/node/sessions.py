@@ -112,7 +112,7 @@ class SessionDriver:
                 log.info("%s: session %s: %s ended after %.2f s: the session failed", name, sid, event.old, event.seconds)
             else:
                 log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
-            self.telemetry.session_phase(sid, event.old, event.phase)
+            self.telemetry.session_phase(sid, event.old, event.phase, event.at)
         elif event.kind in (ABORTED, DONE):
             notice = event.abort
             self.telemetry.session_ended(sid, event.kind, notice.origin if notice else "", describe(notice) if notice else "")

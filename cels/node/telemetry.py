@@ -193,18 +193,20 @@ class NodeTelemetry:
     def session_created(self, session_id: str, initiator: str, config: cels_pb2.SessionConfig | None = None) -> None:
         now = time.monotonic()
         with self._lock:
-            self._records[session_id] = SessionRecord(session_id, initiator, self.clock(), now, phase_since=now, config=config)
+            self._records[session_id] = SessionRecord(session_id, initiator, self.clock(), now, phase_since=time.perf_counter(), config=config)
             self.active.inc()
 
-    def session_phase(self, session_id: str, old: str, new: str) -> None:
-        now = time.monotonic()
+    def session_phase(self, session_id: str, old: str, new: str, at: float | None = None) -> None:
+        """The node left ``old`` for ``new`` at ``at`` (the host's meter, time.perf_counter; the
+        event's own time: a step's events reach the driver together)."""
+        at = time.perf_counter() if at is None else at
         with self._lock:
             record = self._records.get(session_id)
             if record is None:
                 return
             if old != Phase.READY:
-                self.phase_seconds.labels(old).observe(now - record.phase_since)
-            record.phase, record.phase_since = new, now
+                self.phase_seconds.labels(old).observe(at - record.phase_since)
+            record.phase, record.phase_since = new, at
 
     def session_awaiting(self, session_id: str, awaiting: bool) -> None:
         """The session waits for this node's operator (True), or was approved (False)."""

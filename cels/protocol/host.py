@@ -117,9 +117,9 @@ class Initiation:
 class Event:
     """Something worth a log line or a progress event: ``kind`` is "created", "awaiting" (the
     session waits for the operator of ``node``), "approved" (``node``'s operator approved it),
-    "phase" (the node's role left ``old`` for ``phase``, ``seconds`` spent and ``bytes_sent``
-    sent in ``old``), "aborted" (``abort``: what the peers were told; ``detail``: this node's own
-    details, for its log only) or "done"."""
+    "phase" (the node's role left ``old`` for ``phase`` at ``at``, the host's meter; ``seconds``
+    spent and ``bytes_sent`` sent in ``old``), "aborted" (``abort``: what the peers were told;
+    ``detail``: this node's own details, for its log only) or "done"."""
 
     session_id: str
     node: str
@@ -130,6 +130,7 @@ class Event:
     bytes_sent: int = 0
     abort: cels_pb2.Abort | None = None
     detail: str = ""
+    at: float = 0.0
 
 
 @dataclass
@@ -584,7 +585,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         seconds = session.role.seconds[old] + (now - session.mark)
         session.role.seconds[old] = seconds
         session.mark = now
-        self._events.append(Event(session.options.session_id, self.name, "phase", phase=new, old=old, seconds=seconds))
+        self._events.append(Event(session.options.session_id, self.name, "phase", phase=new, old=old, seconds=seconds, at=now))
 
     def _forewarn(self, sender: str, abort: cels_pb2.Abort) -> Effects:
         """An Abort overtook its session's StartSession (each travels its own call): kept, so

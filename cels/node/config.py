@@ -74,12 +74,18 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from cels.certs import controller_name
-from cels.node.framing import DEFAULT_MAX_MESSAGE_MIB
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
 from cels.node.ledger import LedgerPolicy
 from cels.node.schemas import NODE_SCHEMAS, check_toml
 from cels.protocol.options import DEFAULT_DEADLINE
 
+DEFAULT_MAX_MESSAGE_MIB = 256
+"""Largest envelope a node reassembles by default (``[node] max_message_mib``): a peer cannot make
+it buffer more for one message.  Measured (cels.node.framing; docs/deployment.md, "How delivery works"): the
+private solve and the DP release stream their steps in chunks of at most 0.5 MiB whatever the
+input, and what grows with it is the secure union's hops (the release); the transformed solve's
+hops are not chunked (26 MB each on the AOL slice) and grow with its rows times its pairs,
+hence 256 MiB.  A site that runs streamed sessions only can set far less."""
 MIN_KEY_BITS = 2048
 DEFAULT_NICE = 10
 """Niceness increment of the obfuscator workers: an idle node fills its stock without

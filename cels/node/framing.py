@@ -6,20 +6,13 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
+from cels.node.config import DEFAULT_MAX_MESSAGE_MIB
 from cels.node.handlers import Unparsed
 from cels.protocol.roles import Envelope, ProtocolError, check_session_id, quoted, step_name
 from cels.protocol.wire import cels_pb2
 
 CHUNK_BYTES = 1 << 20
 """Payload bytes per Frame (1 MiB: a quarter of gRPC's default 4 MB limit)."""
-
-DEFAULT_MAX_MESSAGE_MIB = 256
-"""Largest envelope a node reassembles by default (``[node] max_message_mib``): a peer cannot make
-it buffer more for one message.  Measured (docs/deployment.md, "How delivery works"): the
-private solve and the DP release stream their steps in chunks of at most 0.5 MiB whatever the
-input, and what grows with it is the secure union's hops (the release); the transformed solve's
-hops are not chunked (26 MB each on the AOL slice) and grow with its rows times its pairs,
-hence 256 MiB.  A site that runs streamed sessions only can set far less."""
 
 
 def to_frames(envelope: Envelope, message_id: int, chunk_bytes: int = CHUNK_BYTES) -> list[cels_pb2.Frame]:

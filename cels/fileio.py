@@ -177,8 +177,6 @@ def check_output_paths(
     for label, path in given.items():
         if path.is_dir():
             raise ValueError(f"{label} {path} is a directory; give a file name")
-        if path.exists() and not force and not any(same_file(path, Path(source)) for source in inputs):
-            raise ValueError(f"{label} {path} exists: give --force to replace it, or another path")
         parent = path.resolve().parent
         if not parent.is_dir():
             raise ValueError(f"{label} {path}: directory {parent} does not exist")
@@ -187,6 +185,8 @@ def check_output_paths(
         for source in inputs:
             if same_file(path, Path(source)):
                 raise ValueError(f"{label} {path} is the input {source}: refusing to overwrite the input log")
+        if path.exists() and not force:
+            raise ValueError(f"{label} {path} exists: give --force to replace it, or another path")
     labels = list(given)
     for i, first in enumerate(labels):
         for second in labels[i + 1 :]:

@@ -26,7 +26,7 @@ MIN_RAY = (2, 52)
 AUTH_MODE = "RAY_AUTH_MODE"
 TOKEN_SOURCES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 DIR_PREFIX = "cr-"
-"""A node's own Ray directory: ``cr-PID-XXXXXXXX`` (cels Ray) where Ray puts its own, under
+"""A node's own Ray directory: ``cr-PID-<8 random characters>`` (cels Ray) where Ray puts its own, under
 ``RAY_TMPDIR`` or /tmp, with Ray's directory ``r`` in it: short, as Ray's socket paths must
 fit 107 bytes."""
 

@@ -228,15 +228,19 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
                 threading.Thread(target=self.begin, args=(sid,), name=f"begin-{sid}", daemon=True).start()
             elif request.kind == cels_pb2.SessionSignal.FINISH:
                 self.finish(sid)
-            link = self.link(sid)
-            if link is None:
-                return cels_pb2.SessionState(session_id=sid, state=state_to_wire(SessionState.UNKNOWN))
-            return link.snapshot() if sid in self.links else link.final
+            return self.session_state(sid)
         except ProtocolError as exc:
             self.refuse(context, exc)
         except Refused as exc:
             context.abort(exc.code, str(exc))
         raise AssertionError("unreachable")
+
+    def session_state(self, session_id: str) -> cels_pb2.SessionState:
+        """A session as this node knows it: live, its final state once ended, else UNKNOWN."""
+        link = self.link(session_id)
+        if link is None:
+            return cels_pb2.SessionState(session_id=session_id, state=state_to_wire(SessionState.UNKNOWN))
+        return link.snapshot() if session_id in self.links else link.final
 
     def Status(self, request: cels_pb2.NodeStatusRequest, context: grpc.ServicerContext) -> cels_pb2.NodeStatus:
         """The node key for peers; for its operators only (controllers, and whoever holds this
@@ -268,8 +272,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
             check_session_id(request.session_id)
             self.decide(request.session_id, request.approve)
             log.warning("%s: session %s %s by %s", self.config.name, request.session_id, "approved" if request.approve else "rejected", caller)
-            link = self.link(request.session_id)
-            return link.snapshot() if request.session_id in self.links else link.final
+            return self.session_state(request.session_id)
         except ProtocolError as exc:
             self.refuse(context, exc, controller=True)
         except Refused as exc:

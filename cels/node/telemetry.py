@@ -168,7 +168,7 @@ class NodeTelemetry:
             self.sessions_total.labels(outcome)
         self.active = Gauge("cels_active_sessions", "sessions running on this node now", registry=r)
         self.awaiting = Gauge("cels_sessions_awaiting_approval", "sessions waiting for this node's operator (cels approve / cels reject)", registry=r)
-        self.awaiting.set_function(lambda: sum(1 for record in list(self._records.values()) if record.outcome == AWAITING))
+        self.awaiting.set_function(self._awaiting)
         self.phase_seconds = Histogram(
             "cels_phase_seconds", "wall-clock seconds this node spent in a protocol phase (entered to left)", ["phase"],
             buckets=PHASE_BUCKETS, registry=r,
@@ -207,6 +207,11 @@ class NodeTelemetry:
             if old != Phase.READY:
                 self.phase_seconds.labels(old).observe(at - record.phase_since)
             record.phase, record.phase_since = new, at
+
+    def _awaiting(self) -> int:
+        """Sessions waiting for this node's operator (``cels_sessions_awaiting_approval``, read at every scrape)."""
+        with self._lock:
+            return sum(record.outcome == AWAITING for record in self._records.values())
 
     def session_awaiting(self, session_id: str, awaiting: bool) -> None:
         """The session waits for this node's operator (True), or was approved (False)."""

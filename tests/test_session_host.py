@@ -15,6 +15,7 @@ from cels.protocol.host import ABORTED, DONE, HOST_STEPS, PREPARED, RUNNING, Ste
 from cels.protocol import masked_sum
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole
+from cels.protocol.rolebase import RoleFailure
 from cels.protocol.roles import ProtocolError, step_name
 from cels.protocol.solver import SolverRole
 from cels.protocol.stages import universe
@@ -136,6 +137,26 @@ def test_a_first_step_message_begins_a_prepared_session_and_finish_needs_the_rol
     assert host.state(options.session_id)[0] == RUNNING and host.role(options.session_id).phase == "nlp"
     with pytest.raises(ProtocolError, match="cannot finish"):
         host.finish(options.session_id, now=2.0)
+
+
+def test_a_first_step_message_to_a_node_whose_begin_fails_leaves_its_abort_to_act_on(monkeypatch) -> None:
+    """A peer's message overtakes this node's own BEGIN, and its begin fails (its log cannot be
+    loaded): the host returns the abort (the event, the notices) instead of refusing the message
+    and losing them, so the node's Run stream and log hear of it (found by the compose test)."""
+    options, hosts = _hosts()
+    host, sid = hosts["solver"], options.session_id
+    host.create(options, now=0.0)
+
+    def fails() -> list:
+        raise RoleFailure("cannot load its log", "cannot load the log: line 2")
+
+    monkeypatch.setattr(host.role(sid), "_begin", fails)
+    shape = cels_pb2.Envelope(session_id=sid, sender="party-1", constraint_shape=cels_pb2.ConstraintShape(session_id=sid, party="party-1", rows=2))
+    effects = host.deliver("party-1", shape, now=1.0)
+    assert [e.kind for e in effects.events][-1] == ABORTED and effects.events[-1].detail == "cannot load the log: line 2"
+    assert sorted(dst for dst, _ in effects.messages) == ["party-1", "party-2", "party-3"]
+    assert all(env.abort.reason == "cannot load its log" and env.abort.origin == "solver" for _, env in effects.messages)
+    assert host.state(sid)[0] == ABORTED
 
 
 def test_every_step_message_has_a_taker() -> None:

@@ -431,6 +431,8 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         effects = Effects()
         if session.state == PREPARED and step != "abort":  # a first step message also begins it
             effects.extend(self._call(session, session.role.begin, now))
+            if session.state != RUNNING:  # its begin failed: the session ended here, the message is moot
+                return effects
         return effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
 
     def check(self, session_id: str, what: str) -> None:

@@ -33,7 +33,7 @@ from cels.baselines.release import read_release
 from cels.mechanism.dp_histogram import count_scale, noise_tail, share_beta
 from cels.protocol.phases import DP_PHASES, party_phases
 from cels.protocol.stages.dp_release import release_threshold
-from cels.cli.service import session_options
+from cels.cli.run import session_options
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import build_conditions

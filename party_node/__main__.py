@@ -18,7 +18,10 @@ def build_parser():
 
     from cels import __version__
 
-    from cels.node.config import add_data_arguments, add_engine_arguments, add_ledger_arguments, add_node_arguments, add_seed_argument
+    from cels.cli.options import add_seed_argument
+    from cels.engine.options import add_engine_arguments
+    from cels.node.config import add_data_arguments, add_node_arguments
+    from cels.node.ledger import add_ledger_arguments
     from cels.node.policy import add_policy_arguments
 
     parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
@@ -45,9 +48,10 @@ def start(argv: Sequence[str] | None):
     from cels.engine import open_engine
     from cels.logs import LogFile
     from cels.releases import write_output
-    from cels.node.config import data_source, engine_options, ledger_policy, node_config
+    from cels.engine.options import engine_options
+    from cels.node.config import data_source, node_config
     from cels.node.keys import NodeKeys
-    from cels.node.ledger import Ledger
+    from cels.node.ledger import Ledger, ledger_policy
     from cels.node.policy import PartyPolicy
     from cels.node.pool import ElasticThreadPool
     from cels.node.service import Node

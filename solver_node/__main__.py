@@ -18,7 +18,8 @@ def build_parser():
 
     from cels import __version__
 
-    from cels.node.config import add_node_arguments, add_seed_argument
+    from cels.cli.options import add_seed_argument
+    from cels.node.config import add_node_arguments
 
     parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
     parser.add_argument("--version", action="version", version=f"cels-solver {__version__}")

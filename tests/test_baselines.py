@@ -22,7 +22,7 @@ from cels.baselines.pool import domain_size, draw_query_pool, inclusion_probabil
 from cels.baselines.safelog import release_transitions, safelog, transition_threshold
 from cels.baselines.sampling import zero_count_survivors
 from cels.baselines.zealous import choose_items, zealous
-from cels.logs.model import LogError, LogRecord
+from cels.logs.records import LogError, LogRecord
 
 
 def within_binomial(hits: int, trials: int, p: float, sigmas: float = 4.5) -> bool:

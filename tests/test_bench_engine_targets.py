@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from cels.bench.engine_targets import engine_figures, engine_targets, node_rss_flat, ray_time, shard_rss, universe_busy, universe_target
-from cels.bench.scale import engine_flags, engines
+from cels.bench.scale import engines
 from cels.engine.options import EngineOptions
 from cels.node.cluster import PhaseCpu
 from cels.node.telemetry import NodeTelemetry
@@ -108,8 +108,8 @@ def test_a_run_compares_local_ray_p_and_the_single_shard() -> None:
     ray = EngineOptions(kind="ray", shards=2, max_in_flight=3)
     assert engines(engine_args(engine="ray", shards=2, max_in_flight=3)) == [EngineOptions(), ray, EngineOptions(kind="ray", shards=1, max_in_flight=3)]
     assert engines(engine_args(engine="ray")) == [EngineOptions(), EngineOptions(kind="ray")]
-    assert engine_flags(ray) == ["--engine", "ray", "--engine-address", "local", "--shards", "2", "--max-in-flight", "3"]
-    assert engine_flags(EngineOptions()) == []
+    assert ray.argv() == ["--engine", "ray", "--shards", "2", "--max-in-flight", "3"]  # the defaults are the node's too
+    assert EngineOptions().argv() == []
     with pytest.raises(ValueError, match="the engine flags: engine.shards"):
         engines(engine_args(engine="ray", shards=0))
 

@@ -49,7 +49,7 @@ def test_no_path_claims_an_end_to_end_bound(setting, noise) -> None:
 
 def test_a_transformed_session_is_announced_with_its_warning(capsys) -> None:
     """Issue 22 finding 8: --solve transformed prints that the solver can rebuild every row."""
-    from cels.cli.service import warn_transformed
+    from cels.cli.run import warn_transformed
     from cels.protocol.options import SessionOptions
 
     warn_transformed(SessionOptions.create(3, epsilon=1.0, delta=0.4, solve="transformed"), "cels simulate")

@@ -145,7 +145,7 @@ def env_file(path: Path) -> dict[str, str]:
 
 def party_1_engine(command: list[str], env: dict[str, str]):
     """The engine party-1's command line asks for, with compose's interpolation of ``env``."""
-    from cels.node.config import engine_options
+    from cels.engine.options import engine_options
     from party_node.__main__ import build_parser
 
     args = build_parser().parse_args([interpolate(str(a), env) for a in command[1:]])

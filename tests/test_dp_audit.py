@@ -36,7 +36,8 @@ from cels.audit.tester import Partition, goodness_of_fit, stochastic_test
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.inprocess import InMemoryNetwork, run_session, session_hosts, start_session
 from cels.logs import synthetic_log
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogRecord
 from cels.mechanism.dp_histogram import count_scale, noise_tail, padding_count, padding_shift, release_accounting
 from cels.mechanism.dp_release import sanitize_dp
 from cels.protocol.options import SessionOptions

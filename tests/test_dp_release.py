@@ -19,7 +19,8 @@ from cels.baselines.release import read_release
 from cels.crypto.streams import DrawKeys
 from cels.inprocess import InMemoryNetwork, run_session, session_hosts, start_session
 from cels.logs import synthetic_log
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogRecord
 from cels.mechanism.dp_release import DpHistogram, bounded_counts, distinct_users, sanitize_dp
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import ProtocolError

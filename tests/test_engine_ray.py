@@ -21,12 +21,13 @@ from cels.crypto.commutative_cipher import CommutativeCipherError, PohligHellman
 from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
-from cels.engine import EngineOptions, LocalEngine, open_engine  # noqa: E402
+from cels.engine import EngineOptions, InProcessEngine, open_engine  # noqa: E402
 from cels.engine.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
 from cels.engine.ray_work import CHUNK_IDS, RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, split_records_by_user, synthetic_log, write_records  # noqa: E402
-from cels.logs.model import LogError, LogRecord, SearchLog  # noqa: E402
+from cels.logs.model import SearchLog  # noqa: E402
+from cels.logs.records import LogError, LogRecord  # noqa: E402
 from cels.logs.parquet import ParquetLog, write_parquet  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
@@ -278,8 +279,8 @@ def test_engine_options_are_checked(fields, message) -> None:
 
 
 def test_the_local_engine_is_the_in_process_work() -> None:
-    assert isinstance(open_engine(EngineOptions()), LocalEngine)
-    assert type(LocalEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4, DrawKeys.fresh())) is InProcessWork
+    assert isinstance(open_engine(EngineOptions()), InProcessEngine)
+    assert type(InProcessEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4, DrawKeys.fresh())) is InProcessWork
 
 
 def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch) -> None:
@@ -328,11 +329,11 @@ def test_a_party_node_refuses_an_unreachable_ray_cluster_with_exit_2(tmp_path, c
 
 
 def test_simulate_passes_the_engine_flags_to_every_party_node() -> None:
-    from cels.node.config import engine_argv, engine_options
+    from cels.engine.options import engine_options
 
     args = argparse.Namespace(engine="ray", engine_address=None, shards=2, max_in_flight=None)
-    assert engine_argv(args) == ["--engine", "ray", "--shards", "2"]
     assert engine_options(args, {}) == EngineOptions(kind="ray", shards=2)
+    assert engine_options(args, {}).argv() == ["--engine", "ray", "--shards", "2"]
     with pytest.raises(ValueError, match=r"^the engine flags: engine.shards must be a positive integer, not -1$"):
         engine_options(argparse.Namespace(engine="ray", engine_address=None, shards=-1, max_in_flight=None), {})
 

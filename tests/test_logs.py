@@ -348,7 +348,7 @@ def test_counts_past_the_limits_are_refused_naming_the_line_or_the_pair(tmp_path
     """Issue 23 items 3-4: a count past 2^31 - 1 on a line, a pair's total past it, or a log's
     total past 2^53 (docs/formats.md, "Limits") are bad input, not an OverflowError or a
     wrapped int64 sum."""
-    from cels.logs import model, options
+    from cels.logs import options, records
 
     huge = put(tmp_path / "huge.tsv", b"user\tquery\turl\tcount\nu1\tq\tu\t99999999999999999999999999\n")
     for read in (load_log, lambda p, o: list(iter_records(p, o))):
@@ -364,7 +364,7 @@ def test_counts_past_the_limits_are_refused_naming_the_line_or_the_pair(tmp_path
     total = put(tmp_path / "total.tsv", b"".join(b"u%d\tq%d\tu\t2147483647\n" % (k, k) for k in range(4)))
     with pytest.raises(LogError, match=r"line 4, field 'count': the log's counts add up to 8589934588 here, above the 6442450941"):
         load_log(total, LoadOptions("histogram"))
-    assert model.MAX_LOG_TOTAL == 2**53
+    assert records.MAX_LOG_TOTAL == 2**53
     lenient = load_log(total, LoadOptions("histogram", lenient=True))
     assert lenient.size == 3 * (2**31 - 1) and lenient.source["skipped_lines"] == 1
 

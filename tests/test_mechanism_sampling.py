@@ -16,12 +16,8 @@ from scipy.stats import chisquare
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import build_conditions
 from cels.mechanism.examples import figure1_log
-from cels.mechanism.noise import (
-    add_noise_and_repair,
-    bernoulli_exp,
-    discrete_laplace,
-    discrete_laplace_variance,
-)
+from cels.mechanism.noise import bernoulli_exp, discrete_laplace, discrete_laplace_variance
+from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sampling import make_rng, multinomial_sample, released_log
 from cels.mechanism.solvers import feasible
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cels.cli.service import run_nodes
+from cels.cli.simulate import run_nodes
 from cels.logs import synthetic_log
 from cels.node.client import Controller, SessionAborted, run_on_nodes
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port

@@ -18,7 +18,7 @@ import pytest
 
 from cels.certs import make_dev_certs, node_names
 from cels.logs import SearchLog, write_log
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_reachable
 from cels.node.health import node_health
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, peer_args, tls_args

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from cels.certs import make_dev_certs, node_names
-from cels.cli.service import session_options
+from cels.cli.run import session_options
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port, python_module
 from cels.node.config import add_data_arguments, add_node_arguments, data_source, node_config
 from cels.node.schemas import SESSION_SCHEMA, check_toml

@@ -11,8 +11,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from jsonschema import Draft202012Validator
 
 from cels.cli import build_parser
-from cels.cli.options import DEMO_BUDGET, MECHANISM_FLAGS, SESSION_FLAGS
-from cels.cli.service import session_options, simulate_options
+from cels.cli.options import DEMO_BUDGET, MECHANISM_FLAGS, SESSION_FLAGS, DeferredParser
+from cels.cli.run import session_options
+from cels.cli.simulate import simulate_options
 from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.mechanism.sanitize import SanitizeParams
@@ -36,6 +37,7 @@ def flags_of(argv: list[str]) -> dict[str, object]:
     parser = build_parser(argv[0])
     for name in argv:
         parser = next(a for a in parser._actions if a.dest in ("command", "benchmark")).choices[name]
+        parser = parser.load() if isinstance(parser, DeferredParser) else parser  # a benchmark's flags: its module
     return {action.dest: action for action in parser._actions}
 
 

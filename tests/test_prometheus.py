@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cels.cli.service import run_nodes
+from cels.cli.simulate import run_nodes
 from cels.logs import synthetic_log
 from cels.node.cluster import LOOPBACK, LocalCluster, free_port
 from cels.protocol.options import SessionOptions

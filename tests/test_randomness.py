@@ -35,7 +35,8 @@ from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys, cipher_generator
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions
-from cels.mechanism.noise import add_noise_and_repair, discrete_laplace
+from cels.mechanism.noise import discrete_laplace
+from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.protocol.options import SessionOptions
 from cels.protocol.private_solve import PrivateSolveParty

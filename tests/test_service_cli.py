@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-import cels.cli.service as service
+import cels.cli.run as run_cli
+from cels.cli import COMMANDS
 from cels.cli import main
 from cels.cli.progress import SessionProgress
 from cels.node.cluster import LOOPBACK, free_port
@@ -102,7 +103,7 @@ def test_cels_ledger_on_a_solver_config_says_the_solver_keeps_none(tmp_path, cap
 
 
 def test_run_without_nodes_says_which_are_unreachable_at_which_address(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(service, "CONNECT_TIMEOUT", 1.5)
+    monkeypatch.setattr(run_cli, "CONNECT_TIMEOUT", 1.5)
     initiator, solver = f"{LOOPBACK}:{free_port()}", f"{LOOPBACK}:{free_port()}"
     path = session_toml(tmp_path, initiator, extra=f'nodes = {{ solver = "{solver}" }}')
     assert main(["run", "--config", str(path)]) == 1
@@ -170,13 +171,35 @@ def test_cels_help_is_for_users_and_imports_no_subcommand():
     code = (
         "import sys\nfrom cels.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('scipy', 'matplotlib', 'numpy', 'grpc', 'cels.cli.sanitize', 'cels.cli.service') if m in sys.modules]\n"
+        "heavy = [m for m in ('scipy', 'matplotlib', 'numpy', 'grpc', 'cels.cli.sanitize', 'cels.cli.distributed') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out  # lazy: measured 2.26 s -> 0.08 s (docs/bench/cli-help-startup.json)
     assert "a DP histogram of query-url pairs" in out and "one sanitized search" in out and "subcommand module" not in out
     assert "3 empty release" in out and "split" in out and "ledger" in out
+
+
+HEAVY = ("scipy.optimize", "scipy.sparse", "matplotlib", "grpc", "jsonschema", "gmpy2", "ray", "pyarrow")
+"""What no subcommand's --help may import: the solver, the histogram, plots, gRPC, schemas, Paillier, engines."""
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_subcommands_help_loads_no_solver_grpc_or_plots(command):
+    """``cels COMMAND --help`` prints its flags without the modules that run it (the bench of
+    the whole process: docs/bench/cli-help-startup.json).  ``cels bench --help`` and ``cels
+    experiment --help`` list theirs without importing one; ``cels bench protocol --help``
+    imports that benchmark's module, where its flags are declared."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom cels.cli import main\n"
+        f"try:\n    main({command.split()!r} + ['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "usage: cels" in out and "HEAVY []" in out, out[-400:]
 
 
 def test_a_peer_entering_a_phase_ends_its_earlier_ones_live():

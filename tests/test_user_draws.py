@@ -15,7 +15,7 @@ from scipy.stats import binomtest
 
 from cels.crypto.streams import DrawKeys
 from cels.logs import synthetic_log
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 from cels.protocol.stages.results import LoadResult, UnionResult
 from cels.protocol.stages.union import output_log, union_record
 from cels.protocol.user_draws import DRAW_BUCKETS, BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests

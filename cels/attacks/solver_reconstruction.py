@@ -29,7 +29,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.logs import LoadOptions, load_log, write_log
-from cels.logs.model import Pair, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import Pair
 from cels.mechanism.conditions import dominant_rows, log_t_rows
 from cels.protocol.options import SessionOptions
 from cels.protocol.transform import Recovered

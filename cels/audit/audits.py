@@ -30,7 +30,8 @@ from cels.logs.model import SearchLog
 from cels.mechanism.conditions import Conditions, build_conditions, privacy_bound
 from cels.mechanism.greedy import ProposalRule, central_run
 from cels.crypto.streams import CipherRandom
-from cels.mechanism.noise import add_noise_and_repair, laplace_share, noise_scale
+from cels.mechanism.noise import laplace_share, noise_scale
+from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sampling import make_rng, multinomial_sample
 from cels.mechanism.solvers import solve
 

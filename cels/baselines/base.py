@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from cels.baselines.release import ReleasedItem
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 
 
 class Baseline(Protocol):

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import noisy
-from cels.logs.model import LogError, normalise_query
+from cels.logs.records import LogError, normalise_query
 
 CANDIDATE_HELP = (
     "click candidate URLs: navigational (default, data-independent), file:PATH, "

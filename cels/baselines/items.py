@@ -17,7 +17,7 @@ from itertools import islice
 
 from tqdm import tqdm
 
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 
 ItemKey = tuple[str, str, str | None, str | None]
 ITEM_KINDS = ("keyword", "query", "click", "query_pair")

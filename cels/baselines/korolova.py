@@ -19,7 +19,7 @@ from cels.baselines.params import korolova_optimum, korolova_privacy
 from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import integer_threshold, noisy
 from cels.baselines.utility import utility_by_kind
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 
 
 def resolve(

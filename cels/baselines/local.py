@@ -18,7 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels import metrics
-from cels.logs.model import Pair, SearchLog, output_sizes
+from cels.logs.model import SearchLog, output_sizes
+from cels.logs.records import Pair
 from cels.mechanism.conditions import apply_cap, build_conditions
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.mechanism.solvers import max_output_lp

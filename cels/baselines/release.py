@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from cels.fileio import atomic_write
-from cels.logs.model import LogError
+from cels.logs.records import LogError
 
 KINDS = ("keyword", "query", "click", "query_pair")
 HEADER = ("type", "query", "url", "next_query", "count")

@@ -25,7 +25,7 @@ from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import integer_threshold, noise_above, noisy, zero_count_survivors
 from cels.baselines.utility import utility_by_kind
 from cels.crypto.streams import CipherRandom
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 
 
 def resolve(

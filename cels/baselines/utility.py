@@ -11,7 +11,7 @@ from collections import Counter
 
 from cels.baselines.items import ItemKey, item_totals
 from cels.baselines.release import ReleasedItem
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 from cels.metrics import kl_divergence, recall, top_j
 
 TOP_J = 100

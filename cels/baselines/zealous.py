@@ -27,7 +27,7 @@ from cels.baselines.params import (
 from cels.baselines.release import ReleasedItem
 from cels.baselines.sampling import integer_threshold, noisy
 from cels.baselines.utility import item_utility
-from cels.logs.model import LogRecord
+from cels.logs.records import LogRecord
 
 MODES = ("probabilistic", "indistinguishability")
 

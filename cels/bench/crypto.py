@@ -39,10 +39,10 @@ from tqdm import tqdm
 from cels.crypto.commutative_cipher import PohligHellman, encode_record
 from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
+from cels.crypto.key_sizes import PAPER_KEY_BITS
 from cels.crypto.obfuscators import FixedBaseTable, djn_exponent_bits, obfuscators
 from cels.crypto.paillier import (
     DECRYPT_CHUNK,
-    PAPER_KEY_BITS,
     EncryptedMatrix,
     Packing,
     check_key_bits,
@@ -60,8 +60,8 @@ from cels.workers import worker_pool
 VALUE_RANGE = 2**20  # benchmark counts are uniform in [0, 2^20)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("crypto", help="packed Paillier vs naive secure sum; commutative cipher speed")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench crypto`` (cels.cli.bench)."""
     parser.add_argument("--values", type=int, default=20_000, help="N: values in the secure sum (default 20000)")
     parser.add_argument("--parties", type=int, default=3, help="R: parties in the ring (default 3)")
     parser.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits: 2048 (default) or 3072; 512/1024 reproduce the paper (insecure)")

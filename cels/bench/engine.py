@@ -28,8 +28,8 @@ AOL_SLICE = "aol-dev.tsv.gz"
 DEFAULT_SHARDS = "1,2,4"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("engine", help="the same seeded release in process and on Ray with P user shards (SHA-256 per run)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench engine`` (cels.cli.bench)."""
     parser.add_argument("--input", type=Path, help=f"AOL-format log (default: $CELS_DATA/{AOL_SLICE})")
     parser.add_argument("--max-users", type=int, help="keep the first N users of the input")
     parser.add_argument("--parties", type=int, default=3, help="number of parties r (default 3)")

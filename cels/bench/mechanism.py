@@ -85,8 +85,8 @@ def cases(data: Path, time_limit: float) -> list[tuple[str, tuple]]:
     ]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("mechanism", help="load/prune/solve/sample times and memory on the real logs")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench mechanism`` (cels.cli.bench)."""
     parser.add_argument("--json", required=True, metavar="FILE", help="where to write the JSON result")
     parser.add_argument("--data", default=None, metavar="DIR", help="directory of the real logs (default $CELS_DATA or ../shared/data)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="MIP time limit per objective (seconds)")

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
-from cels.cli.service import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
+from cels.cli.distributed import DEFAULT_TIMEOUT, add_stock_arguments, session_stock
 from cels.crypto.obfuscators import InlineObfuscators
-from cels.crypto.paillier import DEFAULT_KEY_BITS
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS
 from cels.fileio import atomic_write_json
-from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, seed_argv
+from cels.cli.options import add_seed_argument, seed_argv
+from cels.engine.options import add_engine_arguments, engine_options
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
 from cels.protocol.options import SessionOptions
 from cels.protocol.work import ItemBound
@@ -58,8 +59,8 @@ class TimedObfuscators:
         return values
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("protocol", help="a whole CELS session: seconds and bytes per phase and node")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench protocol`` (cels.cli.bench)."""
     parser.add_argument("--input", type=Path, help="log to split by user over the parties (default: the synthetic log)")
     parser.add_argument("--format", choices=FORMATS, default="aol")
     parser.add_argument("--columns", help="tsv column mapping")
@@ -97,7 +98,7 @@ def bench_inmemory(
     ``engine`` (cels.engine.Engine, default in process) runs every party's local work;
     ``seed`` replays every party's draws (NOT private)."""
     from cels.crypto.streams import DrawKeys
-    from cels.engine import LocalEngine
+    from cels.engine import InProcessEngine
     from cels.inprocess import InMemoryNetwork, MemoryNode, abort_message, start_session
     from cels.protocol.host import SessionHost
     from cels.protocol.party import PartyRole
@@ -105,7 +106,7 @@ def bench_inmemory(
     from cels.session_report import session_report
 
     ledgers: dict[str, dict[str, float]] = defaultdict(lambda: {"seconds": 0.0, "obfuscators": 0})
-    engine = engine or LocalEngine()
+    engine = engine or InProcessEngine()
     hosts, works = {}, {}
     for name, log in zip(options.parties, shares):
         timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
@@ -152,7 +153,7 @@ def bench_processes(
     A share is a log or the path of a log file in ``fmt_args``' format; ``timeout`` bounds
     the offline phase and the session together; ``party_flags`` (the engine, a replay seed)
     go to every party node.  The result has the release file's SHA-256."""
-    from cels.cli.service import run_nodes
+    from cels.cli.simulate import run_nodes
 
     with tempfile.TemporaryDirectory(prefix="cels-bench-") as tmp:
         start = time.perf_counter()
@@ -253,7 +254,7 @@ def bench_solve(args: argparse.Namespace, shares: list[SearchLog], solve: str, e
     if args.runner == "inmemory":
         result = bench_inmemory(shares, options, allow_small=options.key_bits < DEFAULT_KEY_BITS, engine=engine, seed=args.seed)
     else:
-        flags = engine_argv(args) + seed_argv(args)
+        flags = engine_options(args, {}).argv() + seed_argv(args)
         result = bench_processes(shares, options, ["--format", "histogram"], session_stock(args, options), party_flags=flags)
     return options, solve_result(result, args.parties)
 

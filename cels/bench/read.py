@@ -27,8 +27,8 @@ from cels.logs.parquet import ParquetReader
 from cels.logs.synthetic import synthetic_histogram
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("read", help="a Parquet log read through distinct values vs row by row")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench read`` (cels.cli.bench)."""
     parser.add_argument("--input", type=Path, default=None, help="a Parquet file or dataset directory (default: a synthetic log of --pairs pairs)")
     parser.add_argument("--columns", default=None, help="column names, e.g. user=AnonID,query=Query,url=ClickURL")
     parser.add_argument("--pairs", type=int, default=400_000, help="pairs of the synthetic log (default 400000)")

@@ -48,11 +48,12 @@ from cels.bench.protocol import PAPER_TABLE5_MB, bench_processes, solve_result
 from cels.certs import SOLVER
 from cels.engine.options import EngineOptions
 from cels.protocol.phases import WORK_PHASES, party_phases
-from cels.crypto.paillier import DEFAULT_KEY_BITS, Packing, PublicKey
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS
+from cels.crypto.paillier import Packing, PublicKey
 from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
 from cels.node.client import SessionAborted
-from cels.node.config import ENGINE_FLAGS, add_engine_arguments, engine_argv, engine_options
+from cels.engine.options import add_engine_arguments, engine_options
 from cels.cli.options import DEMO_DELTA
 from cels.protocol.options import OPTION, RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.stages.sums import COUNT_BOUND
@@ -67,8 +68,8 @@ PAPER_POINT = {"pairs": 4_000_000, "parties": 10, "bytes": PAPER_TABLE5_MB["AOL 
 SUFFIXES = {"K": 10**3, "M": 10**6}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("scale", help="the cost curve: whole sessions on synthetic AOL-shaped logs of growing size")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``cels bench scale`` (cels.cli.bench)."""
     parser.add_argument("--pairs", default=DEFAULT_PAIRS, help=f"input sizes in distinct query-url pairs, comma list with K / M (default {DEFAULT_PAIRS})")
     parser.add_argument("--parties", default=DEFAULT_PARTIES, help=f"numbers of parties r, comma list (default {DEFAULT_PARTIES})")
     parser.add_argument("--solve", action="append", choices=SOLVE_MODES, help="phase 3's mode, one series each; repeat for both (default private)")
@@ -149,13 +150,6 @@ def engines(args: argparse.Namespace) -> list[EngineOptions]:
     return [EngineOptions(), given, *([replace(given, shards=1)] if given.shards > 1 else [])]
 
 
-def engine_flags(engine: EngineOptions) -> list[str]:
-    """A party node's flags for ``engine`` (as ``cels simulate`` passes them on; none for local)."""
-    if engine.kind == LOCAL:
-        return []
-    return engine_argv(argparse.Namespace(**{dest: getattr(engine, key) for dest, key in ENGINE_FLAGS.items()}))
-
-
 def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, args: argparse.Namespace, engine: EngineOptions = EngineOptions()) -> dict[str, Any]:
     """One session on ``shares`` on ``engine``; its figures, or its status if it failed or ran out of time."""
     parties = len(shares)
@@ -170,7 +164,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
     }  # fmt: skip
     start = time.perf_counter()
     try:
-        result = bench_processes(shares, options, ["--format", args.log_format], stock, timeout=args.point_time_limit, party_flags=engine_flags(engine))
+        result = bench_processes(shares, options, ["--format", args.log_format], stock, timeout=args.point_time_limit, party_flags=engine.argv())
     except (SessionAborted, TimeoutError, RuntimeError, grpc.RpcError) as exc:  # aborted, over time, a node died or did not answer
         seconds = time.perf_counter() - start
         over = seconds >= args.point_time_limit

@@ -1,9 +1,10 @@
 """The ``cels`` command line: one subcommand module per capability.
 
 Each module in :data:`COMMANDS` exposes ``register(subparsers)``, which adds its parser and
-sets ``func`` (a callable taking the parsed namespace and returning an exit code).  Only the
-module of the command given is imported: ``cels --help`` lists the commands from
-:data:`COMMANDS` without importing any of them.
+sets ``func``: a callable taking the parsed namespace and returning an exit code, or the name
+``"module:function"`` of one, imported only when the command runs.  Only the module of the
+command given is imported: ``cels --help`` lists the commands from :data:`COMMANDS` without
+importing any of them, and ``cels simulate --help`` loads no gRPC or numpy.
 
 Exit codes (README, "Exit codes"): 0 done; 1 a distributed session aborted; 2 bad input,
 parameters or configuration (one line naming the file, table or flag); 3 the release is
@@ -19,7 +20,7 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cels import __version__
 from cels.fileio import Terminated, raise_on_termination
@@ -33,9 +34,9 @@ DESCRIPTION = (
 )
 COMMANDS: dict[str, tuple[str, str]] = {
     "sanitize": ("cels.cli.sanitize", "sanitize one search log (a single data holder)"),
-    "simulate": ("cels.cli.service", "run a whole distributed session with local node processes on 127.0.0.1"),
-    "run": ("cels.cli.service", "run a session against running party and solver nodes (session.toml)"),
-    "certs": ("cels.cli.service", "make a development CA and one certificate per node"),
+    "simulate": ("cels.cli.distributed", "run a whole distributed session with local node processes on 127.0.0.1"),
+    "run": ("cels.cli.distributed", "run a session against running party and solver nodes (session.toml)"),
+    "certs": ("cels.cli.distributed", "make a development CA and one certificate per node"),
     "split": ("cels.cli.split", "split one log by user into per-party files"),
     "ledger": ("cels.cli.ledger", "show a party node's privacy budget ledger and the budget left"),
     "status": ("cels.cli.status", "is a node serving: its sessions, ledger and peers (node.toml)"),
@@ -79,6 +80,14 @@ def command_of(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if arg in COMMANDS), None)
 
 
+def command_function(func: Callable[[argparse.Namespace], int] | str) -> Callable[[argparse.Namespace], int]:
+    """A parser's ``func``: the callable, or the one its ``"module:function"`` name gives."""
+    if isinstance(func, str):
+        module, name = func.split(":")
+        return getattr(importlib.import_module(module), name)
+    return func
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's C core logs no raw handshake lines on the console: each failure is one line of ours
@@ -93,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     raise_on_termination()
     try:
-        return int(args.func(args) or 0)
+        return int(command_function(args.func)(args) or 0)
     except KeyboardInterrupt:
         print("cels: interrupted", file=sys.stderr)
         return 130

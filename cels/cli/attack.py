@@ -8,11 +8,10 @@ import json
 import sys
 
 from cels.fileio import atomic_write_json
-from cels.logs import FORMATS, LoadOptions, load_log, parse_columns, synthetic_log
+from cels.crypto.key_sizes import PAPER_KEY_BITS as PAPER_BITS
+from cels.logs.options import FORMATS, LoadOptions, parse_columns
 from cels.mechanism.defaults import OBJECTIVES
 from cels.protocol.options import SOLVE_MODES
-
-PAPER_BITS = (512, 1024)
 
 
 def _warn_paper_bits(what: str, bits: int) -> None:
@@ -29,6 +28,7 @@ def _finish(result: dict, path: str) -> int:
 
 def run_solver_reconstruction(args: argparse.Namespace) -> int:
     from cels.attacks.solver_reconstruction import demonstrate
+    from cels.logs import load_log, synthetic_log
 
     if args.parties < 2:
         raise ValueError("--parties must be at least 2")

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from cels.cli import sanitize as sanitize_cli
 from cels.cli.notices import utility_words
-from cels.logs import synthetic_log, write_log
 
 DEMO_DIR = Path("demo-out") / "single-holder"
 """Beside ``make demo``'s demo-out/sampled and demo-out/dp (the distributed service), not over them."""
@@ -27,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cels.logs import synthetic_log, write_log
+
     out_dir = Path(args.dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     input_path = out_dir / "input.tsv"

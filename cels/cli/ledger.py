@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from cels.node.config import add_ledger_arguments
+    from cels.node.ledger import add_ledger_arguments
 
     parser = subparsers.add_parser(
         "ledger", description="Show a party node's privacy budget ledger (docs/deployment.md, 'Privacy budget ledger')."
@@ -18,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cels.node.config import ledger_policy, load_toml
-    from cels.node.ledger import show
+    from cels.node.config import load_toml
+    from cels.node.ledger import ledger_policy, show
     from cels.node.schemas import PARTY_SCHEMA, SOLVER_SCHEMA, check_toml
 
     doc = load_toml(args.config) if args.config else {}

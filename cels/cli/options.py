@@ -9,6 +9,7 @@ reads the parsed values back under the options' names.
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -86,3 +87,38 @@ def with_default(help: str, default: Any) -> str:
     """``help`` saying its default: in its closing parenthesis if it has one."""
     said = f"default {default:g}" if isinstance(default, float) else f"default {default}"
     return f"{help[:-1]}; {said})" if help.endswith(")") else f"{help} ({said})"
+
+
+def add_seed_argument(parser: argparse.ArgumentParser) -> None:
+    """``--seed S`` of the nodes and the commands that start them: every party's draws replayed
+    from S (cels.crypto.streams.DrawKeys.replay)."""
+    parser.add_argument(
+        "--seed", type=int, metavar="S",
+        help="replay every draw of every session from seed S (tests and reproduction only: the release is then NOT private)",
+    )  # fmt: skip
+
+
+def seed_argv(args: argparse.Namespace) -> list[str]:
+    """The ``--seed`` given, as a node's command line."""
+    return [] if args.seed is None else ["--seed", str(args.seed)]
+
+
+class DeferredParser(argparse.ArgumentParser):
+    """A sub-subcommand's parser (``cels bench protocol``, ``cels experiment fig4``) whose flags
+    and description come from its module, imported only when this parser parses (its
+    ``--help`` included): listing the benchmarks imports none of them."""
+
+    def __init__(self, *args: Any, module: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.module = module
+
+    def load(self) -> DeferredParser:
+        """Add the module's flags and description (once)."""
+        if self.module:
+            module, self.module = importlib.import_module(self.module), ""
+            self.description = self.description or module.__doc__
+            module.add_arguments(self)
+        return self
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super(DeferredParser, self.load()).parse_known_args(args, namespace)

@@ -9,6 +9,9 @@ OUT, its public release note ``OUT.release-note.json`` and the confidential oper
 (mode 0600; default under ``$CELS_REPORT_DIR`` or ``~/.local/state/cels/reports``, never beside
 OUT: cels.reports) are checked before any work starts and written atomically only after the
 whole run succeeded.
+
+Reading the flags loads no numpy arrays, LP solver or log reader (``cels sanitize --help``):
+the modules that release are imported by the function that runs them.
 """
 
 from __future__ import annotations
@@ -18,23 +21,20 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cels.cli.options import HOLDER_FLAGS, MECHANISM_FLAGS, add_force_argument, add_option_arguments, delimiter, option_values, single_holder_arguments
 from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_notice, privacy_notice, utility_words
 from cels.fileio import check_output_paths
-from cels.baselines import BASELINES, baseline_rng, write_release as write_baseline_release
+from cels.baselines import BASELINES
 from cels.baselines.base import Baseline
-from cels.logs import FORMATS, LoadOptions, SearchLog, iter_records, load_log, parse_columns, write_log
+from cels.logs.options import FORMATS, LoadOptions, parse_columns
 from cels.logs.textio import ENCODING
-from cels.claims import dp_release_accounting
-from cels.crypto.streams import DrawKeys
-from cels.mechanism.dp_histogram import release_accounting
-from cels.mechanism.dp_release import TOP, release_utility, sanitize_dp
-from cels.mechanism.item_kinds import ItemKinds
-from cels.mechanism.sanitize import SanitizeParams, sanitize
-from cels.protocol.options import DEFAULT_PADDING_EPSILON
-from cels.releases import DP_HISTOGRAM
 from cels.reports import default_operator_path, release_note_path, write_reports
+
+if TYPE_CHECKING:
+    from cels.logs.model import SearchLog
+    from cels.mechanism.sanitize import SanitizeParams
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Method:
 def params_from_args(args: argparse.Namespace) -> SanitizeParams:
     """The optimal method's parameters from the parsed flags (the session options' flags and
     the single-holder ones)."""
+    from cels.mechanism.sanitize import SanitizeParams
+
     return SanitizeParams(
         **option_values(args, MECHANISM_FLAGS),
         preprocess=args.preprocess,
@@ -67,6 +69,9 @@ def params_from_args(args: argparse.Namespace) -> SanitizeParams:
 
 def run_optimal(args: argparse.Namespace) -> Release:
     """CELS/EDBT: optimal counts under the privacy conditions, then multinomial sampling."""
+    from cels.logs.writers import write_log
+    from cels.mechanism.sanitize import sanitize
+
     out, report = sanitize(load_input(args), params_from_args(args), progress=not args.quiet)
     return Release(report, lambda path: write_log(out, path))
 
@@ -74,6 +79,15 @@ def run_optimal(args: argparse.Namespace) -> Release:
 def run_dp_histogram(args: argparse.Namespace) -> Release:
     """``--release dp``: one holder's DP histogram of query-url pairs, or of the ``--items``
     kinds (cels.mechanism.dp_release, cels.mechanism.item_kinds)."""
+    from cels.claims import dp_release_accounting
+    from cels.crypto.streams import DrawKeys
+    from cels.logs.readers import iter_records
+    from cels.mechanism.dp_histogram import release_accounting
+    from cels.mechanism.dp_release import release_utility, sanitize_dp
+    from cels.mechanism.item_kinds import ItemKinds
+    from cels.protocol.options import DEFAULT_PADDING_EPSILON
+    from cels.releases import DP_HISTOGRAM
+
     kinds = ItemKinds.parse(args.items, args.max_items_per_user)
     accounting = release_accounting(args.epsilon, args.delta, kinds, DEFAULT_PADDING_EPSILON, 1, 0)  # a bad bound fails before the read
     if kinds.only_pairs:
@@ -100,11 +114,15 @@ def baseline_method(baseline: Baseline) -> Method:
     and writes its own release format (docs/baselines.md)."""
 
     def run(args: argparse.Namespace) -> Release:
+        from cels.baselines.release import write_release
+        from cels.baselines.sampling import baseline_rng
+        from cels.logs.readers import iter_records
+
         source: dict = {}
         records = list(iter_records(args.input, input_options(args), source))
         tell_skipped(args.command, source)
         items, report = baseline.run(records, args, baseline_rng(args.seed))
-        return Release(report, lambda path: write_baseline_release(items, path))
+        return Release(report, lambda path: write_release(items, path))
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         baseline.add_arguments(parser.add_argument_group(f"{baseline.name} baseline (--method {baseline.name})"))
@@ -166,6 +184,8 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
 
 def load_input(args: argparse.Namespace) -> SearchLog:
     """The input log's histogram (what ``--lenient`` skipped goes to stderr)."""
+    from cels.logs.readers import load_log
+
     log = load_log(args.input, input_options(args))
     tell_skipped(args.command, log.source)
     return log
@@ -205,6 +225,8 @@ def summary_line(report: dict) -> str:
     sizes = report.get("sizes", {})
     parts = [f"{report.get('method', 'optimal')}: users {sizes.get('users')}"]
     if "release" in report:
+        from cels.mechanism.dp_release import TOP
+
         r = report["release"]
         return ", ".join([*parts, f"items {sizes['items']}", f"released {r['items']} at tau = {r['threshold']}",
                           f"recall of the top {TOP} {report['utility'][f'recall_top{TOP}']:.3f}", f"eps {p['epsilon']:g}, delta {p['delta']:g}",

@@ -16,7 +16,6 @@ from pathlib import Path
 from cels.cli.sanitize import add_input_arguments, load_input
 from cels.cli.options import add_force_argument
 from cels.fileio import check_output_paths
-from cels.logs import write_log
 
 
 DESCRIPTION = """Split one log into per-party files: each user's whole log at exactly one party (the
@@ -39,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cels.logs.writers import write_log
+
     if "{k}" not in args.out:
         raise ValueError(f"--out {args.out!r} needs {{k}} for the party number, e.g. data/party-{{k}}.tsv")
     outputs = {f"--out (party {k})": args.out.replace("{k}", str(k)) for k in range(1, args.parties + 1)}

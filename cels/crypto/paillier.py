@@ -41,12 +41,9 @@ import numpy as np
 import phe
 import phe.util
 
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS, SECURE_KEY_BITS
 from cels.crypto.obfuscators import ObfuscatorSource
 
-DEFAULT_KEY_BITS = 2048
-SECURE_KEY_BITS = (2048, 3072)
-PAPER_KEY_BITS = (512, 1024)
-MIN_TEST_KEY_BITS = 128
 MAX_ENCODED_BOUND = 2**62  # B: encoded values v + B must fit an unsigned 64-bit integer
 
 

@@ -35,7 +35,8 @@ import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
-from cels.logs.model import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair, SearchLog, pair_total_error
+from cels.logs.model import SearchLog, pair_total_error
+from cels.logs.records import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
 from cels.logs.readers import LogFile

@@ -29,7 +29,7 @@ from cels.fileio import atomic_write, atomic_write_json  # noqa: E402
 from cels.baselines import BASELINES  # noqa: E402
 from cels.logs import LoadOptions, LogRecord, SearchLog, default_data_dir, iter_records, load_log  # noqa: E402
 from cels.mechanism.conditions import Conditions, build_conditions  # noqa: E402
-from cels.mechanism.noise import add_noise_and_repair  # noqa: E402
+from cels.mechanism.noisy_counts import add_noise_and_repair  # noqa: E402
 from cels.mechanism.sanitize import SanitizeParams  # noqa: E402
 from cels.mechanism.solvers import INTEGER_METHODS, max_output_lp, solve  # noqa: E402
 

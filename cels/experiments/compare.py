@@ -27,7 +27,6 @@ from cels.mechanism.conditions import privacy_bound
 
 BASELINE_NAMES = ("zealous", "korolova", "safelog")
 
-HELP = "CELS, LS, ZEALOUS, Korolova et al., Safelog on the same data and (ε, δ); --release dp: the DP histogram"
 
 
 def query_utility(dataset: Dataset, x: np.ndarray, released_queries: dict[str, int] | None = None) -> dict:

@@ -20,7 +20,6 @@ from cels.experiments.common import Curve, Dataset, SolveOptions, UnionSolver, p
 
 PAPER_B_MAX = 1e-1  # the paper's b range is [1e-5, 1e-1]
 
-HELP = "KL and recall vs b for several |O|/|𝕆|, with and without the cap (CELS Fig. 4)"
 
 
 def measure(

@@ -22,7 +22,6 @@ from cels.experiments import common
 from cels.experiments.common import Curve, Dataset, SolveOptions, UnionSolver, plot_utility_vs_b, utility
 from cels.mechanism.sanitize import SanitizeParams
 
-HELP = "CELS vs Local Sanitization at r = 2, 4, 8, same b and |O| (CELS Fig. 5)"
 
 
 def params_for_b(b: float, options: SolveOptions, seed: int | None) -> SanitizeParams:

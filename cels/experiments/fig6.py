@@ -22,7 +22,6 @@ from cels.protocol.options import SessionOptions
 FIG6_KEY_BITS = 512  # the paper's Paillier key for Fig. 6 / Table 5; NOT a secure size
 FIXED_R = 6  # the paper's "fixed number of parties (e.g., 6 parties)"
 
-HELP = "session time vs parties r and vs input size, in-memory protocol (CELS Fig. 6)"
 
 
 def measure(

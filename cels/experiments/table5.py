@@ -11,7 +11,6 @@ from cels.experiments import common, fig6
 from cels.experiments.common import panels, save_figure
 from cels.fileio import atomic_write
 
-HELP = "total bytes of a session vs parties r per input size (CELS Table 5)"
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -1,28 +1,26 @@
-"""Search-log formats: readers, writers, the histogram model and the synthetic log."""
+"""Search-log formats: readers, writers, the histogram model and the synthetic log (each name
+imported from its module on first use: :mod:`cels.lazy`)."""
 
-from cels.logs.bench import bench_load
-from cels.logs.model import LogError, LogRecord, SearchLog, normalise_query, split_records_by_user
-from cels.logs.options import FORMATS, LoadOptions, default_data_dir, parse_columns
-from cels.logs.readers import LogFile, iter_records, load_log
-from cels.logs.synthetic import synthetic_log, write_synthetic
-from cels.logs.writers import write_log, write_records
+from cels.lazy import lazy_exports
 
-__all__ = [
-    "LogFile",
-    "FORMATS",
-    "LoadOptions",
-    "LogError",
-    "LogRecord",
-    "SearchLog",
-    "bench_load",
-    "default_data_dir",
-    "iter_records",
-    "load_log",
-    "normalise_query",
-    "parse_columns",
-    "split_records_by_user",
-    "synthetic_log",
-    "write_log",
-    "write_records",
-    "write_synthetic",
-]
+SOURCES = {
+    "bench_load": "bench",
+    "SearchLog": "model",
+    "split_records_by_user": "model",
+    "LogError": "records",
+    "LogRecord": "records",
+    "normalise_query": "records",
+    "FORMATS": "options",
+    "LoadOptions": "options",
+    "default_data_dir": "options",
+    "parse_columns": "options",
+    "LogFile": "readers",
+    "iter_records": "readers",
+    "load_log": "readers",
+    "synthetic_log": "synthetic",
+    "write_synthetic": "synthetic",
+    "write_log": "writers",
+    "write_records": "writers",
+}
+__all__ = sorted(SOURCES)
+__getattr__ = lazy_exports(__name__, SOURCES)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from cels.logs.model import LogError, LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogError, LogRecord
 from cels.logs.options import LoadOptions, skip_or_raise
 from cels.logs.textio import read_bytes, undecodable
 

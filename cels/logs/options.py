@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cels.logs.model import MAX_LOG_TOTAL, LogError, LogRecord, normalise_query
+from cels.logs.records import MAX_LOG_TOTAL, LogError, LogRecord, normalise_query
 from cels.logs.textio import ENCODING, check_encoding
 
 FORMATS = ("aol", "msnbc", "tsv", "histogram", "parquet")

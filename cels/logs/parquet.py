@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from cels.logs.model import MAX_COUNT, HistogramBuilder, LogError, LogRecord, SearchLog
+from cels.logs.model import HistogramBuilder, SearchLog
+from cels.logs.records import MAX_COUNT, LogError, LogRecord
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
 
 PARQUET_COLUMNS = {"user": "user", "query": "query", "url": "url", "count": "count"}

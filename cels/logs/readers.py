@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cels.logs.model import MAX_COUNT, LogError, LogRecord, SearchLog, check_pair_totals
+from cels.logs.model import SearchLog, check_pair_totals
+from cels.logs.records import MAX_COUNT, LogError, LogRecord
 from cels.logs.msnbc import iter_msnbc, load_msnbc
 from cels.logs.parquet import ParquetReader, load_parquet
 from cels.logs.options import Admission, LoadOptions, skip_or_raise

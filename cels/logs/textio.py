@@ -21,7 +21,7 @@ from typing import BinaryIO, TextIO
 from tqdm import tqdm
 
 from cels.fileio import atomic_write
-from cels.logs.model import LogError
+from cels.logs.records import LogError
 
 ENCODING = "utf-8"  # the default input encoding and the one every output is written in
 BOM = "\ufeff"

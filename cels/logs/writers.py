@@ -12,7 +12,8 @@ from typing import TextIO
 
 import numpy as np
 
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogRecord
 from cels.logs.options import FORMATS
 from cels.logs.parquet import is_parquet, write_parquet
 from cels.logs.readers import AOL_HEADER, HISTOGRAM_HEADER

@@ -25,7 +25,8 @@ import scipy.sparse as sp
 
 from cels.baselines.items import item_stream, user_histories
 from cels.baselines.release import ReleasedItem
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogRecord
 
 Item = tuple
 """An item's fields, as its id encodes them (module docstring)."""

@@ -18,7 +18,7 @@ from cels.claims import privacy_accounting
 from cels.crypto.streams import CipherRandom
 from cels.logs.model import SearchLog, output_sizes
 from cels.mechanism.conditions import Conditions, apply_cap, build_conditions, privacy_bound
-from cels.mechanism.noise import add_noise_and_repair
+from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.preprocess import preprocess
 from cels.mechanism.sampling import multinomial_sample, released_log
 from cels.mechanism.defaults import DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT

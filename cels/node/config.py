@@ -75,7 +75,6 @@ else:  # pragma: no cover
 
 from cels.certs import controller_name
 from cels.node.keys import DEFAULT_STOCK, KeyPolicy
-from cels.node.ledger import LedgerPolicy
 from cels.node.schemas import NODE_SCHEMAS, check_toml
 from cels.protocol.options import DEFAULT_DEADLINE
 
@@ -344,83 +343,3 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
         encoding=args.encoding or table.get("encoding", ENCODING),
     )
     return Path(path), options
-
-
-def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
-    """A party's privacy budget ledger (cels.node.ledger); the flags override ``[ledger]``."""
-    g = parser.add_argument_group("privacy budget ledger")
-    g.add_argument("--ledger", type=Path, metavar="FILE", help="the ledger file (default NAME.ledger.json beside --config; none without either)")
-    g.add_argument("--budget-epsilon", type=float, metavar="E", help="refuse a session that takes the window's total epsilon above E")
-    g.add_argument("--budget-delta", type=float, metavar="D", help="refuse a session that takes the window's total delta above D")
-    g.add_argument("--budget-window-days", type=float, metavar="DAYS", help="sessions older than DAYS no longer count (default: all)")
-    g.add_argument("--ledger-key", type=Path, metavar="FILE", help="the ledger's MAC key, made at the node's first start (default NAME.ledger.key beside the ledger)")
-
-
-def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) -> LedgerPolicy | None:
-    """The ledger of party ``name``: flags over the ``[ledger]`` table; None without a file to
-    keep it in (neither --ledger, nor [ledger] path, nor --config)."""
-    base = args.config.resolve().parent if args.config else Path.cwd()
-
-    def pick(flag: Any, key: str) -> Any:
-        value = flag if flag is not None else table.get(key)
-        return None if value is None else float(value)
-
-    if args.ledger is not None:
-        path: Path | None = args.ledger
-    elif "path" in table:
-        path = base / table["path"]
-    elif args.config is not None:
-        path = base / f"{name}.ledger.json"
-    else:
-        path = None
-    budget = [pick(args.budget_epsilon, "budget_epsilon"), pick(args.budget_delta, "budget_delta")]
-    if path is None:
-        if any(b is not None for b in budget):
-            raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
-        return None
-    key = args.ledger_key if getattr(args, "ledger_key", None) is not None else (base / table["key"] if "key" in table else None)
-    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"), key=key)
-
-
-ENGINE_FLAGS = {"engine": "kind", "engine_address": "address", "shards": "shards", "max_in_flight": "max_in_flight"}
-"""Flag dest -> its ``[engine]`` key."""
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where a party's local work runs (cels.engine); the flags override ``[engine]``."""
-    g = parser.add_argument_group("engine (docs/deployment.md, \"A party on a Ray cluster\")")
-    g.add_argument("--engine", choices=("local", "ray"), help="local: in the node's process (default); ray: on the party's own Ray cluster (the ray extra)")
-    g.add_argument("--engine-address", metavar="ADDR", help='"local" starts a Ray instance in the node (default); host:port joins a running cluster')
-    g.add_argument("--shards", type=int, metavar="P", help="user-shard actors (default 1)")
-    g.add_argument("--max-in-flight", type=int, metavar="N", help="pair-work tasks at once (default 4)")
-
-
-def add_seed_argument(parser: argparse.ArgumentParser) -> None:
-    """``--seed S``: every party's draws replayed from S (cels.crypto.streams.DrawKeys.replay)."""
-    parser.add_argument(
-        "--seed", type=int, metavar="S",
-        help="replay every draw of every session from seed S (tests and reproduction only: the release is then NOT private)",
-    )  # fmt: skip
-
-
-def seed_argv(args: argparse.Namespace) -> list[str]:
-    """The ``--seed`` given, as a party node's command line."""
-    return [] if args.seed is None else ["--seed", str(args.seed)]
-
-
-def engine_options(args: argparse.Namespace, table: dict[str, Any]):
-    """The checked :class:`cels.engine.options.EngineOptions`: flags over the ``[engine]`` table
-    (a ValueError naming the config file or the flags)."""
-    from cels.engine.options import EngineOptions
-
-    given = {**table, **{key: getattr(args, dest) for dest, key in ENGINE_FLAGS.items() if getattr(args, dest) is not None}}
-    try:
-        return EngineOptions(**given)
-    except ValueError as exc:
-        where = f"{args.config} [engine]" if getattr(args, "config", None) and table else "the engine flags"
-        raise ValueError(f"{where}: {exc}") from None
-
-
-def engine_argv(args: argparse.Namespace) -> list[str]:
-    """The engine flags given, as a party node's command line (``cels simulate`` passes them on)."""
-    return [a for dest in ENGINE_FLAGS if getattr(args, dest) is not None for a in (f"--{dest.replace('_', '-')}", str(getattr(args, dest)))]

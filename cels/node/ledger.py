@@ -38,6 +38,7 @@ counts.
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 import time
@@ -81,6 +82,42 @@ class LedgerPolicy:
     @property
     def key_file(self) -> Path:
         return self.key if self.key is not None else key_path(self.path)
+
+
+def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
+    """A party's privacy budget ledger (cels.node.ledger); the flags override ``[ledger]``."""
+    g = parser.add_argument_group("privacy budget ledger")
+    g.add_argument("--ledger", type=Path, metavar="FILE", help="the ledger file (default NAME.ledger.json beside --config; none without either)")
+    g.add_argument("--budget-epsilon", type=float, metavar="E", help="refuse a session that takes the window's total epsilon above E")
+    g.add_argument("--budget-delta", type=float, metavar="D", help="refuse a session that takes the window's total delta above D")
+    g.add_argument("--budget-window-days", type=float, metavar="DAYS", help="sessions older than DAYS no longer count (default: all)")
+    g.add_argument("--ledger-key", type=Path, metavar="FILE", help="the ledger's MAC key, made at the node's first start (default NAME.ledger.key beside the ledger)")
+
+
+def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) -> LedgerPolicy | None:
+    """The ledger of party ``name``: flags over the ``[ledger]`` table; None without a file to
+    keep it in (neither --ledger, nor [ledger] path, nor --config)."""
+    base = args.config.resolve().parent if args.config else Path.cwd()
+
+    def pick(flag: Any, key: str) -> Any:
+        value = flag if flag is not None else table.get(key)
+        return None if value is None else float(value)
+
+    if args.ledger is not None:
+        path: Path | None = args.ledger
+    elif "path" in table:
+        path = base / table["path"]
+    elif args.config is not None:
+        path = base / f"{name}.ledger.json"
+    else:
+        path = None
+    budget = [pick(args.budget_epsilon, "budget_epsilon"), pick(args.budget_delta, "budget_delta")]
+    if path is None:
+        if any(b is not None for b in budget):
+            raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
+        return None
+    key = args.ledger_key if getattr(args, "ledger_key", None) is not None else (base / table["key"] if "key" in table else None)
+    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"), key=key)
 
 
 GUARANTEES = {"sampled": "probabilistic DP of the sampling given the counts", "dp": "DP end to end"}

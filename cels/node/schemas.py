@@ -18,7 +18,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from cels.crypto.paillier import MIN_TEST_KEY_BITS
+from cels.crypto.key_sizes import MIN_TEST_KEY_BITS
+from cels.engine.options import ENGINE_TABLE
 from cels.logs.options import FORMATS
 from cels.node.policy import POLICY_TABLE
 from cels.protocol.options import OPTIONS, Option
@@ -86,16 +87,6 @@ LEDGER_TABLE = {
     "type": "object",
     "additionalProperties": False,
     "properties": {"path": {"type": "string"}, "key": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
-}
-ENGINE_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "kind": {"enum": ["local", "ray"]},
-        "address": {"type": "string", "minLength": 1, "description": '"local" or a Ray cluster address host:port'},
-        "shards": {"type": "integer", "minimum": 1},
-        "max_in_flight": {"type": "integer", "minimum": 1},
-    },
 }
 SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
 METRICS_TABLE = {

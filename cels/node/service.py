@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from cels.crypto.paillier import DEFAULT_KEY_BITS
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS
 from cels.node.config import NodeConfig
 from cels.node.framing import from_frames
 from cels.node.handlers import Unparsed, add_node_service

@@ -411,16 +411,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         """A protocol message for one of this node's sessions (a StartSession creates it)."""
         step = step_name(envelope)
         if step == "start_session":
-            config = envelope.start_session.config
-            if config.session_id != envelope.session_id:
-                raise malformed("StartSession config names another session")
-            try:
-                options = SessionOptions.from_config(config)
-            except ValueError as exc:
-                raise malformed(f"{self.name}: bad session config: {exc}") from None
-            if options.initiator != sender:
-                raise fail(f"{self.name}: StartSession from {sender!r}, but the session's initiator is {options.initiator!r}")
-            return self.create(options, now)
+            return self.create(_started(self.name, sender, envelope), now)
         if step == "abort" and envelope.session_id not in self.sessions and envelope.session_id not in self.ended:
             return self._forewarn(sender, envelope.abort)
         session = self._session(envelope.session_id, "abort" if step == "abort" else "step")
@@ -601,6 +592,21 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         self.sessions.pop(sid, None)
         _keep(self.ended, sid, session)
         return [Event(sid, self.name, state, abort=notice, detail=detail)]
+
+
+def _started(name: str, sender: str, envelope: Envelope) -> SessionOptions:
+    """The session a StartSession from ``sender`` to node ``name`` starts (refused: malformed,
+    or not from its initiator)."""
+    config = envelope.start_session.config
+    if config.session_id != envelope.session_id:
+        raise malformed("StartSession config names another session")
+    try:
+        options = SessionOptions.from_config(config)
+    except ValueError as exc:
+        raise malformed(f"{name}: bad session config: {exc}") from None
+    if options.initiator != sender:
+        raise fail(f"{name}: StartSession from {sender!r}, but the session's initiator is {options.initiator!r}")
+    return options
 
 
 def _due(initiation: Initiation) -> Call | None:

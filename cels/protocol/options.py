@@ -27,7 +27,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
-from cels.crypto.paillier import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
 from cels.protocol.wire import cels_pb2

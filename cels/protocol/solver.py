@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from cels.crypto import paillier
 from cels.crypto.streams import DrawKeys
 from cels.mechanism.conditions import Conditions
-from cels.mechanism.noise import add_noise_and_repair
+from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase

@@ -24,7 +24,8 @@ import scipy.sparse as sp
 from cels.crypto.commutative_cipher import PohligHellmanHash
 from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.streams import CipherRandom, DrawKeys
-from cels.logs.model import LogError, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogError
 from cels.logs.readers import LogFile, iter_records
 from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.dp_histogram import padding_count

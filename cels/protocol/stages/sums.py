@@ -19,7 +19,7 @@ import numpy as np
 from cels.crypto import paillier
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels.crypto.secure_aggregation import PairwiseMasks
-from cels.logs.model import MAX_COUNT
+from cels.logs.records import MAX_COUNT
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.phases import Phase
 from cels.protocol.private_solve import add_mask_key, mask_key_messages

@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from cels.crypto.groups import group_for_bits
-from cels.logs.model import LogRecord, SearchLog
+from cels.logs.model import SearchLog
+from cels.logs.records import LogRecord
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Outgoing, malformed
 from cels.protocol.secure_union import SecureUnion

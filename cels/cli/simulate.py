@@ -1,12 +1,6 @@
-"""``cels certs``, ``cels run``, ``cels simulate``: CELS as a distributed service.
-
-- ``cels certs --out DIR --parties R``: a development CA and one certificate per node.
-- ``cels run --config session.toml``: start a session on running nodes (the initiator is a
-  party node); the sanitized log and its public release note are written where ``[run] output``
-  says, the confidential operator report where ``[run] report`` says (default: cels.reports).
-- ``cels simulate``: split a log by user over R parties, start R party nodes and a solver node
-  as separate processes on 127.0.0.1 with a fresh dev CA, run one session, stop them.
-"""
+"""``cels simulate`` (flags: :mod:`cels.cli.distributed`): one log split by user over R party
+nodes and a solver node, started as processes on 127.0.0.1 with a fresh dev CA, one session,
+the nodes stopped (:func:`run_nodes`, which the benchmarks and tests use too)."""
 
 from __future__ import annotations
 
@@ -20,239 +14,25 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
-from cels.certs import SOLVER, controller_name, make_dev_certs, node_names
-from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, privacy_notice, utility_words
+from cels.certs import SOLVER, controller_name, make_dev_certs
+from cels.cli.distributed import DEFAULT_TIMEOUT, session_stock
+from cels.cli.options import seed_argv, session_values
 from cels.cli.progress import SessionProgress
-from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_force_argument, add_option_arguments, delimiter, session_values, single_holder_arguments
-from cels.logs import FORMATS, LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
-from cels.crypto.paillier import DEFAULT_KEY_BITS
-from cels.claims import TRANSFORMED_WARNING, items_words
-from cels.node.policy import admitting
+from cels.cli.run import node_log_dir, operator_path, release_notes, warn_transformed
+from cels.crypto.key_sizes import DEFAULT_KEY_BITS
+from cels.engine.options import engine_options
 from cels.fileio import check_output_paths
-from cels.node.client import (
-    CONNECT_TIMEOUT, Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock, wait_reachable,
-)  # fmt: skip
+from cels.logs import LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
+from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, PhaseCpu, free_port, peer_args, python_module, tls_args
-from cels.releases import DP_HISTOGRAM, SAMPLED, release_kind, report_kind
-from cels.node.config import add_engine_arguments, add_seed_argument, engine_argv, engine_options, load_toml, seed_argv
-from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.node.health import wait_serving
+from cels.node.policy import admitting
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_label, table_of
-from cels.reports import default_operator_path, release_note_path, write_reports
-
-DEFAULT_TIMEOUT = 4 * 3600.0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    certs = subparsers.add_parser("certs")
-    certs.add_argument("--out", required=True, type=Path, help="directory for ca.pem and NAME.pem / NAME.key")
-    certs.add_argument("--parties", type=int, default=3, help="number of party nodes (default 3)")
-    certs.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
-    certs.set_defaults(func=run_certs)
-
-    run = subparsers.add_parser("run")
-    run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
-    add_force_argument(run)
-    run.set_defaults(func=run_run)
-
-    sim = subparsers.add_parser("simulate")
-    sim.add_argument("--parties", type=int, default=3, help="number of parties R (default 3)")
-    sim.add_argument("--input", type=Path, help="the log to split by user (default: the embedded synthetic log)")
-    sim.add_argument("--synthetic-users", type=int, default=300, metavar="N", help="users of the embedded synthetic log (default 300; a session of a few seconds with 2048-bit keys)")
-    sim.add_argument("--synthetic-pairs", type=int, default=200, metavar="N", help="shared pairs of the embedded synthetic log (default 200)")
-    sim.add_argument("--format", choices=FORMATS, help="input format (required with --input)")
-    sim.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5] (parquet: column names)")
-    sim.add_argument("--no-header", action="store_true", help="the input has no header line")
-    sim.add_argument("--delimiter", default="\t", type=delimiter, help="tsv field delimiter, one character (default tab)")
-    sim.add_argument("--lenient", action="store_true", help="skip bad lines instead of failing")
-    sim.add_argument("--encoding", default="utf-8", help="how the log bytes are text (default utf-8; e.g. latin-1): a line not valid in it is an error naming file, line and field")
-    add_option_arguments(sim, SESSION_FLAGS, DEMO_BUDGET)
-    sim.add_argument("--out", required=True, type=Path, help="directory for sanitized.<ext>, its public release note sanitized.<ext>.release-note.json and the node logs")
-    sim.add_argument("--report", type=Path, metavar="REPORT.json", help="the confidential operator report (mode 0600; default: under $CELS_REPORT_DIR or ~/.local/state/cels/reports, never beside the release)")
-    sim.add_argument("--record-view", type=Path, metavar="DIR", help="every node records its view of the session under DIR (`cels views DIR`)")
-    add_force_argument(sim)
-    add_stock_arguments(sim)
-    add_engine_arguments(sim)
-    add_seed_argument(sim)
-    single_holder_arguments(sim)
-    sim.set_defaults(func=run_simulate)
-
-
-def add_stock_arguments(parser: argparse.ArgumentParser) -> None:
-    """The offline phase of a simulated deployment (cels.node.keys)."""
-    parser.add_argument(
-        "--stock-nlp",
-        type=int,
-        default=0,
-        metavar="N",
-        help="offline phase: every party stocks N obfuscators for the solver's node key (the NLP of --solve transformed) before the session starts",
-    )
-    parser.add_argument(
-        "--stock-sum",
-        type=int,
-        default=0,
-        metavar="N",
-        help="offline phase: every party stocks N obfuscators for P_1's node key (the secure sums of --solve transformed) before the session starts",
-    )
-
-
-def session_stock(args: argparse.Namespace, options: SessionOptions) -> dict[str, int] | None:
-    """Key owner -> stock size for the keys a session encrypts under (None: no offline phase).
-    Only the paper's mode (--solve transformed) encrypts with Paillier; the private mode masks
-    its sums and solve (docs/protocol.md), so neither stock is filled for it."""
-    if args.stock_nlp < 0 or args.stock_sum < 0:
-        raise ValueError("--stock-nlp / --stock-sum must be >= 0")
-    if options.solve != "transformed":
-        return None
-    stock = {options.parties[0]: args.stock_sum, options.solver: args.stock_nlp}
-    return {owner: n for owner, n in stock.items() if n > 0} or None
-
-
-# -- cels certs ------------------------------------------------------------------------------
-
-
-def run_certs(args: argparse.Namespace) -> int:
-    names = node_names(args.parties)
-    make_dev_certs(args.out, names, days=args.days)
-    print(f"wrote {args.out}/ca.pem and certificates for {', '.join(names)} (development CA, {args.days} days)")
-    return 0
-
-
-# -- cels run --------------------------------------------------------------------------------
-
-
-def session_options(table: dict[str, Any]) -> SessionOptions:
-    """The session of session.toml's [session] table (its keys are SessionOptions' fields; the
-    schema has checked their types and ranges, SessionOptions checks the rest)."""
-    options = dict(table)
-    try:
-        return SessionOptions.create(list(options.pop("parties")), **options)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"[session]: {exc}") from None
-
-
-def approval_printer(options: SessionOptions) -> Callable[[str, bool], None]:
-    """``cels run``'s lines for a party whose operator approves the session first."""
-
-    def show(party: str, approved: bool) -> None:
-        if approved:
-            print(f"cels run: {party}'s operator approved session {options.session_id}", file=sys.stderr)
-        else:
-            print(f"cels run: {party} waits for its operator to approve session {options.session_id} (on its host: cels approve "
-                  f"--config {party}.toml {options.session_id}; at most {options.approval_wait:g} s, --approval-wait)", file=sys.stderr)  # fmt: skip
-
-    return show
-
-
-def unreachable_printer(every: float = 5.0) -> Callable[[dict[str, str], float], None]:
-    """``cels run`` while it waits for nodes: which are unreachable at which address, when
-    that changes and every ``every`` seconds."""
-    last: dict[str, Any] = {"nodes": None, "at": -every}
-
-    def show(missing: dict[str, str], waited: float) -> None:
-        if missing != last["nodes"] or waited - last["at"] >= every:
-            last.update(nodes=dict(missing), at=waited)
-            nodes = ", ".join(f"{name} at {where}" for name, where in missing.items())
-            print(f"  waiting {waited:4.0f} s for {nodes}", file=sys.stderr, flush=True)
-
-    return show
-
-
-def run_run(args: argparse.Namespace) -> int:
-    doc = load_toml(args.config)
-    check_toml(doc, args.config, SESSION_SCHEMA)
-    base = args.config.resolve().parent
-    run, table = doc["run"], doc["session"]
-    try:
-        options = session_options({**table, "initiator": run["initiator"]})
-    except ValueError as exc:
-        raise ValueError(f"{args.config}: {exc}") from None
-    insecure = bool(run.get("insecure", False))
-    paths = {k: base / run[k] for k in ("ca", "cert", "key") if k in run}
-    if not insecure and len(paths) < 3:
-        raise ValueError(f"{args.config}: [run] needs ca, cert and key (the controller's credentials) or insecure = true")
-    for key, path in paths.items():  # every file the run reads, before the first line of work
-        if not insecure and not path.is_file():
-            raise ValueError(f"{args.config}: [run] {key} = {run[key]!r}: {path} {'is not a file' if path.exists() else 'does not exist'}")
-    controller = Controller(run["initiator"], run["address"], insecure=insecure, **paths)
-    output = base / run["output"]
-    report_path = operator_path(base / run["report"] if "report" in run else None, output, options.session_id)
-    check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path}, force=args.force)
-    nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
-    progress = None
-    try:
-        wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
-        # the session's id once the nodes answer: no id is printed for a session that never started
-        print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
-        warn_transformed(options, "cels run")
-        progress = SessionProgress(options)
-        report = run_on_nodes(
-            controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
-            on_phase_start=progress.start, on_approval=approval_printer(options), force=args.force,
-        )  # fmt: skip
-    except SessionAborted as exc:
-        print(f"cels run: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if progress is not None:
-            progress.close()
-    progress.finish(report)
-    return release_notes(report, output, report_path)
-
-
-def node_log_dir(report_path: Path) -> Path:
-    """Where a simulation's node logs go: beside its operator report (``NAME.node-logs/``,
-    0700), since they name the input's sizes."""
-    return report_path.with_name(f"{report_path.name.removesuffix('.json')}.node-logs")
-
-
-def operator_path(given: Path | None, output: Path, session_id: str | None = None) -> Path:
-    """The operator report's path: the one given (its directory made 0700 if missing), else a
-    new one under the operator report directory (cels.reports), never beside the release."""
-    if given is None:
-        return default_operator_path(output, session_id)
-    given.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return given
-
-
-def warn_transformed(options: SessionOptions, command: str) -> None:
-    """The paper's Algorithm 2 lets the solver rebuild every row: say so before it runs."""
-    if options.solve == "transformed":
-        print(f"{command}: {TRANSFORMED_WARNING}", file=sys.stderr, flush=True)
-
-
-def release_notes(report: dict[str, Any], output: Path, report_path: Path, took: str = "") -> int:
-    """Summary, what was written (``took``: what the whole command took, if more than the
-    session) and the privacy notice; the exit code (3: empty release)."""
-    print(SUMMARIES[report_kind(report)](report))
-    print(f"session wall time {report['wall_seconds']:.1f} s (the operator report's wall_seconds: on the initiator, from the Run "
-          "request to the report, every phase; not node start-up)")  # fmt: skip
-    print(f"wrote {output} and its public release note {release_note_path(output)}; "
-          f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
-    if took:
-        print(took)
-    from cels.mechanism.solvers import mip_stop_notice  # scipy: imported once a release is there, not for --help
-
-    notice = mip_stop_notice(report.get("solver", {}))
-    if notice is not None:
-        print(f"solver: {notice}", file=sys.stderr)
-    print("\n".join(privacy_notice(report["privacy"])), file=sys.stderr)
-    reason = empty_release_reason(report)
-    if reason is not None:
-        print(reason, file=sys.stderr)
-        return EXIT_EMPTY_RELEASE
-    return 0
-
-
-SUMMARIES = {SAMPLED: lambda report: summary(report), DP_HISTOGRAM: lambda report: dp_summary(report)}
-"""The summary line of each release kind (cels.releases)."""
-
-
-# -- cels simulate ---------------------------------------------------------------------------
+from cels.releases import release_kind
+from cels.reports import release_note_path, write_reports
 
 
 def output_suffix(path: Path | None) -> str:
@@ -462,7 +242,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file; give a directory")
     options = simulate_options(args, args.parties)
-    if engine_options(args, {}).kind == "ray" and importlib.util.find_spec("ray") is None:  # before any node starts
+    engine = engine_options(args, {})
+    if engine.kind == "ray" and importlib.util.find_spec("ray") is None:  # before any node starts
         raise ValueError("--engine ray needs the ray extra (pip install 'cels[ray]')")
     warn_transformed(options, "cels simulate")
     if options.key_bits < DEFAULT_KEY_BITS:
@@ -489,34 +270,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         events = log.records() if args.input is None else list(iter_records(args.input, input_options(args)))
         shares, fmt_args = split_records_by_user(events, args.parties), ["--format", "aol"]
     try:
-        flags = {party: engine_argv(args) + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
+        flags = {party: engine.argv() + seed_argv(args) for party in options.parties} | {options.solver: seed_argv(args)}
         report = run_nodes(shares, options, args.out, suffix, fmt_args, report_path, extra, args.record_view, stock, node_flags=flags, force=args.force)
     except SessionAborted as exc:
         print(f"cels simulate: {exc} (node logs in {node_log_dir(report_path)})", file=sys.stderr)
         return 1
     took = f"cels simulate took {time.perf_counter() - t0:.1f} s in all (reading and splitting the input, starting the nodes and their keys, the session)"
     return release_notes(report, output, report_path, took)
-
-
-def dp_summary(report: dict[str, Any]) -> str:
-    """One human line about a DP histogram (``--release dp``)."""
-    p, r = report["privacy"], report["release"]
-    seeded = " -- SEEDED, NOT PRIVATE: do not publish" if p.get("reproducible_seed") else ""
-    return (
-        f"released {r['items']} items with noisy distinct-user counts (threshold tau = {r['threshold']}, at most "
-        f"{items_words(p['items'])} a user); ({p['epsilon']:g}, {p['delta']:g})-DP end to end against recipients{seeded}; "
-        f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages"
-    )
-
-
-def summary(report: dict[str, Any]) -> str:
-    """One human line about a distributed release."""
-    from cels.cli.sanitize import guarantee_word
-
-    s, u, p = report["solver"], report["utility"], report["privacy"]
-    return (
-        f"released |O| = {s.get('integer_total')} "
-        + (f"(LP bound {s['max_output_lp']:.1f}), " if "max_output_lp" in s else f"(private solve, {s.get('rounds')} rounds), ")
-        + f"{utility_words(u)}; b = {p['b']:.4g} (eps {p['epsilon']}, delta {p['delta']}), {guarantee_word(p)}; "
-        f"{report['bytes_total'] / 1e6:.2f} MB of protocol messages ({report['wire']['bytes_total'] / 1e6:.2f} MB on the wire)"
-    )

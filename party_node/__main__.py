@@ -65,7 +65,7 @@ def start(argv: Sequence[str] | None):
     policy = PartyPolicy.of(config.policy, args)
     log = logging.getLogger("cels.party")
     path, options = data_source(args, config.extra)
-    if not (path.is_file() or (options.format == "parquet" and path.is_dir())):  # a Parquet dataset is a directory
+    if not options.log_format.exists(path):  # a Parquet dataset is a directory
         raise ValueError(f"data file {path} does not exist")
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
     engine = open_engine(engine_options(args, config.engine))  # once per node: an unreachable Ray cluster refuses the node

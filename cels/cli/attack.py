@@ -9,7 +9,8 @@ import sys
 
 from cels.fileio import atomic_write_json
 from cels.crypto.key_sizes import PAPER_KEY_BITS as PAPER_BITS
-from cels.logs.options import FORMATS, LoadOptions, parse_columns
+from cels.logs.formats import FORMATS, parse_columns
+from cels.logs.options import LoadOptions
 from cels.mechanism.defaults import OBJECTIVES
 from cels.protocol.options import SOLVE_MODES
 

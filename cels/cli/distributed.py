@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_force_argument, add_option_arguments, add_seed_argument, delimiter, single_holder_arguments
 from cels.engine.options import add_engine_arguments
-from cels.logs.options import FORMATS
+from cels.logs.formats import FORMATS
 
 if TYPE_CHECKING:
     from cels.protocol.options import SessionOptions

@@ -28,7 +28,8 @@ from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_release_reason, lenient_n
 from cels.fileio import check_output_paths
 from cels.baselines import BASELINES
 from cels.baselines.base import Baseline
-from cels.logs.options import FORMATS, LoadOptions, parse_columns
+from cels.logs.formats import FORMATS, log_format
+from cels.logs.options import LoadOptions
 from cels.logs.textio import ENCODING
 from cels.reports import default_operator_path, release_note_path, write_reports
 
@@ -174,7 +175,7 @@ def input_options(args: argparse.Namespace) -> LoadOptions:
     """How to read the input, as the flags describe it."""
     return LoadOptions(
         format=args.format,
-        columns=parse_columns(args.columns, by_name=args.format == "parquet") if args.columns else None,
+        columns=log_format(args.format).parse_columns(args.columns) if args.columns else None,
         header=False if args.no_header else None,
         lenient=args.lenient,
         delimiter=args.delimiter,

@@ -22,6 +22,7 @@ from cels.cli.run import node_log_dir, operator_path, release_notes, warn_transf
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS
 from cels.engine.options import engine_options
 from cels.fileio import check_output_paths
+from cels.logs.formats import log_format
 from cels.logs import LogRecord, SearchLog, iter_records, split_records_by_user, synthetic_log, write_log, write_records
 from cels.node.client import Controller, SessionAborted, node_statuses, run_on_nodes, wait_for_stock
 from cels.node.cluster import LOOPBACK, LocalCluster, PhaseCpu, free_port, peer_args, python_module, tls_args
@@ -250,14 +251,15 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"cels simulate: WARNING: {options.key_bits}-bit Paillier keys are NOT secure (paper reproduction only)", file=sys.stderr)
     stock = session_stock(args, options)
     t0 = time.perf_counter()
+    fmt = log_format(args.format or "aol")  # the embedded log is AOL
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
     else:  # read before --out is made: a bad input leaves nothing behind
-        if not (args.input.is_file() or (args.format == "parquet" and args.input.is_dir())):
+        if not fmt.exists(args.input):
             raise ValueError(f"--input {args.input} does not exist")
         print(f"reading {args.input} ...", file=sys.stderr, flush=True)
         log, fmt_args = load_input(args), input_flags(args)
-    suffix = ".parquet" if args.format == "parquet" else output_suffix(args.input)
+    suffix = fmt.release_suffix or output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / release_kind(options).output_name(suffix)
     report_path = operator_path(args.report, output, options.session_id)

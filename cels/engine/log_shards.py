@@ -37,6 +37,7 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
 from cels.logs.model import SearchLog, pair_total_error
 from cels.logs.records import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair
+from cels.logs.formats import PARQUET
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import ParquetReader, RowGroup, load_parquet
 from cels.logs.readers import LogFile
@@ -509,7 +510,7 @@ class ShardedLog:
         task to its shard through the object store."""
         given = self.source
         pairs = self.bound is None or self.bound.kinds.only_pairs
-        if isinstance(given, LogFile) and given.options.format == "parquet" and given.options.max_users is None and pairs:
+        if isinstance(given, LogFile) and given.options.log_format is PARQUET and given.options.max_users is None and pairs:
             reader = ParquetReader(given.path, given.options)
             task = read_row_groups.options(num_returns=self.shards + 1, max_retries=TASK_RETRIES, retry_exceptions=False)
             root, seeded = self.draws.root_bytes(), self.draws.seeded

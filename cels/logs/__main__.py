@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 
 from cels.logs.bench import bench_load
-from cels.logs.options import FORMATS, LoadOptions, parse_columns
+from cels.logs.formats import FORMATS, parse_columns
+from cels.logs.options import LoadOptions
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TextIO
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+from cels.logs.formats import LogFormat
 from cels.logs.model import SearchLog
 from cels.logs.records import LogError, LogRecord
 from cels.logs.options import LoadOptions, skip_or_raise
 from cels.logs.textio import read_bytes, undecodable
+from cels.logs.writers import released_rows
 
 HEADER_END = "% Sequences"
 _MAX_HEADER_LINES = 50
@@ -196,3 +199,35 @@ def load_msnbc(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
         parsed.source,
     )
 
+
+def records(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
+    """:meth:`LogFormat.records` of MSNBC."""
+    return iter_msnbc(path, options, source)
+
+
+def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
+    """:meth:`LogFormat.load` of MSNBC."""
+    return load_msnbc(path, options)
+
+
+def write_text(fmt: LogFormat, log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:
+    """An MSNBC log as text (:meth:`LogFormat.write_text`): the ``%`` header, then one line per
+    user with visits, each category repeated count times."""
+    categories = source.get("categories")
+    header = source.get("header_lines")
+    if not categories or not header:
+        raise ValueError("writing MSNBC needs source['categories'] and source['header_lines'] of an MSNBC input")
+    number = np.zeros(log.n_pairs, dtype=np.int64)
+    for i, (query, url) in enumerate(log.pairs):
+        if not (url.isascii() and url.isdigit() and 1 <= int(url) <= len(categories)):
+            raise ValueError(f"pair ({query!r}, {url!r}) is not an MSNBC category 1..{len(categories)}")
+        number[i] = int(url)
+    newline = source.get("newline", "\r\n")
+    for line in header:
+        out.write(line + newline)
+    written = 0
+    for _, cells in released_rows(log):
+        visits = sorted((int(number[i]), c) for i, c in cells)
+        out.write("".join(f"{k} " * c for k, c in visits) + newline)
+        written += 1
+    return written

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cels.logs.formats import LogFormat, log_format
 from cels.logs.records import MAX_LOG_TOTAL, LogError, LogRecord, normalise_query
 from cels.logs.textio import ENCODING, check_encoding
 
-FORMATS = ("aol", "msnbc", "tsv", "histogram", "parquet")
-COLUMN_NAMES = ("user", "query", "url", "count")
-REQUIRED_COLUMNS = ("user", "query", "url")
 SKIPPED_EXAMPLES = 5  # reasons kept in source["skipped_examples"] (and file:line:field in source["skipped_at"])
 
 
@@ -39,20 +36,13 @@ class LoadOptions:
     normalise: Callable[[str], str] = normalise_query
     encoding: str = ENCODING
 
+    @property
+    def log_format(self) -> LogFormat:
+        """The format object (cels.logs.formats)."""
+        return log_format(self.format)
+
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"unknown log format {self.format!r}; choose one of {', '.join(FORMATS)}")
-        if self.format == "tsv":
-            if self.columns is None:
-                raise ValueError("format 'tsv' needs a column mapping, e.g. user=1,query=2,url=4")
-            check_columns(self.columns)
-        elif self.format == "parquet":
-            if self.columns is not None:
-                check_columns(self.columns, by_name=True)
-            if codecs.lookup(self.encoding).name != "utf-8":
-                raise ValueError(f"Parquet strings are UTF-8; an encoding ({self.encoding!r}) is for the text formats only")
-        elif self.columns is not None:
-            raise ValueError(f"format {self.format!r} has fixed columns; a column mapping is for 'tsv' and 'parquet' only")
+        self.log_format.check(self.columns, self.encoding)
         if len(self.delimiter) != 1 or self.delimiter in "\r\n":
             raise ValueError(f"delimiter must be one character other than a line break, not {self.delimiter!r}")
         if self.max_users is not None and self.max_users < 1:
@@ -102,55 +92,6 @@ class Admission:
             return False
         self.total += total
         return True
-
-
-def check_columns(columns: dict[str, int] | dict[str, str], by_name: bool = False) -> None:
-    """Raise ValueError unless ``columns`` maps user, query, url (and maybe count) to distinct
-    columns: numbers >= 1, or (``by_name``) non-empty column names."""
-    unknown = sorted(set(columns) - set(COLUMN_NAMES))
-    if unknown:
-        raise ValueError(f"unknown column name(s) {', '.join(unknown)}; use {', '.join(COLUMN_NAMES)}")
-    missing = [name for name in REQUIRED_COLUMNS if name not in columns]
-    if missing:
-        raise ValueError(f"column mapping lacks {', '.join(missing)} (needs user, query and url)")
-    for name, col in columns.items():
-        if by_name:
-            if not isinstance(col, str) or not col:
-                raise ValueError(f"column {name}={col!r}: give the column's name")
-        elif not isinstance(col, int) or isinstance(col, bool) or col < 1:
-            raise ValueError(f"column {name}={col!r}: columns are numbered from 1")
-    if len(set(columns.values())) != len(columns):
-        raise ValueError(f"two names share one column in {format_columns(columns)}")
-
-
-def parse_columns(spec: str, by_name: bool = False) -> dict[str, int] | dict[str, str]:
-    """``"user=1,query=2,url=4[,count=N]"`` -> ``{"user": 1, "query": 2, "url": 4, ...}`` (1-based);
-    ``by_name`` (Parquet): ``"user=AnonID,query=Query,url=ClickURL"`` -> column names."""
-    columns: dict = {}
-    for item in spec.split(","):
-        name, sep, number = item.strip().partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise ValueError(f"column mapping {spec!r}: {item.strip()!r} is not name=number")
-        if name in columns:
-            raise ValueError(f"column mapping {spec!r}: {name} given twice")
-        if by_name:
-            columns[name] = number.strip()
-            continue
-        try:
-            columns[name] = int(number.strip())
-        except ValueError:
-            raise ValueError(f"column mapping {spec!r}: {name}={number.strip()!r} is not a column number") from None
-    try:
-        check_columns(columns, by_name)
-    except ValueError as exc:
-        raise ValueError(f"column mapping {spec!r}: {exc}") from None
-    return columns
-
-
-def format_columns(columns: dict[str, int] | dict[str, str]) -> str:
-    """Inverse of :func:`parse_columns`."""
-    return ",".join(f"{name}={col}" for name, col in columns.items())
 
 
 def default_data_dir() -> Path:

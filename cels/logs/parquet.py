@@ -17,10 +17,11 @@ import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
+from cels.logs.formats import HISTOGRAM, LogFormat
 from cels.logs.model import HistogramBuilder, SearchLog
 from cels.logs.records import MAX_COUNT, LogError, LogRecord
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
@@ -302,3 +303,22 @@ def write_parquet(log: SearchLog, path: str | os.PathLike[str], source: dict | N
             ]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=row_group_rows)
     return int(len(data))
+
+
+def records(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
+    """:meth:`LogFormat.records` of Parquet."""
+    reader = ParquetReader(path, options)
+    if source is not None:
+        source.update(reader.source)
+        reader.source = source
+    return reader.records()
+
+
+def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
+    """:meth:`LogFormat.load` of Parquet."""
+    return load_parquet(path, options)
+
+
+def write_text(fmt: LogFormat, log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:
+    """A Parquet log to a text path: a histogram TSV (user, query, url, count; docs/formats.md)."""
+    return HISTOGRAM.write_text(log, out, source, path)

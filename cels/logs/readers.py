@@ -16,62 +16,20 @@ from pathlib import Path
 
 from cels.logs.model import SearchLog, check_pair_totals
 from cels.logs.records import MAX_COUNT, LogError, LogRecord
-from cels.logs.msnbc import iter_msnbc, load_msnbc
-from cels.logs.parquet import ParquetReader, load_parquet
+from cels.logs.formats import Layout, LogFormat
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
 from cels.logs.textio import BOM, iter_lines, undecodable
 
-AOL_HEADER = ("AnonID", "Query", "QueryTime", "ItemRank", "ClickURL")
-HISTOGRAM_HEADER = ("user", "query", "url", "count")
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a delimited format keeps its fields: 0-based columns and the names errors use."""
-
-    columns: dict[str, int]
-    names: dict[str, str]
-    url_optional: bool = False  # AOL rows without a click may stop after QueryTime
-    max_fields: int | None = None
-    header: tuple[str, ...] = ()  # every column's name, where the format fixes them
-
-    def field_name(self, col: int) -> str:
-        """The name errors use for 0-based column ``col``."""
-        for name, c in self.columns.items():
-            if c == col:
-                return self.names[name]
-        return self.header[col] if col < len(self.header) else f"column {col + 1}"
-
-
-AOL_LAYOUT = Layout(
-    {"user": 0, "query": 1, "url": 4},
-    {"user": "AnonID", "query": "Query", "url": "ClickURL"},
-    url_optional=True,
-    max_fields=len(AOL_HEADER),
-    header=AOL_HEADER,
-)
-HISTOGRAM_LAYOUT = Layout(
-    {name: k for k, name in enumerate(HISTOGRAM_HEADER)}, {n: n for n in HISTOGRAM_HEADER}, header=HISTOGRAM_HEADER
-)
-
-
-def layout_of(options: LoadOptions) -> Layout:
-    if options.format == "aol":
-        return AOL_LAYOUT
-    if options.format == "histogram":
-        return HISTOGRAM_LAYOUT
-    assert options.columns is not None
-    return Layout({name: col - 1 for name, col in options.columns.items()}, {n: n for n in options.columns})
 
 
 class DelimitedReader:
     """Streams the records of one AOL / tsv / histogram file and fills ``source`` while reading."""
 
-    def __init__(self, path: str | os.PathLike[str], options: LoadOptions) -> None:
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions, layout: Layout) -> None:
         self.path = str(path)
         self.options = options
-        self.layout = layout_of(options)
+        self.layout = layout
         self.source: dict = {
             "format": options.format,
             "path": self.path,
@@ -130,8 +88,8 @@ class DelimitedReader:
         the count field is not a number; tsv without a count column: a header is assumed."""
         if self.options.header is not None:
             return self.options.header
-        if self.options.format == "aol":
-            return fields[0].strip() == AOL_HEADER[0]
+        if self.layout.header_mark is not None:
+            return fields[0].strip() == self.layout.header_mark
         col = self.layout.columns.get("count")
         if col is None:
             return True
@@ -177,13 +135,24 @@ def _is_number(text: str) -> bool:
 def iter_records(path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
     """The events of the log in file order (``url`` None for a query without a click);
     ``source``, if given, is filled as ``load_log``'s (skipped lines included) while reading."""
-    if options.format == "msnbc":
-        return iter_msnbc(path, options, source)
-    reader: DelimitedReader | ParquetReader = ParquetReader(path, options) if options.format == "parquet" else DelimitedReader(path, options)
+    return options.log_format.records(path, options, source)
+
+
+def records(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions, source: dict | None = None) -> Iterator[LogRecord]:
+    """The events of a delimited log (AOL, tsv, histogram: :meth:`LogFormat.records`)."""
+    reader = DelimitedReader(path, options, fmt.layout_for(options.columns))
     if source is not None:
         source.update(reader.source)
         reader.source = source
     return reader.records()
+
+
+def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
+    """The histogram of a delimited log (:meth:`LogFormat.load`)."""
+    reader = DelimitedReader(path, options, fmt.layout_for(options.columns))
+    log = SearchLog.from_records(reader.records())
+    log.source = reader.source
+    return log
 
 
 @dataclass(frozen=True)
@@ -201,14 +170,7 @@ class LogFile:
 
 def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:
     """The histogram c_ij of the log at ``path``; ``source`` records how to write it back."""
-    if options.format == "msnbc":
-        log = load_msnbc(path, options)
-    elif options.format == "parquet":
-        log = load_parquet(path, options)
-    else:
-        reader = DelimitedReader(path, options)
-        log = SearchLog.from_records(reader.records())
-        log.source = reader.source
+    log = options.log_format.load(path, options)
     if log.n_pairs == 0:
         raise LogError(str(path), None, None, f"no query-url pair in {path}")
     check_pair_totals(log, str(path))

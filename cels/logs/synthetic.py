@@ -26,6 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.fileio import atomic_write
+from cels.logs.formats import HISTOGRAM, HISTOGRAM_HEADER, PARQUET, log_format
 from cels.logs.model import SearchLog
 from cels.logs.writers import write_log
 
@@ -113,7 +114,6 @@ def write_synthetic(path: str | os.PathLike[str], seed: int = 7, users: int = 20
     return log
 
 
-HISTOGRAM_HEADER = "user\tquery\turl\tcount\n"
 WRITE_CHUNK = 1 << 18
 """Histogram rows built and written at a time by :meth:`SyntheticHistogram.write_shares`."""
 
@@ -154,18 +154,19 @@ class SyntheticHistogram:
         rows, atomically."""
         if not 1 <= parties <= self.users:
             raise ValueError(f"cannot split {self.users} users into {parties} parties")
-        if fmt not in ("histogram", "parquet"):
+        target = log_format(fmt)
+        if target not in (HISTOGRAM, PARQUET):
             raise ValueError(f"synthetic shares are written as histogram or parquet, not {fmt!r}")
         paths = []
         for k in range(parties):
             rows = np.flatnonzero(self.user % parties == k)
             chunks = (rows[start : start + WRITE_CHUNK] for start in range(0, len(rows), WRITE_CHUNK))
-            path = Path(directory) / f"party-{k + 1}.{'tsv' if fmt == 'histogram' else 'parquet'}"
-            if fmt == "parquet":
+            path = Path(directory) / f"party-{k + 1}{target.release_suffix or '.tsv'}"
+            if target is PARQUET:
                 self._write_parquet(path, chunks)
             else:
                 with atomic_write(path) as fh:
-                    fh.write(HISTOGRAM_HEADER)
+                    fh.write("\t".join(HISTOGRAM_HEADER) + "\n")
                     for chunk in chunks:
                         fh.write("".join(f"{u}\t{q}\t{url}\t{c}\n" for u, q, url, c in zip(*self._rows_fields(chunk))))
             paths.append(path)

@@ -1,7 +1,9 @@
 """Writers: a (sanitized) histogram back in its input's format, written atomically.
 
 Rows with count 0 (pairs the mechanism suppressed) are not written.  Values are written as
-stored (queries normalised, urls stripped), in UTF-8 whatever the input's encoding.
+stored (queries normalised, urls stripped), in UTF-8 whatever the input's encoding.  What a
+format's text looks like is its object's (cels.logs.formats.LogFormat.write_text); the rows
+and the MSNBC lines are written here.
 """
 
 from __future__ import annotations
@@ -10,13 +12,10 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import TextIO
 
-import numpy as np
-
 from cels.logs.model import SearchLog
 from cels.logs.records import LogRecord
-from cels.logs.options import FORMATS
+from cels.logs.formats import AOL_HEADER, LogFormat, log_format
 from cels.logs.parquet import is_parquet, write_parquet
-from cels.logs.readers import AOL_HEADER, HISTOGRAM_HEADER
 from cels.logs.textio import open_text_output
 
 
@@ -39,22 +38,24 @@ def write_log(log: SearchLog, path: str | os.PathLike[str], source: dict | None 
     Parquet log to any other path as a histogram TSV (``user query url count``).
     """
     source = log.source if source is None else source
-    fmt = source.get("format", "histogram")
-    if fmt not in FORMATS:
-        raise ValueError(f"cannot write format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    fmt = log_format(source.get("format", "histogram"))
     if is_parquet(path):
         return write_parquet(log, path, source)
-    if fmt == "parquet":
-        fmt = "histogram"  # a Parquet log to a text path: user, query, url, count (docs/formats.md, Parquet)
-    with open_text_output(path, bom=bool(source.get("bom")) and fmt == "tsv") as out:
-        if fmt == "msnbc":
-            return _write_msnbc(log, out, source)
-        if fmt == "tsv":
-            return _write_tsv(log, out, source, path)
-        header = AOL_HEADER if fmt == "aol" else HISTOGRAM_HEADER
-        out.write("\t".join(header) + "\n")
-        columns = {"user": 0, "query": 1, "url": 4} if fmt == "aol" else {"user": 0, "query": 1, "url": 2, "count": 3}
-        return _write_rows(log, out, columns, len(header), "\t", "\n", path)
+    with open_text_output(path, bom=fmt.keeps_bom(source)) as out:
+        return fmt.write_text(log, out, source, path)
+
+
+def write_text(fmt: LogFormat, log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:
+    """A delimited log as text (:meth:`LogFormat.write_text`): its format's header and columns,
+    or a mapped log as it was read (its columns, header, delimiter and line ends)."""
+    if fmt.layout is None:
+        columns = {name: col - 1 for name, col in source["columns"].items()}
+        newline = source.get("newline", "\n")
+        if source.get("header") is not None:
+            out.write(source["header"] + newline)
+        return write_rows(log, out, columns, max(columns.values()) + 1, source.get("delimiter", "\t"), newline, path)
+    out.write("\t".join(fmt.layout.header) + "\n")
+    return write_rows(log, out, fmt.layout.columns, len(fmt.layout.header), "\t", "\n", path)
 
 
 def write_records(records: Iterable[LogRecord], path: str | os.PathLike[str]) -> int:
@@ -71,16 +72,7 @@ def write_records(records: Iterable[LogRecord], path: str | os.PathLike[str]) ->
     return written
 
 
-def _write_tsv(log: SearchLog, out: TextIO, source: dict, path: str | os.PathLike[str]) -> int:
-    columns = {name: col - 1 for name, col in source["columns"].items()}
-    delimiter = source.get("delimiter", "\t")
-    newline = source.get("newline", "\n")
-    if source.get("header") is not None:
-        out.write(source["header"] + newline)
-    return _write_rows(log, out, columns, max(columns.values()) + 1, delimiter, newline, path)
-
-
-def _write_rows(
+def write_rows(
     log: SearchLog,
     out: TextIO,
     columns: dict[str, int],
@@ -112,25 +104,3 @@ def _checked(value: str, delimiter: str, path: str | os.PathLike[str]) -> str:
     if delimiter in value or "\n" in value or "\r" in value:
         raise ValueError(f"cannot write {value!r} to {path}: it contains the delimiter or a line break")
     return value
-
-
-def _write_msnbc(log: SearchLog, out: TextIO, source: dict) -> int:
-    """The ``%`` header, then one line per user with visits: each category repeated count times."""
-    categories = source.get("categories")
-    header = source.get("header_lines")
-    if not categories or not header:
-        raise ValueError("writing MSNBC needs source['categories'] and source['header_lines'] of an MSNBC input")
-    number = np.zeros(log.n_pairs, dtype=np.int64)
-    for i, (query, url) in enumerate(log.pairs):
-        if not (url.isascii() and url.isdigit() and 1 <= int(url) <= len(categories)):
-            raise ValueError(f"pair ({query!r}, {url!r}) is not an MSNBC category 1..{len(categories)}")
-        number[i] = int(url)
-    newline = source.get("newline", "\r\n")
-    for line in header:
-        out.write(line + newline)
-    written = 0
-    for _, cells in released_rows(log):
-        visits = sorted((int(number[i]), c) for i, c in cells)
-        out.write("".join(f"{k} " * c for k, c in visits) + newline)
-        written += 1
-    return written

@@ -321,7 +321,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, Any]:
     """The data file and its LoadOptions from the flags over the ``[data]`` table."""
-    from cels.logs import LoadOptions, parse_columns
+    from cels.logs.formats import log_format
+    from cels.logs.options import LoadOptions
     from cels.logs.textio import ENCODING
 
     base = table.get("base", Path.cwd())
@@ -336,7 +337,7 @@ def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, 
     fmt = args.format or table.get("format", "aol")
     options = LoadOptions(
         format=fmt,
-        columns=parse_columns(columns, by_name=fmt == "parquet") if isinstance(columns, str) else columns,
+        columns=log_format(fmt).parse_columns(columns) if isinstance(columns, str) else columns,
         header=header,
         lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
         delimiter=args.delimiter or table.get("delimiter", "\t"),

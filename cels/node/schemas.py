@@ -20,7 +20,7 @@ from jsonschema.exceptions import ValidationError
 
 from cels.crypto.key_sizes import MIN_TEST_KEY_BITS
 from cels.engine.options import ENGINE_TABLE
-from cels.logs.options import FORMATS
+from cels.logs.formats import FORMATS
 from cels.node.policy import POLICY_TABLE
 from cels.protocol.options import OPTIONS, Option
 

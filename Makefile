@@ -52,11 +52,12 @@ lock:
 	build/lock-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
 		-o deploy/lock/core.txt pyproject.toml
 
-## make audit-deps: pip-audit over both locks (PyPI's advisories; a version PyPI does not know is
-## reported as not audited)
+## make audit-deps: pip-audit over each lock (PyPI's advisories; a version PyPI does not know is
+## reported as not audited; one run per lock: pip-audit refuses a package pinned in two files)
 audit-deps:
 	test -x build/lock-tools/bin/pip-audit || { $(PYTHON) -m venv build/lock-tools && build/lock-tools/bin/pip install --quiet pip-tools pip-audit; }
-	build/lock-tools/bin/pip-audit --disable-pip --no-deps --progress-spinner off -r deploy/lock/test.txt -r deploy/lock/image.txt
+	for lock in deploy/lock/test.txt deploy/lock/image.txt deploy/lock/core.txt; do \
+		build/lock-tools/bin/pip-audit --disable-pip --no-deps --progress-spinner off -r $$lock || exit 1; done
 
 ## make test: the whole test suite (real-data tests read $$CELS_DATA, default ../shared/data)
 test: $(STAMP)

@@ -5,7 +5,7 @@ default) runs the work in the node's process (:class:`cels.protocol.work.InProce
 ``ray`` starts or joins the party's own Ray cluster once per node process and gives every
 session a :class:`cels.engine.ray_work.RayWork`.  ``ray`` is an optional extra, imported only
 here and only when asked for.  The protocol (cels.protocol) never sees the engine: it talks
-to a :class:`cels.protocol.work.LocalWork`.  Each name is imported from its module on first
+to a :class:`cels.protocol.work.PartyWork`.  Each name is imported from its module on first
 use (:mod:`cels.lazy`): the settings' flags load no engine.
 """
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
-from cels.protocol.work import InProcessWork, ItemBound, LocalWork
+from cels.protocol.work import InProcessWork, ItemBound, PartyWork
 
 
 class InProcessEngine:
@@ -17,14 +17,14 @@ class InProcessEngine:
     def check(self) -> None:
         """This process is always there."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> LocalWork:
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> PartyWork:
         return InProcessWork(log, cap, draws, bound)
 
-    def usage(self, work: LocalWork) -> dict[str, Any]:
+    def usage(self, work: PartyWork) -> dict[str, Any]:
         """Everything ran in the node's process (its peak RSS is the node's)."""
         return {"kind": "local"}
 
-    def release(self, work: LocalWork) -> None:
+    def release(self, work: PartyWork) -> None:
         """Nothing of a session outlives it outside the node's process."""
 
     def close(self) -> None:

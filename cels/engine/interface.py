@@ -12,27 +12,27 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.inprocess import InProcessEngine
 from cels.engine.options import EngineOptions
 from cels.logs.model import SearchLog
-from cels.protocol.work import ItemBound, LocalWork
+from cels.protocol.work import ItemBound, PartyWork
 
 
 class Engine(Protocol):
-    """Builds each session's :class:`LocalWork` over the party's log (capped at ``cap``), drawing
+    """Builds each session's :class:`PartyWork` over the party's log (capped at ``cap``), drawing
     from the party's session keys ``draws``."""
 
     def check(self) -> None:
         """A session starts: the engine can take its work, or a
         :class:`cels.protocol.roles.Refusal` refuses the session before anything is loaded."""
 
-    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> LocalWork:
+    def work(self, log: SearchLog | Callable[[], SearchLog], cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> PartyWork:
         """A session's work over ``log`` (capped at ``cap``; ``bound``: the DP release's contribution bound)."""
         ...
 
-    def usage(self, work: LocalWork) -> dict[str, Any]:
+    def usage(self, work: PartyWork) -> dict[str, Any]:
         """The engine, and what a session's ``work`` used outside the node's process (peak
         RSS, CPU seconds), for the node's per-session summary (``cels status``)."""
         ...
 
-    def release(self, work: LocalWork) -> None:
+    def release(self, work: PartyWork) -> None:
         """A session ended: what its ``work`` holds outside the node's process goes."""
 
     def close(self) -> None:

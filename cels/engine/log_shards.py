@@ -34,7 +34,7 @@ import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
+from cels.engine.ray_common import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
 from cels.logs.model import SearchLog, pair_total_error
 from cels.logs.records import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair
 from cels.logs.formats import PARQUET
@@ -44,7 +44,7 @@ from cels.logs.readers import LogFile
 from cels.mechanism.conditions import apply_cap
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.chunked import chunks
-from cels.protocol.sorted_union import PART_CALLS, RangedUnion, UnionPart, part_of
+from cels.protocol.variable_index import PART_CALLS, IndexPart, RangedIndex, part_of
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, user_digests
 from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
@@ -222,7 +222,7 @@ class LogShard(ShardState):
         self.handed: dict[str, np.ndarray] = {}  # arrays set aside for the node, which takes them in slices
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
-        self.union_part: UnionPart | None = None  # P_1: its key range of the sorted union (cels.protocol.sorted_union)
+        self.union_part: IndexPart | None = None  # P_1: its key range of the sorted union (cels.protocol.variable_index)
 
     def add(self, piece: LogPiece) -> int:
         """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
@@ -308,7 +308,7 @@ class LogShard(ShardState):
         ]  # fmt: skip
 
     def keep_keys(self, own: np.ndarray, keys: np.ndarray) -> None:
-        """Returned union keys of its key range (cels.protocol.sorted_union.part_of), each
+        """Returned union keys of its key range (cels.protocol.variable_index.part_of), each
         with the own pair it is of (a slice: :func:`in_slices`)."""
         self.kept.append((own, keys))
 
@@ -382,10 +382,10 @@ class LogShard(ShardState):
 
     def begin_union(self, width: int) -> None:
         """P_1: an empty part of the sorted union, for ``width``-byte union keys."""
-        self.union_part = UnionPart(width)
+        self.union_part = IndexPart(width)
 
     def union(self, method: str, args: tuple):
-        """P_1: ``method`` of this shard's :class:`UnionPart` (one of cels.protocol.sorted_union.PART_CALLS)."""
+        """P_1: ``method`` of this shard's :class:`IndexPart` (one of cels.protocol.variable_index.PART_CALLS)."""
         if method not in PART_CALLS:
             raise ValueError(f"not a union part's call: {method!r}")
         answer = getattr(self.union_part, method)(*args)
@@ -496,7 +496,7 @@ class ShardedLog:
 
     def take_handed(self, arrays: Sequence[tuple[int, str, int, np.dtype]]) -> list[np.ndarray]:
         """Arrays the log shards set aside for the node (``LogShard.handed``), each given as
-        (shard, name, length, type), asked in slices at once (cels.engine.workers.fetch: no
+        (shard, name, length, type), asked in slices at once (cels.engine.ray_common.fetch: no
         object store pages in the node)."""
         refs = [fetch(self.actors[s], name, length, dtype) for s, name, length, dtype in arrays]
         got = iter(self.get([ref for array in refs for ref in array]))
@@ -539,7 +539,7 @@ class ShardedLog:
 
     def keep_returned(self, first: int, keys: np.ndarray) -> None:
         """Own ids ``first``.. came back (own numbering = the order they left): each union key
-        to the log shard of its key range (cels.protocol.sorted_union.part_of), with its own
+        to the log shard of its key range (cels.protocol.variable_index.part_of), with its own
         pair, in slices; the node keeps none."""
         self.key_type, part = keys.dtype, part_of(keys, self.shards)
         for t, actor in enumerate(self.actors):
@@ -610,13 +610,13 @@ class ShardedLog:
             held = self.held_pairs[s]
             yield tuple(self.take_handed([(s, "columns", held, column_type(n)), (s, name, held, kind)]))
 
-    def union(self, width: int) -> RangedUnion:
-        """P_1's sorted union split by key range over the log shards (cels.protocol.sorted_union):
+    def union(self, width: int) -> RangedIndex:
+        """P_1's sorted union split by key range over the log shards (cels.protocol.variable_index):
         the node holds none of its keys."""
         self.get([a.begin_union.remote(width) for a in self.actors])
 
         def call(calls: list[tuple[int, str, tuple]]) -> list:
-            """Each part's answer; a set's keys go in slices (cels.engine.workers.in_slices), in order."""
+            """Each part's answer; a set's keys go in slices (cels.engine.ray_common.in_slices), in order."""
             asked = [
                 [self.actors[s].union.remote(method, args)] if method != "add"
                 else [self.actors[s].union.remote(method, (args[0], args[1][lo:hi])) for lo, hi in in_slices(len(args[1]), args[1].itemsize)]
@@ -625,7 +625,7 @@ class ShardedLog:
             answers = iter(self.get([ref for refs in asked for ref in refs]))
             return [[next(answers) for _ in refs][-1] for refs in asked]
 
-        return RangedUnion(call, self.shards)
+        return RangedIndex(call, self.shards)
 
     def counts_over(self, active: np.ndarray) -> sp.csr_matrix:
         """The users' counts over the ``active`` pairs (users x active: few pairs, the rest being
@@ -646,7 +646,7 @@ class ShardedLog:
         return names
 
     def items(self, columns: np.ndarray) -> list[bytes]:
-        """The DP release: the encoded pair of each own column (cels.protocol.work.LocalWork.items)."""
+        """The DP release: the encoded pair of each own column (cels.protocol.work.PartyWork.items)."""
         names = self.pair_names(columns)
         return [encode_item(*names[c]) for c in columns.tolist()]
 
@@ -663,7 +663,7 @@ class ShardedLog:
 
 
 class ShardedLogWork:
-    """The calls of :class:`cels.protocol.work.LocalWork` that a party's sharded log answers
+    """The calls of :class:`cels.protocol.work.PartyWork` that a party's sharded log answers
     by itself (:class:`ShardedLog`, made at the load): cels.engine.ray_work.RayWork has them."""
 
     log: ShardedLog | None
@@ -676,7 +676,7 @@ class ShardedLogWork:
     def user_draws(self) -> BucketDraws:
         return self.log.user_draws
 
-    def union(self, width: int) -> RangedUnion:
+    def union(self, width: int) -> RangedIndex:
         return self.log.union(width)
 
     def keep_returned(self, first: int, keys: np.ndarray) -> None:

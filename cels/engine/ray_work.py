@@ -48,7 +48,7 @@ starts, not per session (:class:`ShardPool`, docs/deployment.md "Warm shards"): 
 borrows the idle actors and hands them back, reset, when it ends.
 
 P_1's sorted union of the complete id sets (the index) is split by key range over the log
-shards (cels.protocol.sorted_union.RangedUnion).
+shards (cels.protocol.variable_index.RangedIndex).
 
 What stays in the node's process: no row of the log and no union key but its own; every
 user's draw bucket (the party's draw order), per own pair the log shard that hashes it, the
@@ -85,7 +85,7 @@ from cels.crypto.groups import SafePrimeGroup
 from cels.crypto.ec_hash import X25519Hash
 from cels.crypto.streams import DrawKeys
 from cels.engine.log_shards import LogShard, ShardedLog, ShardedLogWork, on_party_rows
-from cels.engine.workers import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
+from cels.engine.ray_common import TASK_RETRIES, WORKER_LOST, ShardState, worker_peak_rss
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.ray_trust import private_dir, refuse_open_cluster, require_token_auth
 from cels.engine.reaper import SETTLE_SECONDS, watch
@@ -506,7 +506,7 @@ class ShardPool:
     of its own (spread as a session's would be), so that a session starts no actor process:
     each costs about 1 s of CPU to start and import numpy, scipy and pyarrow (measured:
     docs/deployment.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
-    when it ends (:meth:`give_back`): each is reset (:meth:`cels.engine.workers.ShardState.reset`)
+    when it ends (:meth:`give_back`): each is reset (:meth:`cels.engine.ray_common.ShardState.reset`)
     before the next session gets it.  One that another session holds is not waited for: the
     session makes its own, in its own group, as a node without a pool does."""
 
@@ -623,7 +623,7 @@ class ShardedSampler:
 
 
 class RayWork(ShardedLogWork):
-    """A party's :class:`cels.protocol.work.LocalWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.log_shards;
+    """A party's :class:`cels.protocol.work.PartyWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.log_shards;
     the DP release's ``bound`` applied there), the universe's pair work on tasks, the private solve's verdicts and the sampling on
     user-shard actors (module docstring).  ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is
     read by reader tasks, row group by row group; any other is read by the node and split).  Its shard actors are the node's warm

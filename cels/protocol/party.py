@@ -40,7 +40,7 @@ from cels.protocol.stages.transformed import TransformedSolve
 from cels.protocol.stages.union import Union, output_log
 from cels.protocol.stages.universe import Load, Universe, commutative_hash
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import InProcessWork, ItemBound, LocalWork
+from cels.protocol.work import InProcessWork, ItemBound, PartyWork
 
 SOLVES: dict[str, type[Solve]] = {"private": PrivateSolve, "transformed": TransformedSolve}
 """Phase 3 by the session's ``solve`` option."""
@@ -77,7 +77,7 @@ class PartyRole(SessionRole):
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
         decryption_pool: Executor | None = None,
         draws: DrawKeys | None = None,
-        work: LocalWork | None = None,
+        work: PartyWork | None = None,
         session_report: SessionReporter | None = None,
     ) -> None:
         super().__init__(name, options)
@@ -87,7 +87,7 @@ class PartyRole(SessionRole):
         self.seat = Seat(name, options, allow_insecure_key_bits)
         self.draws = draws if draws is not None else DrawKeys.fresh()
         bound = ItemBound.of(options)
-        self.work: LocalWork = work if work is not None else InProcessWork(log, options.cap, self.draws, bound)
+        self.work: PartyWork = work if work is not None else InProcessWork(log, options.cap, self.draws, bound)
         self.dummies = bound.dummies(self.draws) if bound is not None else []  # the DP release's padding of its id set
         self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
         # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, the union's

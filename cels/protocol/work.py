@@ -1,7 +1,7 @@
 """A party's heavy local work, behind one small interface (docs/protocol.md, "How a session lives").
 
 The phase machines of :mod:`cels.protocol.stages` never hold a party's users: they ask a
-:class:`LocalWork` for everything that runs over its rows -- hashing its pair ids, another
+:class:`PartyWork` for everything that runs over its rows -- hashing its pair ids, another
 layer of the commutative hash on a peer's ids, the per-pair vectors of the secure sums, the
 constraint rows, the private solve's verdicts, the sampling draws and the output records --
 and keep only what the protocol needs (vectors over pairs, bitmaps, id lists).  So a party
@@ -34,7 +34,7 @@ from cels.mechanism.item_kinds import ItemKinds
 from cels.mechanism.greedy import verdicts
 from cels.protocol.chunked import chunks
 from cels.protocol.sampling import StagedSampler, paper_trials
-from cels.protocol.sorted_union import UnionPart
+from cels.protocol.variable_index import IndexPart
 from cels.protocol.stages.results import LoadResult
 from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
 
@@ -167,8 +167,8 @@ def party_log(source: SearchLog | Callable[[], SearchLog] | LogFile, bound: Item
 
 
 class UnionIndex(Protocol):
-    """P_1's sorted union of the complete id sets (cels.protocol.sorted_union): a
-    :class:`UnionPart` in this process, or a ``RangedUnion`` over a cluster's shards."""
+    """P_1's sorted union of the complete id sets (cels.protocol.variable_index): a
+    :class:`IndexPart` in this process, or a ``RangedIndex`` over a cluster's shards."""
 
     def add(self, owner: str, keys: np.ndarray) -> None: ...
     def complete(self, owner: str) -> None: ...
@@ -177,7 +177,7 @@ class UnionIndex(Protocol):
     def close(self) -> None: ...
 
 
-class LocalWork(Protocol):
+class PartyWork(Protocol):
     """What a phase machine asks of the party's rows (users x pairs, c_ij capped)."""
 
     def load(self) -> LoadResult:
@@ -322,8 +322,8 @@ class InProcessWork:
     def apply_layer(self, cipher: CommutativeHash, ids: np.ndarray) -> np.ndarray:
         return id_array(cipher.apply(id_list(ids)), id_width(cipher))
 
-    def union(self, width: int) -> UnionPart:
-        return UnionPart(width)
+    def union(self, width: int) -> IndexPart:
+        return IndexPart(width)
 
     def index(self, n: int) -> np.ndarray:
         own, columns = self.sent, self.columns

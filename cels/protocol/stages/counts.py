@@ -15,7 +15,7 @@ from cels.protocol.roles import Outgoing
 from cels.protocol.stages.results import CountsResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, UNIQUE_SUM, SumRing
-from cels.protocol.work import LocalWork, smallest
+from cels.protocol.work import PartyWork, smallest
 
 
 class Counts(Stage):
@@ -23,7 +23,7 @@ class Counts(Stage):
 
     phase = Phase.COUNTS
 
-    def __init__(self, seat: Seat, work: LocalWork, sums: SumRing, universe: UniverseResult) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, sums: SumRing, universe: UniverseResult) -> None:
         super().__init__(seat)
         self.work, self.sums, self.n = work, sums, universe.n
         self.local_counts: np.ndarray | None = universe.local_counts  # c^k, until its sum takes it

@@ -27,13 +27,13 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, addressed, fail, malformed
 from cels.protocol.chunked import chunks
-from cels.protocol.sorted_union import UnionPart, increasing
+from cels.protocol.variable_index import IndexPart, increasing
 from cels.protocol.stages.results import UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import INDEX_PADDING, ItemBound, LocalWork
+from cels.protocol.work import INDEX_PADDING, ItemBound, PartyWork
 
 
 def release_threshold(options: SessionOptions) -> int:
@@ -61,7 +61,7 @@ class NoisyCounts(Stage):
 
     phase = Phase.COUNTS
 
-    def __init__(self, seat: Seat, work: LocalWork, sums: SumRing, universe: UniverseResult, draws: DrawKeys) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, sums: SumRing, universe: UniverseResult, draws: DrawKeys) -> None:
         super().__init__(seat)
         self.work, self.sums, self.n = work, sums, universe.n
         self.local_counts: np.ndarray | None = universe.local_counts
@@ -100,7 +100,7 @@ class DpAggregator:
     def __init__(self, name: str, options: SessionOptions, key_width: int, draws: DrawKeys) -> None:
         self.name, self.options = name, options
         self.parties = list(options.parties)
-        self.union = UnionPart(key_width)
+        self.union = IndexPart(key_width)
         self.key_width = key_width
         self.rng = CipherRandom(generator=draws.stream(INDEX_PADDING))
         self.sets: dict[str, int] = {}  # each party's complete set size, once whole

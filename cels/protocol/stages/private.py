@@ -18,7 +18,7 @@ from cels.protocol.stages.seat import Seat
 from cels.protocol.stages.solve import Solve
 from cels.protocol.stages.sums import MaskedSums, PaillierSetup, SumTotal
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import LocalWork
+from cels.protocol.work import PartyWork
 
 
 class PrivateSolve(Solve):
@@ -26,7 +26,7 @@ class PrivateSolve(Solve):
 
     phase = Phase.SOLVE
 
-    def __init__(self, seat: Seat, work: LocalWork, sums: MaskedSums, counts: CountsResult, rng: np.random.Generator) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, sums: MaskedSums, counts: CountsResult, rng: np.random.Generator) -> None:
         super().__init__(seat, work, sums, counts, rng)
         options = seat.options
         scale = noise_scale(options.noise_epsilon, options.sensitivity) if options.noise_epsilon is not None else None

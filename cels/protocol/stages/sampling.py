@@ -15,7 +15,7 @@ from cels.protocol.sampling import StagedSampler
 from cels.protocol.stages.results import CountsResult, SamplingResult, SolveResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import SumRing, sampling_sum
-from cels.protocol.work import LocalWork
+from cels.protocol.work import PartyWork
 
 
 class Sampling(Stage):
@@ -24,7 +24,7 @@ class Sampling(Stage):
     phase = Phase.SAMPLING
 
     def __init__(
-        self, seat: Seat, work: LocalWork, sums: SumRing, counts: CountsResult, solved: SolveResult
+        self, seat: Seat, work: PartyWork, sums: SumRing, counts: CountsResult, solved: SolveResult
     ) -> None:
         super().__init__(seat)
         self.work, self.sums, self.counts, self.solved = work, sums, counts, solved

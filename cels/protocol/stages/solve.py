@@ -17,13 +17,13 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import CountsResult, SolveResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import PaillierSetup, SumRing, SumTotal
-from cels.protocol.work import LocalWork
+from cels.protocol.work import PartyWork
 
 
 class Solve(Stage, ABC):
     """Phase 3 on one party: ``result`` is the checked x (:class:`SolveResult`)."""
 
-    def __init__(self, seat: Seat, work: LocalWork, sums: SumRing, counts: CountsResult, rng: np.random.Generator) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, sums: SumRing, counts: CountsResult, rng: np.random.Generator) -> None:
         super().__init__(seat)
         self.work, self.sums, self.counts, self.rng = work, sums, counts, rng
 

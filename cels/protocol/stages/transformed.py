@@ -21,7 +21,7 @@ from cels.protocol.stages.solve import Solve
 from cels.protocol.stages.sums import PaillierSetup, PaillierSums, SumTotal
 from cels.protocol.transform import agreed_ell, share_packings, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
-from cels.protocol.work import LocalWork
+from cels.protocol.work import PartyWork
 
 MAX_SOLUTION_COUNT = 2**53
 """The largest count x_i a solution may give: exact in int64 and in the float64 check of the
@@ -34,7 +34,7 @@ class TransformedSolve(Solve):
 
     phase = Phase.NLP
 
-    def __init__(self, seat: Seat, work: LocalWork, sums: PaillierSums, counts: CountsResult, rng: np.random.Generator) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, sums: PaillierSums, counts: CountsResult, rng: np.random.Generator) -> None:
         super().__init__(seat, work, sums, counts, rng)
         self.paillier = sums
         self.nlp_key: paillier.PublicKey | None = None

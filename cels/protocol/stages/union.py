@@ -15,7 +15,7 @@ from cels.protocol.roles import Envelope, Outgoing, malformed
 from cels.protocol.secure_union import SecureUnion
 from cels.protocol.stages.results import CountsResult, LoadResult, SamplingResult, UnionResult
 from cels.protocol.stages.seat import Seat, Stage
-from cels.protocol.work import LocalWork
+from cels.protocol.work import PartyWork
 
 
 def union_record(data: bytes) -> LogRecord:
@@ -44,7 +44,7 @@ class Union(Stage):
 
     phase = Phase.UNION
 
-    def __init__(self, seat: Seat, work: LocalWork, counts: CountsResult, sampled: SamplingResult, rng: np.random.Generator) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, counts: CountsResult, sampled: SamplingResult, rng: np.random.Generator) -> None:
         super().__init__(seat)
         self.work, self.counts, self.sampled, self.rng = work, counts, sampled, rng
         self.union: SecureUnion | None = None

@@ -9,8 +9,8 @@ Every list travels in chunks of at most :data:`STREAM_IDS` (docs/protocol.md, "U
 forwarding party applies its layer to each chunk as it arrives and sends it on before any
 chunk of its own, so it never holds a peer's whole list, and an owner has at most
 :data:`RING_WINDOW` chunks in the ring (docs/protocol.md, "Flow around the ring").  A
-party's own ids are hashed as its first hop drains (``LocalWork.hashed_ids``), their
-returned union keys are kept where its work runs (``LocalWork.keep_returned``) and leave
+party's own ids are hashed as its first hop drains (``PartyWork.hashed_ids``), their
+returned union keys are kept where its work runs (``PartyWork.keep_returned``) and leave
 sorted a chunk at a time, and the index's columns go back there: this machine holds no list
 of the party's ids.  Ids are fixed-width numpy arrays, not Python bytes.
 
@@ -40,11 +40,11 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.rolebase import Overreach, RoleFailure
 from cels.protocol.roles import Outgoing, Stream, fail, malformed
-from cels.protocol.sorted_union import increasing
+from cels.protocol.variable_index import increasing
 from cels.protocol.stages.results import LoadResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, LocalWork, id_array, id_width
+from cels.protocol.work import CommutativeHash, PartyWork, id_array, id_width
 
 
 STREAM_IDS = 16384
@@ -124,7 +124,7 @@ class Load(Stage):
 
     phase = Phase.LOAD
 
-    def __init__(self, seat: Seat, work: LocalWork) -> None:
+    def __init__(self, seat: Seat, work: PartyWork) -> None:
         super().__init__(seat)
         self.work = work
 
@@ -141,7 +141,7 @@ class Universe(Stage):
 
     phase = Phase.UNIVERSE
 
-    def __init__(self, seat: Seat, work: LocalWork, cipher: CommutativeHash, loaded: LoadResult, dummies: Sequence[bytes] = ()) -> None:
+    def __init__(self, seat: Seat, work: PartyWork, cipher: CommutativeHash, loaded: LoadResult, dummies: Sequence[bytes] = ()) -> None:
         """``dummies``: the DP release's dummy ids (encoded), sent after the own pairs' so that
         the set's size is DP; their columns are this machine's, not the work's."""
         super().__init__(seat)
@@ -301,7 +301,7 @@ class Universe(Stage):
     def _collect(self, owner: str) -> list[Outgoing | Stream]:
         """P_1: ``owner``'s set of fully hashed ids (their :func:`union_keys`, sorted, as every
         owner keeps and sends them; P_1's own sorted here) is whole, and merged into the sorted
-        union (the index of variables) where the work runs (cels.protocol.sorted_union); with
+        union (the index of variables) where the work runs (cels.protocol.variable_index); with
         every set in, P_1 tells every party the index size and the columns of that party's own
         ids, in the sorted order it sent them (docs/protocol.md).  Each set arrives once (its
         chunks' cursor refuses a second)."""

@@ -1,10 +1,10 @@
-"""P_1's sorted union of the complete id sets: the index of variables (CELS section 4.2;
-docs/protocol.md, "Universe streamed in chunks").
+"""The index of variables (CELS section 4.2; docs/protocol.md, "Universe streamed in chunks"):
+P_1's sorted union of the complete id sets.
 
 Every owner's complete set reaches P_1 as its union keys, sorted and distinct, in chunks.  A
-:class:`UnionPart` keeps a set's chunks until the set is complete, then merges it into its
+:class:`IndexPart` keeps a set's chunks until the set is complete, then merges it into its
 sorted union (a binary search and one insert) and keeps only where each set's keys sit.  A
-:class:`RangedUnion` splits the union by key range over several parts (the log shards of a
+:class:`RangedIndex` splits the union by key range over several parts (the log shards of a
 party on a Ray cluster, cels.engine.ray_work), so no part and not the node holds the whole of
 it: the keys are uniform, so each part holds about 1/P of them.  Plain numpy, no protocol.
 """
@@ -46,7 +46,7 @@ def moved(positions: np.ndarray, inserted: np.ndarray) -> np.ndarray:
     return positions + np.searchsorted(inserted, positions, side="right")
 
 
-class UnionPart:
+class IndexPart:
     """The sorted union of complete sets of ``width``-byte keys (or the part of it in one key
     range): each set's chunks, sorted and distinct across chunks (P_1's universe stage checks
     that), are kept until :meth:`complete`, then merged in."""
@@ -83,9 +83,9 @@ class UnionPart:
 
 
 PART_CALLS = frozenset({"add", "complete", "size", "columns", "close"})
-"""The :class:`UnionPart` methods a :class:`RangedUnion` calls where a part lives."""
+"""The :class:`IndexPart` methods a :class:`RangedIndex` calls where a part lives."""
 PartCall = Callable[[Sequence[tuple[int, str, tuple]]], list]
-"""Runs each (part, UnionPart method, arguments) where the part lives, and returns their results in order."""
+"""Runs each (part, IndexPart method, arguments) where the part lives, and returns their results in order."""
 
 
 def prefixes(keys: np.ndarray) -> np.ndarray:
@@ -111,8 +111,8 @@ def part_of(keys: np.ndarray, parts: int) -> np.ndarray:
     return np.searchsorted(range_starts(parts), prefixes(keys), side="right") - 1
 
 
-class RangedUnion:
-    """The sorted union split by key range over ``parts`` :class:`UnionPart`\\ s, which ``call``
+class RangedIndex:
+    """The sorted union split by key range over ``parts`` :class:`IndexPart`\\ s, which ``call``
     reaches: the whole union is the parts' unions one after another, so a key's column is
     its part's offset (the keys in the parts before) plus its position there.  The node
     keeps only how many keys of each set went to each part."""

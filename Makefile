@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test faults audit venv proto bench clean compose-test lock audit-deps
+.PHONY: demo test faults audit venv proto bench clean compose-test lock audit-deps docs
 
 LOCK = deploy/lock/test.txt
 
@@ -82,6 +82,10 @@ audit: $(STAMP)
 ## in containers on 127.0.0.1 sanitize 200 AOL users ($$CELS_DATA), the release audited, all torn down
 compose-test: $(STAMP)
 	PYTHON=$(abspath $(PY)) bash deploy/compose-test.sh
+
+## make docs: the docs as a site in build/site (MkDocs, strict: a broken link or anchor fails)
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict -f deploy/mkdocs.yml
 
 ## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
 proto: $(STAMP)

@@ -1,4 +1,4 @@
-"""Approval by a person (a party's policy ``approve = "manual"``; docs/deployment.md, "Approval by
+"""Approval by a person (a party's policy ``approve = "manual"``; docs/site-rules.md, "Approval by
 a person"): the sans-I/O host holds such a session with no role until its operator decides,
 and the initiator BEGINs no node before every awaited party has approved."""
 

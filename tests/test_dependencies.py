@@ -21,7 +21,7 @@ LOCKS = {name: REPO / "deploy" / "lock" / f"{name}.txt" for name in ("test", "im
 FIXED = {
     "pyarrow": ("14.0.1", "CVE-2023-47248: code execution when reading a Parquet file"),
     "cryptography": ("42.0.4", "CVE-2024-26130: a NULL dereference in PKCS#12 serialisation"),
-    "ray": ("2.52", "no token authentication before it (docs/deployment.md, 'Who may reach a party's Ray cluster')"),
+    "ray": ("2.52", "no token authentication before it (docs/ray.md, 'Who may reach a party's Ray cluster')"),
 }
 """Package -> the first release past a known vulnerability, and why."""
 

@@ -1,4 +1,4 @@
-"""A party's local work on its own Ray cluster (cels.engine; docs/deployment.md, "A party on a
+"""A party's local work on its own Ray cluster (cels.engine; docs/ray.md, "A party on a
 Ray cluster"): the same results as in one process for any number of user shards, a whole
 session on Ray, and the ``[engine]`` options' checks."""
 
@@ -348,7 +348,7 @@ def test_the_instance_a_node_starts_passes_a_chunk_in_the_call_and_runs_no_log_m
     """The Ray instance a node starts (address "local") runs with LOCAL_RAY_CONFIG: a result
     of a pair-work task of CHUNK_IDS 2048-bit ids (2 MiB) is held in the caller, not in the
     object store on a node, where one of 8 MiB still goes; and its log monitor is gone
-    (stop_log_monitor).  docs/deployment.md, "Where Ray's CPU goes"."""
+    (stop_log_monitor).  docs/ray.md, "Where Ray's CPU goes"."""
     chunk, large = _ids_of.remote(CHUNK_IDS * 256), _ids_of.remote(8 << 20)
     ray.wait([chunk, large], num_returns=2)
     where = ray.experimental.get_object_locations([chunk, large])

@@ -1,4 +1,4 @@
-"""A party on a real multi-node Ray cluster (issue 25; docs/deployment.md, "A party on a Ray
+"""A party on a real multi-node Ray cluster (issue 25; docs/ray.md, "A party on a Ray
 cluster"): a head and a second ``ray start --address`` node on 127.0.0.1 -- two raylets --
 joined by ``engine.address = "host:port"``.
 
@@ -98,7 +98,7 @@ def two_raylets(monkeypatch, ray_token):
     (a ``ray.init()`` of a new local instance, as in test_engine_ray, turns it on for the
     process with ``~/.ray/auth_token``), and a head would turn tokens on whenever that file
     exists; so the mode is set explicitly for the ray CLI and the party nodes
-    (a deployment sets RAY_AUTH_MODE=token everywhere, docs/deployment.md)."""
+    (a deployment sets RAY_AUTH_MODE=token everywhere, docs/ray.md)."""
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     # token authentication on (the ray_token fixture): a party's Ray cluster requires it; inherited by the CLI and the nodes
     temp_dir = tempfile.mkdtemp(prefix="cels-ray-")  # short: Ray's socket paths must fit 107 bytes

@@ -1,5 +1,5 @@
 """deploy/grafana/cels-dashboard.json asks Prometheus only for metrics the nodes export, and has
-a panel for each of them (docs/deployment.md, "Prometheus and Grafana")."""
+a panel for each of them (docs/monitoring.md, "Prometheus and Grafana")."""
 
 from __future__ import annotations
 

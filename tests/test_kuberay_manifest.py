@@ -1,5 +1,5 @@
 """deploy/kuberay/party-1.yaml: one party's own Ray cluster (KubeRay) and its party node as the
-driver (docs/deployment.md, "A party on a Ray cluster").  The manifest parses, its party TOML
+driver (docs/ray.md, "A party on a Ray cluster").  The manifest parses, its party TOML
 passes the node schema and names the head's service, and the cluster has one core per shard."""
 
 from __future__ import annotations

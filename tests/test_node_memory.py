@@ -1,4 +1,4 @@
-"""A node fixes glibc malloc's thresholds (cels.node.process.fix_malloc_thresholds; docs/deployment.md,
+"""A node fixes glibc malloc's thresholds (cels.node.process.fix_malloc_thresholds; docs/ray.md,
 "Memory of a node"): a block freed no longer raises the mmap threshold, so a later chunk-sized
 buffer is mapped (and given back when freed), not carved from a heap that keeps it."""
 

@@ -1,5 +1,5 @@
 """What an operator sees of real node processes: ``/metrics`` (Prometheus text format, on a port
-of its own, off by default) and ``cels status`` (docs/deployment.md, "Status" and "Metrics").
+of its own, off by default) and ``cels status`` (docs/monitoring.md, "Status" and "Metrics").
 
 One session (private solve, a 45-user synthetic log, 512-bit test keys) over 3 party node
 processes and a solver with mutual TLS: party-1 and the solver serve metrics, party-1 keeps a

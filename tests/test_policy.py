@@ -1,4 +1,4 @@
-"""A party's own rules (cels.node.policy; docs/deployment.md, "A party's policy"): checked at
+"""A party's own rules (cels.node.policy; docs/site-rules.md, "A party's policy"): checked at
 StartSession, before the engine, the budget or the log, refused with FAILED_PRECONDITION
 naming the rule."""
 
@@ -77,7 +77,7 @@ def test_flags_override_the_table_and_a_bad_value_is_refused_naming_the_rule() -
 
 
 def test_docs_show_the_policy_rules_as_they_are() -> None:
-    assert policy_table() in (REPO / "docs" / "deployment.md").read_text()
+    assert policy_table() in (REPO / "docs" / "site-rules.md").read_text()
     assert len(policy_table().splitlines()) == 2 + len(RULES)
 
 

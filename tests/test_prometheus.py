@@ -1,4 +1,4 @@
-"""The real Prometheus server scrapes real node processes (docs/deployment.md, "Prometheus and
+"""The real Prometheus server scrapes real node processes (docs/monitoring.md, "Prometheus and
 Grafana").
 
 Prometheus (Debian's package; .ci/run installs it) runs with a temporary configuration that

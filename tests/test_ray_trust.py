@@ -1,4 +1,4 @@
-"""A party's Ray cluster as a trust boundary (cels.engine.ray_trust; docs/deployment.md):
+"""A party's Ray cluster as a trust boundary (cels.engine.ray_trust; docs/ray.md):
 token authentication required, the node's own Ray directory private and removed."""
 
 from __future__ import annotations

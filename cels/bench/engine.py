@@ -1,5 +1,5 @@
 """``cels bench engine``: the same seeded release in process and on Ray with P user shards
-(docs/deployment.md, "A party on a Ray cluster"; issue 25's "same output").
+(docs/ray.md, "A party on a Ray cluster"; issue 25's "same output").
 
 One command runs the same seeded session (``--seed``: every party's draws replayed, so the
 release is NOT private) over node processes on 127.0.0.1, first with every party's work in

@@ -1,4 +1,4 @@
-"""The Ray engine's memory and speed targets (docs/deployment.md, "A party on a Ray cluster"),
+"""The Ray engine's memory and speed targets (docs/ray.md, "A party on a Ray cluster"),
 measured by ``cels bench scale --engine ray --shards P``: each target is a ratio of this run's
 figures against the stated threshold, with ``pass`` true, false, or None where this run has
 not the points it needs (``why`` says which).

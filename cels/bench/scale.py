@@ -12,7 +12,7 @@ phase (wall clock and busy), its bytes, every node's peak RSS and the offline / 
 A (solve, r) series runs from the smallest size up; a point that exceeds ``--point-time-limit``
 (default 30 min) or fails stops its series, and the larger sizes are recorded as skipped, with
 the fitted curve's extrapolation.  The fitted slope is the least-squares line of log(y) on
-log(pairs) over the points that ran (README, "Scale").
+log(pairs) over the points that ran (docs/performance.md, "Scale").
 
 With ``--engine ray --shards P`` (the flags of ``cels simulate``) every size also runs on the
 Ray engine -- each party node on its own Ray instance with P user shards -- and, for P > 1,

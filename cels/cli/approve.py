@@ -1,5 +1,5 @@
 """``cels approve`` / ``cels reject --config node.toml SESSION``: a party's operator decides on a
-session that waits for it (docs/deployment.md, "Approval by a person").
+session that waits for it (docs/site-rules.md, "Approval by a person").
 
 A party whose policy has ``approve = "manual"`` takes a session another party starts with
 nothing read and nothing reserved, until its operator decides here; ``cels status`` lists such

@@ -10,7 +10,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from cels.node.ledger import add_ledger_arguments
 
     parser = subparsers.add_parser(
-        "ledger", description="Show a party node's privacy budget ledger (docs/deployment.md, 'Privacy budget ledger')."
+        "ledger", description="Show a party node's privacy budget ledger (docs/site-rules.md, 'Privacy budget ledger')."
     )
     parser.add_argument("--config", type=Path, help="the party node's TOML file (its [node] name and [ledger] table)")
     add_ledger_arguments(parser)

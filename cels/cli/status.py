@@ -1,5 +1,5 @@
 """``cels status --config node.toml``: is a party or solver node serving, its sessions, a
-party's ledger, and whether each of its peers can be reached (docs/deployment.md, "Status").
+party's ledger, and whether each of its peers can be reached (docs/monitoring.md, "Status").
 
 The node is asked over its own mutual TLS with the certificate its TOML names (the node's own:
 whoever holds its key is its operator), through the gRPC health service and ``Status``.  Each
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
         description="Is a node serving, its sessions (running and recent, with outcome), a party's privacy budget "
-        "ledger, and can each of its peers be reached (docs/deployment.md, 'Status'). Exit 0 serving and every "
+        "ledger, and can each of its peers be reached (docs/monitoring.md, 'Status'). Exit 0 serving and every "
         "peer reachable, 1 the node is not serving or does not answer, 4 a peer cannot be reached, 2 bad configuration.",
     )  # fmt: skip
     parser.add_argument("--config", required=True, type=Path, help="the node's TOML file (party or solver)")

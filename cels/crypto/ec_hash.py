@@ -49,7 +49,7 @@ class X25519Hash:
 
     def scalar_bytes(self) -> bytes:
         """The raw secret scalar: how this key reaches the party's own workers, which rebuild it
-        with ``X25519Hash(scalar)`` (docs/deployment.md, "A party on a Ray cluster"); never a
+        with ``X25519Hash(scalar)`` (docs/ray.md, "A party on a Ray cluster"); never a
         pickled key object."""
         return self._key.private_bytes_raw()
 

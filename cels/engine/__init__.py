@@ -1,4 +1,4 @@
-"""Where a party's local work runs (docs/deployment.md, "A party on a Ray cluster").
+"""Where a party's local work runs (docs/ray.md, "A party on a Ray cluster").
 
 A party node picks its engine once, from its ``[engine]`` table or flags: ``local`` (the
 default) runs the work in the node's process (:class:`cels.protocol.work.InProcessWork`);

@@ -1,4 +1,4 @@
-"""The engine interface (docs/deployment.md, "A party on a Ray cluster"): what a party node asks
+"""The engine interface (docs/ray.md, "A party on a Ray cluster"): what a party node asks
 of the engine its ``[engine]`` table names, and :func:`open_engine`, which starts it.  The
 backends: :mod:`cels.engine.inprocess` (``kind = "local"``) and :mod:`cels.engine.ray_work`
 (``kind = "ray"``, the ray extra, imported only when asked for)."""

@@ -1,4 +1,4 @@
-"""A party's log on its Ray cluster, split by user (docs/deployment.md, "A party on a Ray cluster").
+"""A party's log on its Ray cluster, split by user (docs/ray.md, "A party on a Ray cluster").
 
 Shard s holds the users whose draw bucket is s mod P (cels.protocol.user_draws: HMAC-SHA256
 under the session's bucket key), with their rows c_ij (capped) over the pairs they hold.  A
@@ -452,7 +452,7 @@ class ShardedLog:
 
     def get(self, refs: list) -> list:
         """The log shards' (or reader tasks') answers; a bad row's LogError as it was raised; a
-        lost worker: "engine worker lost" (a log shard is not re-created: docs/deployment.md)."""
+        lost worker: "engine worker lost" (a log shard is not re-created: docs/ray.md)."""
         try:
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:

@@ -1,4 +1,4 @@
-"""A party node's engine settings, declared once (docs/deployment.md, "A party on a Ray cluster").
+"""A party node's engine settings, declared once (docs/ray.md, "A party on a Ray cluster").
 
 Each field of :class:`EngineOptions` carries its :class:`Setting`; the ``[engine]`` table's
 schema (:data:`ENGINE_TABLE`), the flags (:func:`add_engine_arguments`, read back by
@@ -78,7 +78,7 @@ ENGINE_TABLE: dict[str, Any] = {
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine's flags; given, they override the ``[engine]`` table."""
-    group = parser.add_argument_group("engine (docs/deployment.md, \"A party on a Ray cluster\")")
+    group = parser.add_argument_group("engine (docs/ray.md, \"A party on a Ray cluster\")")
     for f in SETTINGS:
         declared = f.metadata["setting"]
         choices = declared.schema.get("enum")

@@ -1,5 +1,5 @@
 """What every part of a party's Ray engine shares: its fault budget for tasks, the reason the
-peers are told when it loses a worker, how a worker reports its memory and the window of tasks (docs/deployment.md,
+peers are told when it loses a worker, how a worker reports its memory and the window of tasks (docs/ray.md,
 "Faults of the engine")."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ SLICE_BYTES = 96 << 10
 default 100 KiB bound for passing a value in the call itself (``max_direct_call_object_size``;
 4 MiB on the instance a node starts: cels.engine.ray_work.LOCAL_RAY_CONFIG), so no
 per-pair array of the load goes through the object store, whose pages the node would keep
-mapped for the rest of its life (RssShmem: 40 MB at 4M pairs; docs/deployment.md)."""
+mapped for the rest of its life (RssShmem: 40 MB at 4M pairs; docs/ray.md)."""
 
 
 def in_slices(length: int, itemsize: int) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""A party's Ray cluster as a trust boundary (docs/deployment.md, "A party on a Ray cluster:
+"""A party's Ray cluster as a trust boundary (docs/ray.md, "A party on a Ray cluster:
 who may reach it").
 
 Everything on a party's Ray cluster is the party's own: its rows, its universe key, its
@@ -75,7 +75,7 @@ def refuse_open_cluster(address: str, timeout: float = 5.0) -> None:
                 return
     raise ValueError(
         f"the Ray cluster at {address} answers calls that carry no token: its token authentication is off, and anyone who "
-        f"reaches it can run code beside this party's rows (start every node of it with {AUTH_MODE}=token; docs/deployment.md, "
+        f"reaches it can run code beside this party's rows (start every node of it with {AUTH_MODE}=token; docs/ray.md, "
         "\"Who may reach a party's Ray cluster\")"
     )
 

@@ -1,4 +1,4 @@
-"""A party's local work on its own Ray cluster (docs/deployment.md, "A party on a Ray cluster").
+"""A party's local work on its own Ray cluster (docs/ray.md, "A party on a Ray cluster").
 
 The gRPC node is the Ray driver and the only endpoint other nodes talk to; the cluster is
 the party's own, inside its trust boundary (its workers see the party's universe key, the root
@@ -28,12 +28,12 @@ another party.
 - The sampling's draws -- each stage's Poisson draws of the exact mode, the paper mode's
   multinomial trials -- run on the same P :class:`UserShard` actors, which hold their users'
   counts over the active pairs from the sampling on (one actor for both phases, so a node's
-  Ray instance keeps 2P actor processes, not 3P: docs/deployment.md, "Where Ray's CPU
+  Ray instance keeps 2P actor processes, not 3P: docs/ray.md, "Where Ray's CPU
   goes"); every draw comes from the stream of the user's draw bucket
   (cels.protocol.user_draws), so the shards draw what the party draws in one process, for
   any P.
 
-Faults (docs/deployment.md, "Faults of the engine"): a pair-work or reader task whose worker
+Faults (docs/ray.md, "Faults of the engine"): a pair-work or reader task whose worker
 dies is run again (:data:`TASK_RETRIES`; it is stateless, so the ids are the same).  A
 user-shard actor that dies is re-created from the rows the node placed and the round is walked
 again from its starting loads (the round is a function of rows, loads and proposals), at most
@@ -44,7 +44,7 @@ LOCAL_FAILURE and the generic reason :data:`WORKER_LOST` (the node's log has whi
 why).
 
 The node starts its shard actors (P of each kind) and warms its task workers once, when it
-starts, not per session (:class:`ShardPool`, docs/deployment.md "Warm shards"): a session
+starts, not per session (:class:`ShardPool`, docs/ray.md "Warm shards"): a session
 borrows the idle actors and hands them back, reset, when it ends.
 
 P_1's sorted union of the complete id sets (the index) is split by key range over the log
@@ -105,7 +105,7 @@ from cels.protocol.work import CommutativeHash, ItemBound, encode_records, id_li
 CHUNK_IDS = 8192
 """Ids per pair-work task: about 0.2-0.4 s of X25519 multiplications (docs/crypto.md); 2048
 cost 3-7 % more CPU in all for the same ids (each task's submission, pickled ids and result:
-docs/deployment.md).  A forwarded universe chunk is split finer where the cluster has the
+docs/ray.md).  A forwarded universe chunk is split finer where the cluster has the
 cores for it (:func:`layer_task_ids`)."""
 MIN_TASK_IDS = 1024
 """The fewest ids per pair-work task when a forwarded chunk is split over more cores."""
@@ -118,7 +118,7 @@ NODE_WALK_NONZEROS = 1 << 18
 """A round whose proposed pairs hold at most this many nonzeros of the party's constraint rows
 is walked on the node (cels.mechanism.greedy.verdicts over the rows it holds anyway): such a
 walk takes a few milliseconds, one call to each user shard about as long again under load.
-A larger round goes to the user shards (module docstring, docs/deployment.md)."""
+A larger round goes to the user shards (module docstring, docs/ray.md)."""
 LOCAL_RAY_CONFIG = {
     "max_direct_call_object_size": 4 << 20,
     "task_events_report_interval_ms": 0, "enable_timeline": False, "enable_metrics_collection": False, "event_stats": False,
@@ -129,13 +129,13 @@ LOCAL_RAY_CONFIG = {
   bound is 100 KiB): a pair-work task's ids and result (256 KiB of X25519 ids, 2 MiB of
   2048-bit Pohlig-Hellman ids per :data:`CHUNK_IDS`).  A task of 8,192 X25519 ids that only
   echoes them cost 6.3 ms of CPU over all processes through the store and 2.6 ms inline
-  (docs/deployment.md, "Where Ray's CPU goes").
+  (docs/ray.md, "Where Ray's CPU goes").
 - No task events, timeline, metrics or event-loop statistics, which nothing here reads (no
   dashboard).  One party of 1M pairs alone, every process's CPU counted: its first hash took
-  8.9-9.1 CPU seconds with them off against 9.3-9.5 on (docs/deployment.md, "What runs where").
+  8.9-9.1 CPU seconds with them off against 9.3-9.5 on (docs/ray.md, "What runs where").
 
 A cluster the node joins keeps its operator's settings (``ray start --system-config`` on its
-head: docs/deployment.md)."""
+head: docs/ray.md)."""
 SHARD_RESTARTS = 3
 """User-shard actors a session re-creates after losing them (in the private solve or the sampling), before it aborts."""
 SHARD_MEMORY = 1 << 20
@@ -191,7 +191,7 @@ def stop_log_monitor() -> None:
     """End the log monitor of the Ray instance this process started.  It tails every worker's
     log files ten times a second for drivers that print them, and a node does not
     (``log_to_driver=False``; the files stay in the session directory): 0.67 % of a core per
-    instance, about 1.2 CPU seconds of a 1M x 3 session on three instances (docs/deployment.md,
+    instance, about 1.2 CPU seconds of a 1M x 3 session on three instances (docs/ray.md,
     "Where Ray's CPU goes").  ``ray.init`` has no switch for it (``ray start
     --include-log-monitor=false`` has), so this ends it through Ray's handle on the node it
     started, a private one (tests/test_engine_ray.py checks that it is gone)."""
@@ -329,7 +329,7 @@ def warm_task_workers() -> None:
     """One warm-up task per CPU of the cluster, all at once, so that each lands on a worker of
     its own: every idle task worker has imported this module (numpy, scipy, the curve's
     library) and pyarrow before a session's first reader or pair-work task, which would
-    otherwise pay for it (docs/deployment.md, "Warm shards")."""
+    otherwise pay for it (docs/ray.md, "Warm shards")."""
     ray.get([_warm_worker.remote() for _ in range(cluster_cpus())])
 
 
@@ -501,11 +501,11 @@ class PairTasks:
 
 
 class ShardPool:
-    """A node's warm shard actors (docs/deployment.md, "Warm shards"): one of each kind -- log
+    """A node's warm shard actors (docs/ray.md, "Warm shards"): one of each kind -- log
     shard and user shard -- per shard, started with the node in a placement group
     of its own (spread as a session's would be), so that a session starts no actor process:
     each costs about 1 s of CPU to start and import numpy, scipy and pyarrow (measured:
-    docs/deployment.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
+    docs/ray.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
     when it ends (:meth:`give_back`): each is reset (:meth:`cels.engine.ray_common.ShardState.reset`)
     before the next session gets it.  One that another session holds is not waited for: the
     session makes its own, in its own group, as a node without a pool does."""

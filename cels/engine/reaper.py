@@ -1,5 +1,5 @@
 """Ends what is left of a node's own Ray instance once the node is gone, however it ended
-(docs/deployment.md, "Faults of the engine").
+(docs/ray.md, "Faults of the engine").
 
 ``ray.init()`` starts the GCS and a raylet that end with the node that started them, but the
 raylet's agents (the dashboard and runtime-env agents) give up only after they fail to reach

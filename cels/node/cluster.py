@@ -37,7 +37,7 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, not handed out before by
     this process: from :data:`NODE_PORTS` below the kernel's ephemeral range (a node binds its
     port seconds after it is chosen, once its engine has started: docs/deployment.md,
-    "Simulating a deployment"), else one the kernel picks."""
+    "Quick start"), else one the kernel picks."""
     low, high = NODE_PORTS[0], min(NODE_PORTS[1], ephemeral_low() - 1)
     candidates = random.sample(range(low, high + 1), k=min(64, max(0, high + 1 - low)))
     for port in [*candidates, 0]:

@@ -39,7 +39,7 @@ budget_epsilon = 8.0             # refuse a session that would take the window's
 budget_delta = 1.0
 window_days = 30                 # sessions older than this no longer count (default: all)
 
-[engine]                         # party nodes: where the local work runs (cels.engine; docs/deployment.md)
+[engine]                         # party nodes: where the local work runs (cels.engine; docs/ray.md)
 kind = "ray"                     # "local" (default): in this process; "ray": on the party's own Ray cluster
 address = "local"                # "local" starts a Ray instance; host:port joins a running cluster
 shards = 4                       # user-shard actors P
@@ -80,7 +80,7 @@ from cels.protocol.options import DEFAULT_DEADLINE
 
 DEFAULT_MAX_MESSAGE_MIB = 256
 """Largest envelope a node reassembles by default (``[node] max_message_mib``): a peer cannot make
-it buffer more for one message.  Measured (cels.node.framing; docs/deployment.md, "How delivery works"): the
+it buffer more for one message.  Measured (cels.node.framing; docs/faults.md, "How delivery works"): the
 private solve and the DP release stream their steps in chunks of at most 0.5 MiB whatever the
 input, and what grows with it is the secure union's hops (the release); the transformed solve's
 hops are not chunked (26 MB each on the AOL slice) and grow with its rows times its pairs,
@@ -192,7 +192,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-message-mib", type=int, metavar="MIB",
         help=f"the largest message a peer may send this node, in MiB (default {DEFAULT_MAX_MESSAGE_MIB}; a larger release or the "
-        "transformed solve at scale may need more: docs/deployment.md, \"How delivery works\")",
+        "transformed solve at scale may need more: docs/faults.md, \"How delivery works\")",
     )  # fmt: skip
     parser.add_argument(
         "--record-view",

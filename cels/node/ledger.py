@@ -21,7 +21,7 @@ the session is aborted, refused, expired or dropped.  The reservations are also 
 atomically, to a file beside the ledger (:func:`reservations_path`) for ``cels ledger``; a
 node starting empties it.
 
-The ledger fails closed (docs/deployment.md, "Privacy budget ledger").  The file is JSON,
+The ledger fails closed (docs/site-rules.md, "Privacy budget ledger").  The file is JSON,
 mode 0600, written atomically with its directory fsync'ed, under an inter-process lock
 (``NAME.ledger.lock``).  Its entries form an append-only chain: each carries the MAC of the
 one before (``prev``) and its own (``mac``), HMAC-SHA256 under a 32-byte key the node made at

@@ -1,4 +1,4 @@
-"""A party's ledger file and its key (cels.node.ledger keeps the budget; docs/deployment.md,
+"""A party's ledger file and its key (cels.node.ledger keeps the budget; docs/site-rules.md,
 "Privacy budget ledger").
 
 The file is JSON, mode 0600, written atomically with its directory fsync'ed, under an

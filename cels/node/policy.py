@@ -1,4 +1,4 @@
-"""A party's own rules for the sessions it joins (docs/deployment.md, "A party's policy").
+"""A party's own rules for the sessions it joins (docs/site-rules.md, "A party's policy").
 
 The initiator chooses a session's parameters; each party node checks them against its own
 ``[policy]`` table (or ``--policy-*`` flags) when the session's StartSession arrives, before
@@ -173,7 +173,7 @@ class PartyPolicy:
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--policy-*`` flag per rule, over the ``[policy]`` table."""
-    g = parser.add_argument_group("policy: what sessions this party joins (docs/deployment.md, \"A party's policy\")")
+    g = parser.add_argument_group("policy: what sessions this party joins (docs/site-rules.md, \"A party's policy\")")
     for rule in RULES:
         shown = ",".join(rule.default) if isinstance(rule.default, tuple) else rule.default
         g.add_argument(rule.flag, dest=f"policy_{rule.key}", type=rule.parse, metavar=rule.key.upper(), help=f"{rule.help} (default {shown})")
@@ -189,7 +189,7 @@ def admitting(options: SessionOptions) -> list[str]:
 
 
 def policy_table() -> str:
-    """The rules as a Markdown table (docs/deployment.md carries it; a test keeps it current)."""
+    """The rules as a Markdown table (docs/site-rules.md carries it; a test keeps it current)."""
     lines = ["| `[policy]` key | flag | default | what |", "| --- | --- | --- | --- |"]
     for rule in RULES:
         shown = ", ".join(rule.default) if isinstance(rule.default, tuple) else ("unset" if rule.default is None else str(rule.default).lower())

@@ -4,7 +4,7 @@ party's decryptions.
 ``concurrent.futures.ThreadPoolExecutor`` starts a thread whenever no idle one is there, up to
 its maximum, and keeps every thread until shutdown, so a node kept the peak of its concurrent
 calls (sessions run two at a time hold Run streams, held messages, probes) as idle threads
-after the sessions were over (docs/deployment.md, "Under faults": load).  Here a thread that
+after the sessions were over (docs/faults.md, "Under faults": load).  Here a thread that
 waited ``idle_seconds`` for work ends, so a node returns to its thread count at rest.
 """
 

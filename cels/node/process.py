@@ -33,7 +33,7 @@ MALLOC_THRESHOLDS = {"MALLOC_MMAP_THRESHOLD_": (-3, 131072), "MALLOC_TRIM_THRESH
 """glibc malloc's mmap and trim thresholds (environment variable -> mallopt parameter, bytes),
 fixed at glibc's initial 128 KiB in a node and in the processes it starts (its Ray instance's):
 by default glibc raises the mmap threshold to the largest block freed, so the chunk-sized
-buffers of a session then come from heaps that are never given back (docs/deployment.md,
+buffers of a session then come from heaps that are never given back (docs/ray.md,
 "Memory of a node").  A value already in the environment is the operator's and stays."""
 
 

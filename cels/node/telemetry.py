@@ -1,5 +1,5 @@
 """A node's operator view: its sessions (running and recent, with their outcome) and its
-metrics in the Prometheus text format (docs/deployment.md, "Status" and "Metrics").
+metrics in the Prometheus text format (docs/monitoring.md, "Status" and "Metrics").
 
 The gRPC adapter (cels.node.service) tells a node's :class:`NodeTelemetry` when a session is
 created, changes phase, ends or is refused, and which frames it sends and receives.  ``Status``

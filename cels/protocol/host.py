@@ -26,7 +26,7 @@ A party whose policy approves sessions by hand (:data:`Screen`) holds a new sess
 ``awaiting_approval`` with no role: nothing read, nothing reserved.  Its operator's decision
 (:meth:`SessionHost.decide`) makes the role, or aborts the session; the approval goes to the
 initiator as an Approval message, and the initiator BEGINs no node before every awaited party
-has approved (docs/deployment.md, "Approval by a person").
+has approved (docs/site-rules.md, "Approval by a person").
 
 A message a state does not take is refused with FAILED_PRECONDITION naming the state, and
 changes nothing; an aborted session's refusal carries its Abort (``ProtocolError.abort``), so

@@ -186,7 +186,7 @@ class SessionOptions:
     )  # fmt: skip
     approval_wait: float = option(
         DEFAULT_APPROVAL_WAIT, "seconds the session waits for the parties whose operators approve sessions by hand (a party's "
-        "policy approve = manual; docs/deployment.md, \"Approval by a person\"); 0: it waits for nobody",
+        "policy approve = manual; docs/site-rules.md, \"Approval by a person\"); 0: it waits for nobody",
         flag="--approval-wait", metavar="SEC", bounds={"minimum": 0},
     )  # fmt: skip
     solve: str = option(

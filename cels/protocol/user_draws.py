@@ -1,5 +1,5 @@
 """A party's draws over its users, the same for any split of its users (docs/protocol.md,
-"Sampling"; docs/deployment.md, "A party on a Ray cluster").
+"Sampling"; docs/ray.md, "A party on a Ray cluster").
 
 Every user j of a party falls in one of :data:`DRAW_BUCKETS` draw buckets by
 HMAC-SHA256(the session's bucket key, user id).  The party's rows are kept in *draw order*:

@@ -1,5 +1,5 @@
 """The fault suite's harness: real node processes, a live mutual-TLS client, /proc readings
-and a TCP delay proxy (issue 13, docs/deployment.md "Under faults").
+and a TCP delay proxy (issue 13, docs/faults.md "Under faults").
 
 :class:`FaultCluster` starts ``cels-party`` x 3 and ``cels-solver`` as OS processes on
 127.0.0.1 free ports with certificates from ``cels certs`` and 512-bit test keys (the nodes'

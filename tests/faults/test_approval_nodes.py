@@ -1,4 +1,4 @@
-"""Approval by a person on real node processes (docs/deployment.md, "Approval by a person"):
+"""Approval by a person on real node processes (docs/site-rules.md, "Approval by a person"):
 party-2's policy has ``approve = "manual"`` and a ledger.  A session waits on party-2 with
 nothing reserved and no row read, visible in ``cels status`` with its parameters, until
 ``cels approve`` (the session then runs to its release), ``cels reject`` (aborted, blamed on

@@ -1,4 +1,4 @@
-"""Faults of a party's Ray engine (issue 25, "Faults"; docs/deployment.md, "Faults of the
+"""Faults of a party's Ray engine (issue 25, "Faults"; docs/ray.md, "Faults of the
 engine"), each caused for real: Ray's worker processes killed by SIGKILL (found by their process
 title, ``ray::<task>`` / ``ray::UserShard...``, or the actor table's pid), a joined cluster's
 processes ended, a party node killed by SIGKILL.
@@ -258,7 +258,7 @@ def test_a_lost_sampling_shard_is_recreated_and_replayed_to_the_same_draws(engin
 
 def test_a_lost_log_shard_is_engine_worker_lost(engine) -> None:
     """A log shard holds the only copy of its users' rows in the session: its loss is not
-    repaired but ends the work with the session's abort reason (docs/deployment.md)."""
+    repaired but ends the work with the session's abort reason (docs/ray.md)."""
     remote = RayWork(synthetic_log(seed=5, users=60, pairs=40), 4, DrawKeys.fresh(), 2, 2)
     remote.load()
     sigkill(actor_pids(remote.log.actors)[1])

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test faults audit venv proto bench clean compose-test lock audit-deps docs
+.PHONY: demo test faults audit cluster venv proto bench clean compose-test lock audit-deps docs
 
 LOCK = deploy/lock/test.txt
 
@@ -75,7 +75,11 @@ faults: $(STAMP)
 ## the audit_long cases too: every user of the sampling log, more d / eps' / r, the repair on the real
 ## AOL slice in $$CELS_DATA); prints one AUDIT-SUMMARY JSON line per audit (docs/security.md)
 audit: $(STAMP)
-	$(PY) -m pytest -q -s -p no:cacheprovider -m "audit_long or not audit_long" tests/test_privacy_audit.py tests/test_dp_audit.py
+	$(PY) -m pytest -q -s -p no:cacheprovider -m "audit_long or not audit_long" tests/test_privacy_audit.py tests/test_dp_audit.py tests/test_private_solve.py
+
+## make cluster: a party on a real Ray cluster of two raylets on 127.0.0.1 (tests/test_engine_raylets.py, about 2 min)
+cluster: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster_long tests/test_engine_raylets.py
 
 ## make compose-test: docker-compose.yml run for real (deploy/compose-test.sh): a Docker engine
 ## (installed and started if missing; root), the image built offline, 3 party nodes + a solver

@@ -169,6 +169,7 @@ def same_as_in_process(local, remote) -> None:
     assert np.array_equal(remote.verdicts(rows, loads, proposals, b), expected)
 
 
+@pytest.mark.cluster_long  # about 2 min: `make cluster`; make test runs the Ray engine on one raylet (tests/test_engine_ray.py)
 def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, monkeypatch) -> None:
     """Both raylets serve a party's work (pair-work tasks and user-shard actors on each) with
     the in-process results, its two shards go to the two raylets (the session's SPREAD

@@ -106,7 +106,7 @@ def test_an_absolute_output_size_is_kept() -> None:
 
 
 @pytest.mark.realdata
-@pytest.mark.parametrize("r", [2, 3, 5])
+@pytest.mark.parametrize("r", [pytest.param(2, marks=pytest.mark.audit_long), 3, pytest.param(5, marks=pytest.mark.audit_long)])  # r = 3 in make test
 def test_aol_slice_private_release_audits_clean(aol_path, r) -> None:
     log = load_log(aol_path, LoadOptions(format="aol"))
     config, roles, verdicts = run_private(log, r, epsilon=2.0, delta=1 - np.exp(-1.0))  # b = 1

@@ -78,19 +78,19 @@ def recorded_session(tmp_path_factory) -> RecordedSession:
 @pytest.fixture
 def rounds_on_the_user_shards(monkeypatch):
     """Every round of the private solve walked on a Ray party's user shards, as a log whose
-    rounds are larger than cels.engine.ray_work.NODE_WALK_NONZEROS would be (test logs are
+    rounds are larger than cels.engine.ray.work.NODE_WALK_NONZEROS would be (test logs are
     small: their rounds would be walked on the node)."""
-    monkeypatch.setattr("cels.engine.ray_work.NODE_WALK_NONZEROS", -1)
+    monkeypatch.setattr("cels.engine.ray.work.NODE_WALK_NONZEROS", -1)
 
 
 @pytest.fixture
 def ray_token(monkeypatch):
     """Ray's token authentication on for this test and what it starts (a party's Ray cluster
-    requires it: cels.engine.ray_trust), with a token in Ray's default file (made, 0600, as
+    requires it: cels.engine.ray.trust), with a token in Ray's default file (made, 0600, as
     ``ray get-auth-token --generate`` would, if there is none)."""
     import secrets
 
-    from cels.engine.ray_trust import default_token
+    from cels.engine.ray.trust import default_token
 
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     token = default_token()

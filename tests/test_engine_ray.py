@@ -22,8 +22,10 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, InProcessEngine, open_engine  # noqa: E402
-from cels.engine.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
-from cels.engine.ray_work import CHUNK_IDS, RayEngine, RayWork, ShardPool, in_bundle  # noqa: E402
+from cels.engine.ray.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
+from cels.engine.ray.work import CHUNK_IDS, RayWork  # noqa: E402
+from cels.engine.ray.cluster import RayEngine  # noqa: E402
+from cels.engine.ray.shards import ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, split_records_by_user, synthetic_log, write_records  # noqa: E402
 from cels.logs.model import SearchLog  # noqa: E402
@@ -81,7 +83,7 @@ def hashed(work, cipher, size: int = 200) -> np.ndarray:
 def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) -> None:
     """Tasks of 100 ids, 2 in flight: the same ids, in the same order (the pairs' keyed digests),
     for both hops of the universe."""
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 100)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 100)
     local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
     cipher = X25519Hash(bytes(range(1, 33)))
     first = hashed(local, cipher)
@@ -98,12 +100,12 @@ def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) 
     """A party layers one forwarded chunk at a time: on 2 CPUs a chunk of 16,384 ids is two tasks
     of 8192, on 128 CPUs (and a window of as many) sixteen of 1024; on a larger cluster the
     tasks are smaller and the ids the same, in order."""
-    from cels.engine.ray_work import layer_task_ids
+    from cels.engine.ray.work import layer_task_ids
 
     assert [layer_task_ids(16384, p) for p in (1, 2, 4, 128, 1024)] == [8192, 8192, 4096, 1024, 1024]
     assert layer_task_ids(100, 2) == 1024  # a short chunk: one task
-    monkeypatch.setattr("cels.engine.ray_work.STREAM_IDS", 256)
-    monkeypatch.setattr("cels.engine.ray_work.MIN_TASK_IDS", 16)
+    monkeypatch.setattr("cels.engine.ray.work.STREAM_IDS", 256)
+    monkeypatch.setattr("cels.engine.ray.work.MIN_TASK_IDS", 16)
     log = synthetic_log(seed=3, users=200, pairs=450)
     local = InProcessWork(log, 4, DrawKeys.replay(1, "party-1"))
     local.load()
@@ -119,7 +121,7 @@ def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) 
 def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkeypatch) -> None:
     """The Pohlig-Hellman universe cipher on tasks too: the exponent travels as raw bytes and
     the ids are those of the key in process (chunks of 40, 2 in flight)."""
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 40)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 40)
     local, remote = loaded_pair(2, synthetic_log(seed=3, users=40, pairs=60))
     group = group_for_bits(1024, allow_paper_bits=True)
     cipher = PohligHellmanHash(group)
@@ -133,7 +135,7 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
 
 
 def test_a_bad_peer_id_is_a_cipher_error_naming_its_chunk(engine, monkeypatch) -> None:
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 4)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 4)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     ids = id_array([bytes([9]) * 32] * 9 + [bytes(32)], 32)  # u = 0: a point of small order
     with pytest.raises(CommutativeCipherError, match=r"ids from 8 on: x25519 element 1: "):
@@ -180,7 +182,7 @@ def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(
     small, large = rng.permutation(rows.shape[1])[:20], rng.permutation(rows.shape[1])[:60]
     bound = int(np.diff(rows.indptr)[small].sum())
     assert int(np.diff(rows.indptr)[large].sum()) > bound
-    monkeypatch.setattr("cels.engine.ray_work.NODE_WALK_NONZEROS", bound)
+    monkeypatch.setattr("cels.engine.ray.work.NODE_WALK_NONZEROS", bound)
     assert np.array_equal(remote.verdicts(rows, loads, small, b), verdicts(rows, loads, small, b))
     assert (remote.node_rounds, remote.verdict_rounds, remote._actors) == (1, 0, [])
     assert np.array_equal(remote.verdicts(rows, loads, large, b), verdicts(rows, loads, large, b))
@@ -284,7 +286,7 @@ def test_the_local_engine_is_the_in_process_work() -> None:
 
 
 def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch) -> None:
-    monkeypatch.setattr("cels.engine.ray_work.CONNECT_SECONDS", 1.0)
+    monkeypatch.setattr("cels.engine.ray.cluster.CONNECT_SECONDS", 1.0)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as a fresh node process would be
     with pytest.raises(ValueError, match=r"the Ray cluster at 127\.0\.0\.1:9 is unreachable"):
         open_engine(EngineOptions(kind="ray", address="127.0.0.1:9"))
@@ -319,7 +321,7 @@ def test_the_engine_table_is_checked_naming_the_file(tmp_path, capsys, table, me
 def test_a_party_node_refuses_an_unreachable_ray_cluster_with_exit_2(tmp_path, capsys, monkeypatch) -> None:
     from party_node.__main__ import main as party_main
 
-    monkeypatch.setattr("cels.engine.ray_work.CONNECT_SECONDS", 1.0)
+    monkeypatch.setattr("cels.engine.ray.cluster.CONNECT_SECONDS", 1.0)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a fresh node process
     (tmp_path / "log.tsv").write_text("")
     config = tmp_path / "party.toml"
@@ -508,7 +510,9 @@ def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) 
         warm = {slot: actor._actor_id for slot, (actor, _) in pool._idle.items()}
         assert len(warm) == 2 * pool.shards == 4
         made = []
-        monkeypatch.setattr("cels.engine.ray_work.in_bundle", lambda *args: made.append(args) or in_bundle(*args))
+        counted = lambda *args: made.append(args) or in_bundle(*args)  # noqa: E731
+        monkeypatch.setattr("cels.engine.ray.shards.in_bundle", counted)  # the pool's actors
+        monkeypatch.setattr("cels.engine.ray.work.in_bundle", counted)  # a session's own
         for session in range(2):
             assert released(seeded_release(log, config, node)) == local, session
             assert len(made) == 4 * (session + 1)  # the second party's; the first's were warm
@@ -539,7 +543,7 @@ def test_an_actor_of_a_cluster_left_is_dropped_when_given_back(engine) -> None:
 def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monkeypatch) -> None:
     """A Ray client server that fails once under compose is not a cluster that is gone: the
     join is tried JOIN_ATTEMPTS times, then the node is refused naming the address."""
-    import cels.engine.ray_work as ray_work
+    import cels.engine.ray.cluster as ray_cluster
 
     calls: list[str] = []
 
@@ -548,15 +552,15 @@ def test_a_join_that_fails_twice_is_tried_again_and_a_third_failure_refuses(monk
         if len(calls) < 3:
             raise ConnectionAbortedError("Starting Ray client server failed")
 
-    monkeypatch.setattr(ray_work, "JOIN_BACKOFF_SECONDS", 0.0)
-    monkeypatch.setattr(ray_work.ray, "init", flaky_init)
-    monkeypatch.setattr(ray_work.ray, "shutdown", lambda: None)
-    ray_work.join("ray://head:7111")
+    monkeypatch.setattr(ray_cluster, "JOIN_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(ray_cluster.ray, "init", flaky_init)
+    monkeypatch.setattr(ray_cluster.ray, "shutdown", lambda: None)
+    ray_cluster.join("ray://head:7111")
     assert calls == ["ray://head:7111"] * 3
     calls.clear()
-    monkeypatch.setattr(ray_work, "JOIN_ATTEMPTS", 2)
+    monkeypatch.setattr(ray_cluster, "JOIN_ATTEMPTS", 2)
     with pytest.raises(ValueError, match=r"cannot join the Ray cluster at ray://head:7111 \(2 attempts\): Starting Ray client server failed"):
-        ray_work.join("ray://head:7111")
+        ray_cluster.join("ray://head:7111")
     assert len(calls) == 2
 
 
@@ -576,7 +580,7 @@ def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_re
     """Reader tasks of at most 100 rows (2 in flight) read each party's row groups and hand
     every user's rows to its log shard: the seeded release is the one of the whole log read
     in process, and the log's source counts every row group once."""
-    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 100)
+    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 100)
     log = synthetic_log(seed=4, users=90)
     config = SessionOptions.create(2, epsilon=8.0, delta=0.9, round_batch=8, **TEST_KEYS)
     shares = parquet_shares(log, 2, tmp_path)
@@ -626,7 +630,7 @@ def test_a_bad_row_read_on_the_cluster_names_its_file_row_and_column(engine, tmp
     """A null user in the third row group: the reader task's LogError reaches the node as
     raised (the session's load fails naming the file, the row and its row group); lenient,
     the row is skipped and counted as in process."""
-    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 4)
+    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 4)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -648,7 +652,7 @@ def test_a_pair_over_the_count_limit_on_no_one_shard_names_the_pair(engine, tmp_
     placed three on each of two shards: no reader and no shard holds a total above 2^31 - 1,
     but the shard numbering the pair's key range adds its totals over the log, and the load
     fails naming the pair and its total (3 x 2^30), as in process."""
-    monkeypatch.setattr("cels.engine.log_shards.READ_ROWS", 2)
+    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 2)
     import pyarrow as pa
     import pyarrow.parquet as pq
 

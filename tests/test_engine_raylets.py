@@ -183,7 +183,7 @@ def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, m
 
     # RayWork joined to the cluster from this process, once with each node's CPU held: every
     # task and actor (1 CPU to be placed) must go to the other raylet; the in-process results
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 50)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 50)
     log = synthetic_log(seed=3, users=200, pairs=450)
     for held in sorted(node_ids):
         holder = CpuHolder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(held, soft=False)).remote()

@@ -24,7 +24,7 @@ RULES = {
     "mechanism": ("cels.protocol", "cels.node", "grpc"),
 }
 """Package under cels/ -> module prefixes none of its modules may import."""
-EXCEPTIONS = {"engine/ray_trust.py": {"grpc"}}
+EXCEPTIONS = {"engine/ray/trust.py": {"grpc"}}
 """Module -> what it may import all the same: ray_trust calls a joined Ray cluster's own gRPC
 services without a token (Ray's wire, not CELS's) to refuse a cluster that answers."""
 

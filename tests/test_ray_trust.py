@@ -1,4 +1,4 @@
-"""A party's Ray cluster as a trust boundary (cels.engine.ray_trust; docs/ray.md):
+"""A party's Ray cluster as a trust boundary (cels.engine.ray.trust; docs/ray.md):
 token authentication required, the node's own Ray directory private and removed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cels.engine.ray_trust import DIR_PREFIX, private_dir, remove_stale, require_token_auth
+from cels.engine.ray.trust import DIR_PREFIX, private_dir, remove_stale, require_token_auth
 
 STRANGER = """
 import sys, ray
@@ -90,7 +90,7 @@ def test_a_cluster_that_takes_calls_without_a_token_is_refused_before_the_node_j
     import tempfile
 
     from cels.engine import EngineOptions, open_engine
-    from cels.engine.ray_trust import refuse_open_cluster
+    from cels.engine.ray.trust import refuse_open_cluster
     from cels.node.cluster import LOOPBACK, free_port
     from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
 

@@ -1,6 +1,6 @@
 """The engine interface (docs/ray.md, "A party on a Ray cluster"): what a party node asks
 of the engine its ``[engine]`` table names, and :func:`open_engine`, which starts it.  The
-backends: :mod:`cels.engine.inprocess` (``kind = "local"``) and :mod:`cels.engine.ray_work`
+backends: :mod:`cels.engine.inprocess` (``kind = "local"``) and :mod:`cels.engine.ray`
 (``kind = "ray"``, the ray extra, imported only when asked for)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def open_engine(options: EngineOptions) -> Engine:
     if options.kind == "local":
         return InProcessEngine()
     try:
-        from cels.engine.ray_work import RayEngine
+        from cels.engine.ray.cluster import RayEngine
     except ImportError as exc:
         raise ValueError(f"engine.kind = \"ray\" needs the ray extra (pip install 'cels[ray]'): {exc}") from None
     return RayEngine.start(options)

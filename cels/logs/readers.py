@@ -159,7 +159,7 @@ def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> 
 class LogFile:
     """A party's log where it lives (a file, or a Parquet dataset) and how to read it; calling
     it loads the whole log (:func:`load_log`).  An engine may read it in pieces instead
-    (cels.engine.log_shards: a Parquet dataset's row groups on the party's cluster)."""
+    (cels.engine.ray.log_shards: a Parquet dataset's row groups on the party's cluster)."""
 
     path: Path
     options: LoadOptions

@@ -5,7 +5,7 @@ Every owner's complete set reaches P_1 as its union keys, sorted and distinct, i
 :class:`IndexPart` keeps a set's chunks until the set is complete, then merges it into its
 sorted union (a binary search and one insert) and keeps only where each set's keys sit.  A
 :class:`RangedIndex` splits the union by key range over several parts (the log shards of a
-party on a Ray cluster, cels.engine.ray_work), so no part and not the node holds the whole of
+party on a Ray cluster, cels.engine.ray), so no part and not the node holds the whole of
 it: the keys are uniform, so each part holds about 1/P of them.  Plain numpy, no protocol.
 """
 

@@ -32,7 +32,7 @@ from ray._private import state as ray_state  # noqa: E402  (the GCS's actor tabl
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, open_engine  # noqa: E402
-from cels.engine.ray_work import SHARD_RESTARTS, WORKER_LOST, RayWork  # noqa: E402
+from cels.engine.ray.work import SHARD_RESTARTS, WORKER_LOST, RayWork  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
@@ -122,7 +122,7 @@ def peer_ids(n: int) -> np.ndarray:
 def test_a_pair_task_whose_worker_dies_runs_again_with_the_same_ids(engine, monkeypatch) -> None:
     """Three tasks of 6,000 ids (a good fraction of a second each); the worker running one is
     SIGKILLed mid-task; the task runs again and the ids are the in-process ones, in order."""
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 6000)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 6000)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     cipher, ids = X25519Hash(bytes(range(32))), peer_ids(18000)
     expected = id_array(cipher.apply(id_list(ids)), 32)
@@ -139,8 +139,8 @@ def test_a_pair_task_whose_worker_dies_runs_again_with_the_same_ids(engine, monk
 def test_a_pair_task_out_of_retries_is_engine_worker_lost(engine, monkeypatch) -> None:
     """With no retry left, a killed task's worker ends the work with the session's abort
     reason, not a Ray error (the detail names the chunk)."""
-    monkeypatch.setattr("cels.engine.ray_work.CHUNK_IDS", 6000)
-    monkeypatch.setattr("cels.engine.ray_work.TASK_RETRIES", 0)
+    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 6000)
+    monkeypatch.setattr("cels.engine.ray.work.TASK_RETRIES", 0)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
     killer.start()
@@ -394,7 +394,7 @@ def test_a_sigkilled_party_node_leaves_no_ray_process(tmp_path, ray_env) -> None
         while ((left := set(session_members(pid))) or holding(session_dir)) and time.monotonic() < limit:
             time.sleep(0.2)
         assert not left and not holding(session_dir), {p: title(p) for p in left | holding(session_dir)}
-        own = Path(session_dir).parent.parent  # the node's 0700 Ray directory (cels.engine.ray_trust): its spilled rows go too
+        own = Path(session_dir).parent.parent  # the node's 0700 Ray directory (cels.engine.ray.trust): its spilled rows go too
         assert own.name.startswith(f"cr-{pid}-")
         while own.exists() and time.monotonic() < limit:
             time.sleep(0.2)

@@ -38,7 +38,7 @@ def worker_peak_rss() -> tuple[str, int]:
 
 class ShardState:
     """What every shard actor kind shares: its process's peak RSS, and :meth:`reset`, which a
-    node's warm pool (cels.engine.ray_work.ShardPool) calls when a session hands the actor
+    node's warm pool (cels.engine.ray.shards.ShardPool) calls when a session hands the actor
     back, so the next session finds it as new (``__init__`` again, no argument)."""
 
     def slice(self, name: str, lo: int, hi: int) -> np.ndarray:
@@ -65,7 +65,7 @@ class ShardState:
 SLICE_BYTES = 96 << 10
 """Bytes of an array per call between a node and its shards (:func:`in_slices`): under Ray's
 default 100 KiB bound for passing a value in the call itself (``max_direct_call_object_size``;
-4 MiB on the instance a node starts: cels.engine.ray_work.LOCAL_RAY_CONFIG), so no
+4 MiB on the instance a node starts: cels.engine.ray.cluster.LOCAL_RAY_CONFIG), so no
 per-pair array of the load goes through the object store, whose pages the node would keep
 mapped for the rest of its life (RssShmem: 40 MB at 4M pairs; docs/ray.md)."""
 

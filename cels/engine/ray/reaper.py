@@ -9,9 +9,9 @@ pipe whose other end only the node holds; when the pipe ends (the node exited, w
 it kills every process with a file open under the instance's session directory: Ray's
 processes of that instance keep their logs there, and no other instance's do.  Then it
 removes the node's own Ray directory (its session, logs and spilled objects:
-cels.engine.ray_trust), if given.
+cels.engine.ray.trust), if given.
 
-Run as ``python -m cels.engine.reaper NODE_PID SESSION_DIR [OWN_DIR]`` (exit 0: nothing left).
+Run as ``python -m cels.engine.ray.reaper NODE_PID SESSION_DIR [OWN_DIR]`` (exit 0: nothing left).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def reap(session_dir: str, spare: set[int]) -> set[int]:
 def watch(session_dir: str, own_dir: os.PathLike[str] | None = None) -> subprocess.Popen:
     """Start the reaper of this process's Ray instance; closing its stdin (or this process
     ending) sets it off."""
-    argv = [sys.executable, "-m", "cels.engine.reaper", str(os.getpid()), session_dir, *([str(own_dir)] if own_dir else [])]
+    argv = [sys.executable, "-m", "cels.engine.ray.reaper", str(os.getpid()), session_dir, *([str(own_dir)] if own_dir else [])]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
 

@@ -34,7 +34,7 @@ import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.ray_common import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
+from cels.engine.ray.common import TASK_RETRIES, WORKER_LOST, ShardState, fetch, in_slices, windowed
 from cels.logs.model import SearchLog, pair_total_error
 from cels.logs.records import MAX_COUNT, MAX_LOG_TOTAL, LogError, Pair
 from cels.logs.formats import PARQUET
@@ -417,7 +417,7 @@ def shard_positions(digests: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.
 class ShardedLog:
     """The node's side of its log shards: it places the log on them (:meth:`load`) and asks
     them for what the protocol needs over the rows, holding no row itself.  ``shard(cls, s)``
-    is an empty actor of ``cls`` for shard s (cels.engine.ray_work.RayWork)."""
+    is an empty actor of ``cls`` for shard s (cels.engine.ray.work.RayWork)."""
 
     def __init__(
         self, source: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, shards: int, max_in_flight: int, shard: Callable,
@@ -496,7 +496,7 @@ class ShardedLog:
 
     def take_handed(self, arrays: Sequence[tuple[int, str, int, np.dtype]]) -> list[np.ndarray]:
         """Arrays the log shards set aside for the node (``LogShard.handed``), each given as
-        (shard, name, length, type), asked in slices at once (cels.engine.ray_common.fetch: no
+        (shard, name, length, type), asked in slices at once (cels.engine.ray.common.fetch: no
         object store pages in the node)."""
         refs = [fetch(self.actors[s], name, length, dtype) for s, name, length, dtype in arrays]
         got = iter(self.get([ref for array in refs for ref in array]))
@@ -616,7 +616,7 @@ class ShardedLog:
         self.get([a.begin_union.remote(width) for a in self.actors])
 
         def call(calls: list[tuple[int, str, tuple]]) -> list:
-            """Each part's answer; a set's keys go in slices (cels.engine.ray_common.in_slices), in order."""
+            """Each part's answer; a set's keys go in slices (cels.engine.ray.common.in_slices), in order."""
             asked = [
                 [self.actors[s].union.remote(method, args)] if method != "add"
                 else [self.actors[s].union.remote(method, (args[0], args[1][lo:hi])) for lo, hi in in_slices(len(args[1]), args[1].itemsize)]
@@ -664,7 +664,7 @@ class ShardedLog:
 
 class ShardedLogWork:
     """The calls of :class:`cels.protocol.work.PartyWork` that a party's sharded log answers
-    by itself (:class:`ShardedLog`, made at the load): cels.engine.ray_work.RayWork has them."""
+    by itself (:class:`ShardedLog`, made at the load): cels.engine.ray.work.RayWork has them."""
 
     log: ShardedLog | None
 

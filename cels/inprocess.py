@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.protocol.aborts import describe
-from cels.protocol.host import ABORTED, SessionHost, Step
+from cels.protocol.hosted import ABORTED, Step
+from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, Stream, step_name, take_ready
@@ -151,7 +152,7 @@ def session_hosts(logs: Sequence[LogSource], options: SessionOptions, seed: int 
 
 def start_session(network: InMemoryNetwork, options: SessionOptions) -> dict[str, Role]:
     """Run a session to its end: the initiator's host says which session-control call is due
-    (StartSession, BEGIN, FINISH: cels.protocol.host.Call); this driver makes each one,
+    (StartSession, BEGIN, FINISH: cels.protocol.hosted.Call); this driver makes each one,
     delivers what it sets off until no message is left, and reports back.  A refused call ends
     the session with the refusal's Abort, as over gRPC; a step message refused on the way
     raises (ProtocolError).  Returns the session's role on every node."""

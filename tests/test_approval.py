@@ -12,7 +12,8 @@ from cels.inprocess import session_hosts
 from cels.logs import synthetic_log
 from cels.node.policy import PartyPolicy
 from cels.protocol.aborts import DEADLINE, REFUSED
-from cels.protocol.host import ABORTED, PREPARED, SessionHost, Step
+from cels.protocol.hosted import ABORTED, PREPARED, Step
+from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.party import PartyRole
 from cels.protocol.phases import SessionState

@@ -11,7 +11,7 @@ from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_ses
 from cels.logs import synthetic_log
 from cels.mechanism.conditions import privacy_bound
 from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, abort_notice
-from cels.protocol.host import ABORTED, DONE, HOST_STEPS, PREPARED, RUNNING, Step
+from cels.protocol.hosted import ABORTED, DONE, HOST_STEPS, PREPARED, RUNNING, Step
 from cels.protocol import masked_sum
 from cels.protocol.options import DEFAULT_DEADLINE, SessionOptions
 from cels.protocol.party import PartyRole

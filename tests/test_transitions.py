@@ -12,7 +12,7 @@ import pytest
 from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.protocol.options import SessionOptions
-from cels.protocol.host import HOST_STEPS
+from cels.protocol.hosted import HOST_STEPS
 from cels.protocol.party import PartyRole
 from cels.protocol.phases import Phase
 from cels.protocol.roles import ProtocolError

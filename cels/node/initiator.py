@@ -2,7 +2,7 @@
 
 The host decides the initiator's steps (cels.protocol.host: StartSession to every other node,
 BEGIN everywhere, its own begin; FINISH everywhere once its role is finished, its own finish).
-This driver only makes each due :class:`~cels.protocol.host.Call` over gRPC, after the
+This driver only makes each due :class:`~cels.protocol.hosted.Call` over gRPC, after the
 session's outbox has delivered what came before it, and reports the answer back; meanwhile it
 streams the session's progress (StepReports, phase starts), then the output and the report, or
 the Abort.
@@ -23,7 +23,7 @@ from cels.node.link import PeerPhase, SessionLink
 from cels.node.peers import Refused, call_abort, rpc_text
 from cels.node.sessions import SessionDriver
 from cels.protocol.aborts import UNREACHABLE, abort_notice
-from cels.protocol.host import ABORTED, DONE, Call, Event, Step
+from cels.protocol.hosted import ABORTED, DONE, Call, Event, Step
 from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_to_wire, table_message

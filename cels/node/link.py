@@ -19,7 +19,8 @@ from cels.node.config import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.peers import PeerClients, Refused, call_abort, rpc_text
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
-from cels.protocol.host import Call, Effects, Event, HostedSession, SessionHost
+from cels.protocol.hosted import Call, Effects, Event, HostedSession
+from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, ProtocolError, step_name

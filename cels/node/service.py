@@ -41,7 +41,8 @@ from cels.node.sessions import NOTICE_SECONDS, SessionDriver
 from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
 from cels.protocol.aborts import CANCELLED, DIED
-from cels.protocol.host import Screen, SessionHost
+from cels.protocol.hosted import Screen
+from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import SessionState
 from cels.protocol.roles import SEND_WINDOW, ProtocolError, Refusal, Role, check_session_id, malformed, quoted

@@ -22,7 +22,8 @@ from cels.node.link import SessionLink, hold_seconds
 from cels.node.peers import PeerClients
 from cels.node.telemetry import NodeTelemetry
 from cels.protocol.aborts import describe
-from cels.protocol.host import ABORTED, DONE, KEPT_STATES, Effects, Event, HostedSession, SessionHost
+from cels.protocol.hosted import ABORTED, DONE, KEPT_STATES, Effects, Event, HostedSession
+from cels.protocol.host import SessionHost
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, ProtocolError, step_name
 from cels.protocol.wire import cels_pb2

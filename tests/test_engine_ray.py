@@ -22,7 +22,8 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, InProcessEngine, open_engine  # noqa: E402
-from cels.engine.ray.log_shards import LogShard, merge_pieces, read_batches, split_by_shard  # noqa: E402
+from cels.engine.ray.log_pieces import merge_pieces, read_batches, split_by_shard  # noqa: E402
+from cels.engine.ray.shards import LogShard  # noqa: E402
 from cels.engine.ray.work import CHUNK_IDS, RayWork  # noqa: E402
 from cels.engine.ray.cluster import RayEngine  # noqa: E402
 from cels.engine.ray.shards import ShardPool, in_bundle  # noqa: E402

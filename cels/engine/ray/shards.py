@@ -1,11 +1,12 @@
-"""A session's shards on the party's Ray cluster: their placement, the user-shard actors, the
-node's warm pool of shard actors and the sampler over them (cels.engine.ray; docs/ray.md,
+"""A session's shards on the party's Ray cluster: their placement, the two shard actors (the
+log shard, which holds its users' rows, and the user shard, which walks the private solve and
+samples), and the node's warm pool of them (cels.engine.ray; docs/ray.md,
 "Warm shards")."""
-
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,10 +16,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.ray.log_shards import LogShard
 from cels.engine.ray.common import ShardState
+from cels.engine.ray.log_pieces import EncodedPairs, LogPiece, merge_pieces
+from cels.logs.records import MAX_COUNT
+from cels.mechanism.conditions import apply_cap
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
+from cels.mechanism.item_kinds import ItemKinds
 from cels.protocol.sampling import StagedSampler
-from cels.protocol.user_draws import BucketDraws
+from cels.protocol.user_draws import BucketDraws, draw_order, user_digests
+from cels.protocol.variable_index import PART_CALLS, IndexPart
+from cels.protocol.work import PAIR_DIGEST_BYTES, column_type, smallest
 
 SHARD_MEMORY = 1 << 20
 """The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
@@ -33,6 +40,8 @@ READY_SECONDS = 10.0
 takes the actor for lost and starts another in its place."""
 STRICT_SECONDS = 2.0
 """How long a session waits for its shards on as many nodes before it takes best-effort spreading."""
+
+
 
 
 def spread_group(bundles: int) -> PlacementGroup | None:
@@ -150,6 +159,208 @@ class UserShard(ShardState):
     def sampled(self) -> sp.coo_matrix:
         """The exact mode's x_ij of this shard's users."""
         return self.sampler.result().tocoo()
+
+
+@dataclass
+class RangePart:
+    """One log shard's held pairs in one key range (:meth:`LogShard.key_ranges`): the first's
+    number there (``lo``), their digests and their totals c_i before the cap."""
+
+    lo: int
+    digests: np.ndarray
+    totals: np.ndarray
+
+
+@ray.remote
+class LogShard(ShardState):
+    """One shard's users and their rows c_ij (capped), in draw order, over the pairs they hold;
+    from the universe on, over the index's columns (the counts c^k restricted to its users)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[LogPiece] = []
+        self.users: list[str] = []  # in draw order
+        self.pairs = EncodedPairs(np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64))  # held pairs, by digest
+        self.counts: sp.csr_matrix | None = None  # users x own pairs held, capped
+        self.digests = np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}")  # held pair -> its keyed digest (until key_ranges)
+        self.totals = np.zeros(0, dtype=np.int64)  # held pair -> its total c_i here, before the cap (until key_ranges)
+        self.own_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> the party's own index
+        self.hashes = np.zeros(0, dtype=bool)  # held pair -> this shard hashes it (the first holding it)
+        self.kept: list[tuple[np.ndarray, np.ndarray]] = []  # returned union keys of its key range, with their own pairs
+        self.sorted_own = np.zeros(0, dtype=np.int64)  # the own pair of each of its kept keys, sorted
+        self.sorted_columns = np.zeros(0, dtype=np.int64)  # the index column of each of its kept keys, sorted
+        self.handed: dict[str, np.ndarray] = {}  # arrays set aside for the node, which takes them in slices
+        self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
+        self.local: sp.csr_matrix | None = None  # users x index columns
+        self.union_part: IndexPart | None = None  # P_1: its key range of the sorted union (cels.protocol.variable_index)
+
+    def add(self, piece: LogPiece) -> int:
+        """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
+        self.pieces.append(piece)
+        return len(piece.users)
+
+    def finish(self, cap: int, root: bytes, seeded: bool, kinds: ItemKinds | None = None) -> tuple[int, int, int]:
+        """The pieces added up (:func:`merge_pieces`), in draw order and capped (and with
+        ``kinds``, the DP release's bound: cels.mechanism.dp_release.bounded_by_kind, the items no
+        user keeps dropped); its users' digests handed over in slices (``slice``) as "users"
+        (draw order).  Returns the users and held pairs here, and |D| here."""
+        merged = merge_pieces(self.pieces)
+        self.pieces = []
+        digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
+        order = draw_order(digests)
+        self.users, self.pairs, self.digests = [merged.users[j] for j in order], merged.pairs, merged.digests
+        counts = merged.counts[order]
+        self.counts = apply_cap(counts, cap).tocsr()
+        self.totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        if kinds is not None:
+            key = DrawKeys(root, seeded=seeded).secret(ITEM_CHOICE)
+            self.counts = bounded_by_kind(self.counts, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), key, kinds)
+            held = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
+            self.pairs, self.digests, self.totals = self.pairs.take(held), self.digests[held], self.totals[held]
+            self.counts = self.counts[:, held].tocsr()
+        self.handed = {"users": digests[order]}
+        return len(digests), len(self.digests), int(counts.sum())
+
+    def key_ranges(self, shards: int) -> tuple | RangePart:
+        """Its held pairs (sorted by digest) cut into ``shards`` key ranges, range t for log
+        shard t to number (:meth:`number`): range t holds the digests whose first 8 bytes,
+        read as a big-endian integer, fall in the t-th of ``shards`` equal parts of [0, 2^64)
+        (even, as the digests are keyed pseudorandom).  One part alone when ``shards`` is 1."""
+        prefix = np.ascontiguousarray(self.digests.view(np.uint8).reshape(-1, PAIR_DIGEST_BYTES)[:, :8]).view(">u8").ravel()
+        cuts = np.searchsorted(prefix, [(t << 64) // shards for t in range(1, shards)]).tolist()
+        bounds = [0, *cuts, len(prefix)]
+        parts = tuple(RangePart(lo, self.digests[lo:hi], self.totals[lo:hi]) for lo, hi in zip(bounds, bounds[1:]))
+        self.digests, self.totals = np.zeros(0, dtype=self.digests.dtype), np.zeros(0, dtype=self.totals.dtype)  # not views: the arrays go
+        return parts if shards > 1 else parts[0]
+
+    def number(self, *parts: RangePart) -> tuple:
+        """Log shard t: the distinct pairs of key range t over every log shard's ``parts``
+        (:meth:`key_ranges`, in shard order), in digest order.  Returns, first, how many there
+        are, how many total above MAX_COUNT over the log, and the first such (its shard, its
+        held pair there, its total) or None; then, for each shard, its pairs' ranks in the range
+        and which of them it hashes (the first shard holding the pair)."""
+        sizes = np.cumsum([0, *(len(p.digests) for p in parts)])
+        distinct, first, rank = np.unique(np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(p.digests for p in parts)]), return_index=True, return_inverse=True)
+        totals = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(totals, rank, np.concatenate([np.zeros(0, dtype=np.int64), *(p.totals.astype(np.int64) for p in parts)]))
+        over = np.flatnonzero(totals > MAX_COUNT)
+        worst = None
+        if over.size:
+            at = int(first[over[0]])
+            s = int(np.searchsorted(sizes, at, side="right") - 1)
+            worst = (s, parts[s].lo + at - int(sizes[s]), int(totals[over[0]]))
+        hashes = first[rank] == np.arange(len(rank))
+        rank = rank.astype(column_type(len(distinct)))
+        answers = [(rank[lo:hi], hashes[lo:hi]) for lo, hi in zip(sizes, sizes[1:])]
+        return ((len(distinct), int(over.size), worst), *answers)
+
+    def own(self, offsets: list[int], *answers: tuple[np.ndarray, np.ndarray]) -> None:
+        """Its held pairs' own indices -- range t's offset plus the pair's rank in it -- and
+        which of them it hashes, from every log shard t's :meth:`number` (in range order, so in
+        this shard's order of its pairs)."""
+        own = offsets[-1]
+        self.own_of_pair = np.concatenate([np.zeros(0, dtype=column_type(own)), *(rank.astype(column_type(own)) + at for (rank, _), at in zip(answers, offsets))])
+        self.hashes = np.concatenate([np.zeros(0, dtype=bool), *(hashes for _, hashes in answers)])
+        self.handed = {}
+
+    def pair_id_chunks(self, size: int, own_pairs: int) -> list:
+        """For each chunk of ``size`` of the party's ``own_pairs`` (its own numbering), the
+        pairs in it this shard hashes: their positions in the chunk and their encoded ids, as
+        one object reference (the pair-work tasks read them from the object store)."""
+        hashed = np.flatnonzero(self.hashes)
+        own = self.own_of_pair[hashed]
+        order = np.argsort(own, kind="stable")
+        hashed, own = hashed[order], own[order]
+        bounds = np.searchsorted(own, np.arange(0, own_pairs + size, size)).tolist()
+        return [
+            ray.put(((own[lo:hi] - first).astype(np.int32), self.pairs.items(hashed[lo:hi])))
+            for first, lo, hi in zip(range(0, own_pairs, size), bounds, bounds[1:])
+        ]  # fmt: skip
+
+    def keep_keys(self, own: np.ndarray, keys: np.ndarray) -> None:
+        """Returned union keys of its key range (cels.protocol.variable_index.part_of), each
+        with the own pair it is of (a slice: :func:`in_slices`)."""
+        self.kept.append((own, keys))
+
+    def sort_keys(self, key_type: np.dtype) -> int:
+        """Its kept keys (of ``key_type``) sorted, handed over in slices as "sorted", with the
+        own pair of each kept in that order; returns how many."""
+        own = np.concatenate([np.zeros(0, dtype=np.int64), *(o for o, _ in self.kept)])
+        keys = np.concatenate([np.zeros(0, dtype=key_type), *(k for _, k in self.kept)])
+        self.kept = []
+        order = np.argsort(keys)  # distinct keys (a repeat is malformed): no stable sort needed
+        self.sorted_own, self.handed = own[order], {"sorted": keys[order]}
+        self.sorted_columns = np.zeros(len(order), dtype=np.int64)
+        return len(order)
+
+    def place_columns(self, lo: int, columns: np.ndarray) -> None:
+        """Its sorted keys lo.. (a slice) are these index columns."""
+        self.sorted_columns = self.sorted_columns.astype(columns.dtype, copy=False)
+        self.sorted_columns[lo : lo + len(columns)] = columns
+
+    def key_range_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """The own pairs of its key range and their index columns (for every log shard's
+        :meth:`index`, through the object store)."""
+        placed = self.sorted_own, self.sorted_columns
+        self.sorted_own, self.sorted_columns, self.handed = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), {}
+        return placed
+
+    def index(self, n: int, own_pairs: int, *placed: tuple[np.ndarray, np.ndarray]) -> tuple[str, int]:
+        """Every key range's own pairs and their columns of ``n`` (:meth:`key_range_columns`):
+        this shard's counts c^k over the index.  Handed over in slices: "columns", each held
+        pair's column; "sums", their column sums.  Returns the sums' type and largest."""
+        column_of_own = np.zeros(own_pairs, dtype=column_type(n))
+        for own, columns in placed:
+            column_of_own[own] = columns
+        self.column_of_pair = column_of_own[self.own_of_pair]
+        del column_of_own
+        counts = self.counts
+        self.local = sp.csr_matrix((counts.data, self.column_of_pair[counts.indices], counts.indptr), shape=(counts.shape[0], n), copy=True)
+        self.local.sort_indices()  # in place: on copies, not on the counts' arrays
+        sums = smallest(np.asarray(counts.sum(axis=0)).ravel())
+        self.handed = {"columns": self.column_of_pair, "sums": sums}
+        return sums.dtype.str, int(sums.max(initial=0))
+
+    def column_max(self) -> str:
+        """Per held pair, the largest count of one of this shard's users, handed over in slices
+        as "top" (its type returned; the columns as :meth:`index` handed them)."""
+        top = np.asarray(self.counts.max(axis=0).todense()).ravel() if self.counts.shape[0] else np.zeros(len(self.column_of_pair), dtype=np.int64)
+        self.handed = {"columns": self.column_of_pair, "top": smallest(top)}
+        return self.handed["top"].dtype.str
+
+    def active_counts(self, active: np.ndarray) -> sp.coo_matrix:
+        """This shard's users' counts over the ``active`` columns."""
+        return self.local[:, active].tocoo()
+
+    def pair_names(self, columns: np.ndarray) -> dict[int, tuple[str, str]]:
+        """(query, url) of the index ``columns`` this shard's users hold."""
+        order = np.argsort(self.column_of_pair)
+        held, columns = self.column_of_pair[order], np.asarray(columns, dtype=np.int64)
+        if not len(held):
+            return {}
+        at = np.minimum(np.searchsorted(held, columns), len(held) - 1)
+        hit = held[at] == columns
+        return {int(c): self.pairs.pair(order[a]) for c, a in zip(columns[hit], at[hit])}
+
+    def held_pair(self, pair: int) -> tuple[str, str]:
+        """(query, url) of held pair number ``pair`` (in the order of :meth:`finish`'s digests)."""
+        return self.pairs.pair(pair)
+
+    def user_names(self, rows: np.ndarray) -> list[str]:
+        """The ids of this shard's users ``rows`` (its draw order)."""
+        return [self.users[j] for j in rows]
+
+    def begin_union(self, width: int) -> None:
+        """P_1: an empty part of the sorted union, for ``width``-byte union keys."""
+        self.union_part = IndexPart(width)
+
+    def union(self, method: str, args: tuple):
+        """P_1: ``method`` of this shard's :class:`IndexPart` (one of cels.protocol.variable_index.PART_CALLS)."""
+        if method not in PART_CALLS:
+            raise ValueError(f"not a union part's call: {method!r}")
+        answer = getattr(self.union_part, method)(*args)
+        if method == "columns":  # positions in this part, int32 below 2^31: a chunk's answer fits in the call's reply (workers.SLICE_BYTES)
+            return answer.astype(column_type(int(answer.max(initial=0)) + 1))
+        return answer
 
 
 class ShardPool:

@@ -72,7 +72,7 @@ def key_material(cipher: CommutativeHash) -> tuple[bytes, SafePrimeGroup | None]
 def _pair_chunk(key: bytes, group: SafePrimeGroup | None, hash_first: bool, *parts) -> tuple[bytes, tuple[str, int], float]:
     """One chunk of pair work with the party's key rebuilt from ``key`` (:func:`key_material`):
     to hash, one part per log shard (the positions in the chunk of the pairs it hashes, and
-    their encoded ids: cels.engine.ray.log_shards.LogShard.pair_id_chunks), merged by position; to
+    their encoded ids: cels.engine.ray.shards.LogShard.pair_id_chunks), merged by position; to
     layer, one part, an :func:`id_array` of ids.  The ids out as one string of fixed-width ids
     (one object to pickle, not one per id), with its worker's peak RSS and the chunk's CPU
     seconds."""

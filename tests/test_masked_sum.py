@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from cels.crypto.paillier import PackingOverflowError
+from cels.crypto.packing import PackingOverflowError
 from cels.crypto.secure_aggregation import PairwiseMasks
 from cels.inprocess import InMemoryNetwork
 from cels.protocol import masked_sum

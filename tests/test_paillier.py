@@ -27,17 +27,8 @@ from cels.crypto.obfuscators import (
     djn_exponent_bits,
     obfuscators,
 )
-from cels.crypto.paillier import (
-    DECRYPT_CHUNK,
-    CiphertextError,
-    KeySizeError,
-    Packing,
-    PackingOverflowError,
-    decrypt,
-    decrypt_raw_many,
-    encrypt,
-    generate_keypair,
-)
+from cels.crypto.paillier import CiphertextError, KeySizeError, generate_keypair
+from cels.crypto.packing import DECRYPT_CHUNK, Packing, PackingOverflowError, decrypt, decrypt_raw_many, encrypt
 from cels.node.obfuscator_stock import ObfuscatorPool
 from cels.protocol.wire import codec
 

@@ -211,7 +211,7 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
     GIL) and the counts c are the plain sums."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cels.crypto.paillier import DECRYPT_CHUNK
+    from cels.crypto.packing import DECRYPT_CHUNK
 
     class CountingThreads(ThreadPoolExecutor):
         tasks = 0

@@ -12,7 +12,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
-from cels.crypto.paillier import DECRYPT_CHUNK, PackingOverflowError, decrypt, generate_keypair
+from cels.crypto.paillier import generate_keypair
+from cels.crypto.packing import DECRYPT_CHUNK, PackingOverflowError, decrypt
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
 from cels.protocol.secure_sum import SecureSum

@@ -41,14 +41,8 @@ from cels.crypto.ec_hash import X25519Hash, hash_to_u
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.key_sizes import PAPER_KEY_BITS
 from cels.crypto.obfuscators import FixedBaseTable, djn_exponent_bits, obfuscators
-from cels.crypto.paillier import (
-    DECRYPT_CHUNK,
-    EncryptedMatrix,
-    Packing,
-    check_key_bits,
-    decrypt_raw_many,
-    generate_keypair,
-)
+from cels.crypto.paillier import check_key_bits, generate_keypair
+from cels.crypto.packing import DECRYPT_CHUNK, EncryptedMatrix, Packing, decrypt_raw_many
 from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
 from cels.node.obfuscator_stock import ObfuscatorPool

@@ -49,7 +49,8 @@ from cels.certs import SOLVER
 from cels.engine.options import EngineOptions
 from cels.protocol.phases import WORK_PHASES, party_phases
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS
-from cels.crypto.paillier import Packing, PublicKey
+from cels.crypto.paillier import PublicKey
+from cels.crypto.packing import Packing
 from cels.fileio import atomic_write_json
 from cels.logs.synthetic import SyntheticHistogram, synthetic_histogram
 from cels.node.client import SessionAborted

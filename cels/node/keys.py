@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cels.crypto import paillier
+from cels.crypto.packing import int_bytes
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels.node.obfuscator_stock import ObfuscatorStock
 from cels.protocol.wire import cels_pb2, codec
@@ -135,7 +136,7 @@ class NodeKeys:
                 level = levels.get(owner)
                 entry = msg.stock.add(owner=owner, target=self.policy.target(owner))
                 if level is not None:
-                    entry.n = paillier.int_bytes(level.n)
+                    entry.n = int_bytes(level.n)
                     entry.ready, entry.handed_out = level.ready, level.handed_out
         return msg
 

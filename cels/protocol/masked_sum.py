@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from cels.crypto.secure_aggregation import SUMS, PairwiseMasks, signed
-from cels.crypto.paillier import PackingOverflowError
+from cels.crypto.packing import PackingOverflowError
 from cels.protocol.chunked import ChunkCursor, chunks
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Stream
 from cels.protocol.secure_sum import RingMember

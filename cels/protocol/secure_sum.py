@@ -24,19 +24,8 @@ from concurrent.futures import Executor
 import numpy as np
 
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
-from cels.crypto.paillier import (
-    DEFAULT_KEY_BITS,
-    CiphertextError,
-    EncryptedMatrix,
-    KeySizeError,
-    Packing,
-    PackingOverflowError,
-    PrivateKey,
-    PublicKey,
-    decrypt_fixed,
-    encrypt,
-    generate_keypair,
-)
+from cels.crypto.paillier import DEFAULT_KEY_BITS, CiphertextError, KeySizeError, PrivateKey, PublicKey, generate_keypair
+from cels.crypto.packing import EncryptedMatrix, Packing, PackingOverflowError, decrypt_fixed, encrypt
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, step_name
 from cels.protocol.wire import cels_pb2, codec
 

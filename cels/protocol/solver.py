@@ -17,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto import paillier
+from cels.crypto.packing import Packing, decrypt_fixed
 from cels.crypto.streams import DrawKeys
 from cels.mechanism.conditions import Conditions
 from cels.mechanism.noisy_counts import add_noise_and_repair
@@ -136,8 +137,8 @@ class SolverRole(SessionRole):
         return self._send(list(reversed(self.parties)), nlp_key=key)
 
     def _decrypt(
-        self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int, packing: paillier.Packing | None
-    ) -> tuple[np.ndarray, paillier.Packing]:
+        self, what: str, msg: cels_pb2.EncryptedMatrix, shape: tuple[int, int], terms: int, packing: Packing | None
+    ) -> tuple[np.ndarray, Packing]:
         """Parse (in the session's ``packing`` where P_0 knows it), check and decrypt a share sum.
 
         A sum of ``terms`` honest shares never reaches the packing's limit +-terms * offset (each
@@ -152,14 +153,14 @@ class SolverRole(SessionRole):
         if enc.terms != terms:
             raise malformed(f"{self.name}: {what} sums {enc.terms} shares, expected {terms}")
         try:
-            fixed = paillier.decrypt_fixed(self._private_key, enc, self._decryption_pool)
+            fixed = decrypt_fixed(self._private_key, enc, self._decryption_pool)
         except ValueError as exc:
             raise malformed(f"{self.name}: {what}: {exc}") from None
         if np.any(np.abs(fixed) >= terms * enc.packing.offset):
             raise malformed(f"{self.name}: {what}: an entry at the packing's limit (+-{terms} x offset): a forged plaintext, not a sum of shares")
         return fixed.astype(np.float64) / float(2**enc.packing.scale_bits), enc.packing
 
-    def _packing(self, which: str) -> paillier.Packing:
+    def _packing(self, which: str) -> Packing:
         """The session's packing of AF or AB (they do not depend on the counts, which P_0 does not know)."""
         rows = [self.shapes[p] for p in self.parties]
         return share_packings(self.public_key, 1, self.b, rows, len(self.parties))[which]

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto import paillier
+from cels.crypto.packing import MAX_ENCODED_BOUND, Packing
 from cels.mechanism.sampling import make_rng
 
 SLACK_RANGE = (1.0, 2.0)
@@ -76,7 +77,7 @@ def share_bounds(max_total: int, b: float, max_rows: int) -> tuple[float, float,
     return at, A_CLIP * SLACK_RANGE[1], A_CLIP * b * max(max_rows, 1)
 
 
-def share_packings(public_key: paillier.PublicKey, max_total: int, b: float, shape_rows: list[int], parties: int) -> dict[str, paillier.Packing]:
+def share_packings(public_key: paillier.PublicKey, max_total: int, b: float, shape_rows: list[int], parties: int) -> dict[str, Packing]:
     """The packings of a session's encrypted shares: ``at`` and ``ab`` summed over ``parties``,
     ``af`` one party's block.  Parties and solver derive them alike (docs/protocol.md)."""
     at_bound, af_bound, ab_bound = share_bounds(max_total, b, max(shape_rows, default=1))
@@ -87,19 +88,19 @@ def share_packings(public_key: paillier.PublicKey, max_total: int, b: float, sha
     }
 
 
-def implied_at_packing(received: paillier.Packing, public_key: paillier.PublicKey, parties: int) -> paillier.Packing:
+def implied_at_packing(received: Packing, public_key: paillier.PublicKey, parties: int) -> Packing:
     """The packing of AT that the received one's own bound offset / 2^scale_bits implies.
 
     AT's bound depends on max c_i, which the solver learns only from AT's last row, so it
     checks AT's packing in two steps: here, that it is what :func:`fixed_point_packing` gives
     for its own bound (honest packings are; raises ValueError for a bound no packing has);
     after decrypting, :func:`check_count_row`."""
-    if received.scale_bits > FRACTION_BITS or not 0 < received.offset <= paillier.MAX_ENCODED_BOUND:
+    if received.scale_bits > FRACTION_BITS or not 0 < received.offset <= MAX_ENCODED_BOUND:
         raise ValueError(f"packing.scale_bits {received.scale_bits} or packing.offset {received.offset} out of range")
     return fixed_point_packing(public_key, received.offset / 2**received.scale_bits, parties)
 
 
-def check_count_row(packing: paillier.Packing, counts: np.ndarray) -> None:
+def check_count_row(packing: Packing, counts: np.ndarray) -> None:
     """AT's decrypted last row must be non-negative integer counts that the packing's bound covers."""
     if np.any(counts < 0) or np.any(counts != np.rint(counts)):
         raise ValueError("its count row is not non-negative integers (a forged plaintext)")
@@ -113,12 +114,12 @@ FRACTION_BITS = 32
 """Fixed-point fractional bits of the NLP shares (absolute error 2^-33 per entry)."""
 
 
-def fixed_point_packing(public_key: paillier.PublicKey, bound: float, summands: int) -> paillier.Packing:
+def fixed_point_packing(public_key: paillier.PublicKey, bound: float, summands: int) -> Packing:
     """Fixed-point packing for |v| <= bound with FRACTION_BITS fractional bits (fewer if the
     64-bit decoding needs it: bound * 2^scale * summands < 2^62) and ``summands`` sums."""
     room = 61 - math.ceil(math.log2(bound + 1.0)) - summands.bit_length()
     scale_bits = max(0, min(FRACTION_BITS, room))
-    return paillier.Packing.for_values(public_key, bound, summands, scale_bits)
+    return Packing.for_values(public_key, bound, summands, scale_bits)
 
 
 @dataclass(frozen=True)

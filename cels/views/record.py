@@ -37,6 +37,7 @@ import numpy as np
 from google.protobuf.json_format import MessageToDict
 
 from cels.crypto import paillier
+from cels.crypto.packing import decrypt
 from cels.fileio import atomic_write, atomic_write_json
 from cels.inprocess import InMemoryNetwork, abort_message, session_hosts, start_session
 from cels.logs.model import SearchLog
@@ -68,7 +69,7 @@ def _decrypt(keys: list[paillier.PrivateKey], msg: cels_pb2.EncryptedMatrix) -> 
     """The matrix in ``msg`` if one of ``keys`` opens it (a wrong key fails the slot checks)."""
     for key in keys:
         try:
-            return paillier.decrypt(key, codec.matrix_of(msg, key.public_key))
+            return decrypt(key, codec.matrix_of(msg, key.public_key))
         except ValueError:
             continue
     return None

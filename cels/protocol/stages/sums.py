@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from cels.crypto import paillier
+from cels.crypto.packing import PackingOverflowError
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels.crypto.secure_aggregation import PairwiseMasks
 from cels.logs.records import MAX_COUNT
@@ -78,7 +79,7 @@ class SumRing(ABC):
             common.update(bound=None, aggregator=aggregator)
         try:
             joined = self._join(common)
-        except paillier.PackingOverflowError as exc:
+        except PackingOverflowError as exc:
             raise RoleFailure("a value exceeds its packing bound", str(exc)) from None
         self.running[sum_id] = joined
         return self._started(sum_id, joined)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from cels.crypto import paillier
+from cels.crypto.packing import EncryptedMatrix, Packing, encrypt
 from cels.crypto.obfuscators import ObfuscatorSource
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, fail, malformed
@@ -41,7 +42,7 @@ class TransformedSolve(Solve):
         self.ell = 0
         self.shape_rows: list[int] = []
         self.share: dict[str, np.ndarray] = {}
-        self.packings: dict[str, paillier.Packing] = {}
+        self.packings: dict[str, Packing] = {}
         self.obfuscators: ObfuscatorSource | None = None
         self.summed = False  # this party's share is in the NLP sum
         self.pi: np.ndarray | None = None
@@ -80,15 +81,15 @@ class TransformedSolve(Solve):
         self.obfuscators = self.paillier.obfuscators_for(key)
         out = []
         if rows[k]:
-            af = paillier.encrypt(key, share.af, self.packings["af"], self.obfuscators)
+            af = encrypt(key, share.af, self.packings["af"], self.obfuscators)
             block = cels_pb2.NlpSlackBlock(session_id=seat.session_id, party=seat.name, af=codec.matrix_message(af))
             out = seat.send(seat.solver, nlp_slack_block=block)
         if k != 0:
             return out
-        enc = {w: paillier.encrypt(key, self.share[w], self.packings[w], self.obfuscators) for w in ("at", "ab")}
+        enc = {w: encrypt(key, self.share[w], self.packings[w], self.obfuscators) for w in ("at", "ab")}
         return out + self._forward_sum(enc, hops=1)
 
-    def _parse_matrices(self, msg, step: str, terms: int, which=("at", "ab")) -> dict[str, paillier.EncryptedMatrix]:
+    def _parse_matrices(self, msg, step: str, terms: int, which=("at", "ab")) -> dict[str, EncryptedMatrix]:
         """The encrypted matrices of a hop, checked against the session's shapes and packings."""
         shapes = {"at": (self.ell + 1, len(self.counts.active)), "ab": (self.ell, 1)}
         out = {}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from cels.crypto.paillier import CiphertextError, EncryptedMatrix, Packing, PublicKey
+from cels.crypto.paillier import CiphertextError, PublicKey
+from cels.crypto.packing import EncryptedMatrix, Packing
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
 

@@ -141,7 +141,7 @@ def release_notes(report: dict[str, Any], output: Path, report_path: Path, took:
           f"the confidential operator report (not to be published) is {report_path}")  # fmt: skip
     if took:
         print(took)
-    from cels.mechanism.solvers import mip_stop_notice  # scipy: imported once a release is there, not for --help
+    from cels.mechanism.models import mip_stop_notice  # scipy: imported once a release is there, not for --help
 
     notice = mip_stop_notice(report.get("solver", {}))
     if notice is not None:

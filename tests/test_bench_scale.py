@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from cels.bench.scale import fitted_slope, load_range, paper_comparison, parse_sizes, series_summary
+from cels.bench.scale import parse_sizes
+from cels.bench.scale_report import fitted_slope, load_range, paper_comparison, series_summary
 from cels.cli import main
 from cels.protocol.phases import party_phases
 from cels.logs import LoadOptions, load_log

@@ -17,7 +17,7 @@ import pytest
 from cels.certs import make_dev_certs
 from cels.node.cluster import LOOPBACK, NODE_PORTS, LocalCluster, ephemeral_low, free_port
 from cels.node.health import add_health, main, node_health, wait_serving
-from cels.node.keys import KeyPolicy
+from cels.node.settings import KeyPolicy
 from cels.node.tls import server_credentials
 
 

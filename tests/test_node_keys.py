@@ -15,8 +15,9 @@ import grpc
 import pytest
 
 from cels.crypto.paillier import checked_keypair, generate_keypair
-from cels.node.config import DEFAULT_NICE, add_node_arguments, node_config
-from cels.node.keys import DEFAULT_STOCK, KeyPolicy, NodeKeys
+from cels.node.config import add_node_arguments, node_config
+from cels.node.keys import NodeKeys
+from cels.node.settings import DEFAULT_NICE, DEFAULT_STOCK, KeyPolicy
 from cels.node.obfuscator_stock import ObfuscatorPool, ObfuscatorStock
 from cels.protocol.wire import cels_pb2, codec
 
@@ -151,7 +152,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_key_policy_from_toml_and_flags(tmp_path) -> None:
     base = ["--name", "party-1", "--listen", "127.0.0.1:1", "--insecure"]
-    assert node_config(parse(base), "data").keys == KeyPolicy(stock=DEFAULT_STOCK, nice=DEFAULT_NICE)
+    assert node_config(parse(base), "data").keys == KeyPolicy() == KeyPolicy(stock=DEFAULT_STOCK, nice=DEFAULT_NICE)
     toml = tmp_path / "node.toml"
     toml.write_text('[keys]\nkey_bits = 3072\nobfuscators = 10\nstock = { solver = 99 }\nworkers = 1\n')
     policy = node_config(parse(["--config", str(toml), *base, "--stock", "party-2=0", "--obfuscators", "7"]), "data").keys

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+from pathlib import Path
 
 import grpc
 import pytest
@@ -251,3 +252,14 @@ def test_a_missing_certificate_names_its_toml_key_and_flag(tmp_path, capsys) -> 
                       f'[data]\npath = "{data}"\n')  # fmt: skip
     assert party_main(["--config", str(config)]) == 2
     assert capsys.readouterr().err == f"cels-party: error: [tls] cert (--cert): {tmp_path / 'party-1.pem'} does not exist\n"
+
+
+def test_docs_show_the_node_settings_as_they_are() -> None:
+    """docs/deployment.md carries the table generated from the one declaration of each setting."""
+    from cels.engine.options import EngineOptions
+    from cels.node.settings import KeyPolicy, NodeConfig
+    from cels.settings import markdown_table
+
+    table = markdown_table(NodeConfig, KeyPolicy, EngineOptions)
+    assert table in (Path(__file__).resolve().parent.parent / "docs" / "deployment.md").read_text()
+    assert len(table.splitlines()) == 2 + 13 + 6 + 4  # every setting of the three tables is a row

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
-from cels.node.config import DEFAULT_MAX_MESSAGE_MIB
+from cels.node.settings import DEFAULT_MAX_MESSAGE_MIB
 from cels.node.handlers import Unparsed
 from cels.protocol.roles import Envelope, ProtocolError, check_session_id, quoted, step_name
 from cels.protocol.wire import cels_pb2

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 
 import grpc
 
@@ -24,43 +23,12 @@ from cels.crypto.packing import int_bytes
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
 from cels.node.obfuscator_stock import ObfuscatorStock
 from cels.protocol.wire import cels_pb2, codec
+from cels.node.settings import KeyPolicy
 
 log = logging.getLogger("cels.node")
 
-DEFAULT_STOCK = 4096
-"""Obfuscators a party node keeps ready per peer key (about 2.2 MB per 2048-bit key)."""
 KEY_REFRESH_SECONDS = 30.0
 """How often a node re-reads its peers' keys (a restarted peer has a new node key)."""
-
-
-@dataclass
-class KeyPolicy:
-    """How a node handles Paillier keys (``[keys]`` table / flags)."""
-
-    session_keys: bool = False
-    """A fresh key pair in every session (nothing can be precomputed)."""
-    key_bits: int = paillier.DEFAULT_KEY_BITS
-    """Bits of the node key; sessions asking for another size get a fresh key pair."""
-    stock: int = 0
-    """Obfuscators kept ready per stocked key (0: none; they are computed during the session)."""
-    stock_for: dict[str, int] = field(default_factory=dict)
-    """Per key owner (a peer's name or this node's): its own stock size, 0 = not stocked."""
-    workers: int | None = None
-    """Worker processes for obfuscators (default: :func:`default_workers`)."""
-    nice: int = 0
-    """Niceness increment of those workers (os.nice in each worker): the stock fills while
-    the node is idle, and must not starve its host."""
-
-    def __post_init__(self) -> None:
-        if self.stock < 0 or any(v < 0 for v in self.stock_for.values()):
-            raise ValueError("obfuscator stock sizes must be >= 0")
-        if self.workers is not None and self.workers < 1:
-            raise ValueError(f"obfuscator workers must be >= 1, got {self.workers}")
-        if not 0 <= self.nice <= 19:
-            raise ValueError(f"obfuscator nice must lie in 0..19, got {self.nice}")
-
-    def target(self, owner: str) -> int:
-        return self.stock_for.get(owner, self.stock)
 
 
 def default_workers() -> int:

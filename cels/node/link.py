@@ -15,7 +15,7 @@ from typing import Protocol
 
 import grpc
 
-from cels.node.config import NodeConfig
+from cels.node.settings import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.peers import PeerClients, Refused, call_abort, rpc_text
 from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from cels.node.config import NodeConfig
+from cels.node.settings import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.tls import open_channel
 from cels.protocol.aborts import DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, UNREACHABLE, abort_notice, peer_abort

@@ -18,52 +18,16 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from cels.crypto.key_sizes import MIN_TEST_KEY_BITS
 from cels.engine.options import ENGINE_TABLE
 from cels.logs.formats import FORMATS
 from cels.node.policy import POLICY_TABLE
+from cels.node.settings import HOST_PORT, NAME, POSITIVE, KeyPolicy, NodeConfig
 from cels.protocol.options import OPTIONS, Option
+from cels.settings import table_schemas
 
-PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-"""A TCP port, 1..65535, as a regular expression."""
-HOST_PORT = {"type": "string", "pattern": rf"^\S+:{PORT}$", "description": "host:port (a port from 1 to 65535)"}
-POSITIVE = {"type": "number", "exclusiveMinimum": 0}
-NAME = {"type": "string", "minLength": 1, "description": "a name (a non-empty string)"}
-KEY_BITS = {"type": "integer", "minimum": MIN_TEST_KEY_BITS}
 _JSON_TYPES = {float: "number", int: "integer", str: "string", bool: "boolean"}
-
-NODE_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "name": NAME,
-        "listen": HOST_PORT,
-        "deadline": POSITIVE,
-        "insecure": {"type": "boolean"},
-        "controllers": {"type": "array", "items": NAME},
-        "min_key_bits": KEY_BITS,
-        "max_message_mib": {"type": "integer", "minimum": 1, "maximum": 2047},
-        "record_view": {"type": "string"},
-    },
-}
-TLS_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"ca": {"type": "string"}, "cert": {"type": "string"}, "key": {"type": "string"}},
-}
-PEERS_TABLE = {"type": "object", "additionalProperties": HOST_PORT}
-KEYS_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "session_keys": {"type": "boolean"},
-        "key_bits": KEY_BITS,
-        "obfuscators": {"type": "integer", "minimum": 0},
-        "stock": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
-        "workers": {"type": "integer", "minimum": 1},
-        "nice": {"type": "integer", "minimum": 0, "maximum": 19},
-    },
-}
+_NODE_TABLES = {**table_schemas(NodeConfig), **table_schemas(KeyPolicy)}
+"""The ``[node]``, ``[tls]``, ``[peers]``, ``[metrics]`` and ``[keys]`` tables, from the node's settings."""
 DATA_TABLE = {
     "type": "object",
     "additionalProperties": False,
@@ -89,25 +53,18 @@ LEDGER_TABLE = {
     "properties": {"path": {"type": "string"}, "key": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
 }
 SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
-METRICS_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"listen": {"type": "string", "description": 'host:port, or a port alone (127.0.0.1)'}},
-}
-
 PARTY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        "node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "data": DATA_TABLE,
-        "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
+        **_NODE_TABLES, "data": DATA_TABLE, "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
     },
 }  # fmt: skip
 """A party node's TOML (``cels-party --config``; cels.node.config)."""
 SOLVER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "properties": {"node": NODE_TABLE, "tls": TLS_TABLE, "peers": PEERS_TABLE, "keys": KEYS_TABLE, "metrics": METRICS_TABLE, "solver": SOLVER_TABLE},
+    "properties": {**_NODE_TABLES, "solver": SOLVER_TABLE},
 }
 """A solver node's TOML (``cels-solver --config``)."""
 
@@ -153,7 +110,7 @@ SESSION_SCHEMA: dict[str, Any] = {
                 "report": {"type": "string"},
                 "timeout": POSITIVE,
                 "wait": {**POSITIVE, "description": "seconds cels run waits for the nodes to answer (default 60)"},
-                "nodes": PEERS_TABLE,
+                "nodes": _NODE_TABLES["peers"],
             },
         },
         "session": session_table(),

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS
-from cels.node.config import NodeConfig
+from cels.node.settings import NodeConfig
 from cels.node.framing import from_frames
 from cels.node.handlers import Unparsed, add_node_service
 from cels.node.health import add_health

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from cels.node.config import NodeConfig
+from cels.node.settings import NodeConfig
 from cels.node.keys import NodeKeys
 from cels.node.link import SessionLink, hold_seconds
 from cels.node.peers import PeerClients

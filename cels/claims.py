@@ -21,6 +21,7 @@ A guarantee names its observer.  What holds (docs/security.md, "End-to-end DP: w
 from __future__ import annotations
 
 import math
+from cels.releases import DP_HISTOGRAM
 from dataclasses import dataclass
 from typing import Any
 
@@ -352,7 +353,7 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
     if seeded:
         plain = ["this run replayed its draws from --seed: it is NOT private and must not be published"]
     return {
-        "release": "dp",
+        "release": DP_HISTOGRAM.name,
         "plain": plain,
         "epsilon": epsilon,
         "delta": delta,

@@ -1,5 +1,6 @@
-"""Names a package offers, imported from their modules on first use (PEP 562), so that reading a
-command's flags (``cels sanitize --help``) loads no numpy, scipy or gRPC."""
+"""Names imported on first use, so that reading a command's flags (``cels sanitize --help``)
+loads no numpy, scipy or gRPC: a package's names (PEP 562), and functions named as
+``"module:function"``, as entry points name them."""
 
 from __future__ import annotations
 
@@ -21,3 +22,9 @@ def lazy_exports(package: str, sources: dict[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+def resolve(ref: str) -> Any:
+    """The object a ``"module:name"`` reference names, imported now."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)

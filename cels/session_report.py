@@ -14,7 +14,7 @@ from cels.logs.model import output_sizes
 from cels.claims import dp_release_accounting, privacy_accounting
 from cels.protocol.stages.dp_release import session_accounting
 from cels.protocol.options import SessionOptions
-from cels.protocol.phases import solve_phase
+from cels.protocol.machines import solver_machine
 from cels.protocol.wire.codec import phase_label
 from cels.protocol.stages.results import SessionResult
 
@@ -49,7 +49,7 @@ def dp_session_report(result: SessionResult) -> dict:
     return {
         "method": "cels-dp-histogram",
         "privacy": dp_release_accounting(accounting, parties=len(opts.parties), seeded=result.seeded),
-        "release": {"kind": "dp", "threshold": result.output.threshold, "items": len(result.output)},
+        "release": {"kind": opts.release, "threshold": result.output.threshold, "items": len(result.output)},
         "sizes": {"parties": len(opts.parties), "output_items": len(result.output)},
         "universe_cipher": opts.universe_cipher,
         "phases": phases,
@@ -58,9 +58,12 @@ def dp_session_report(result: SessionResult) -> dict:
 
 
 def session_report(result: SessionResult) -> dict:
-    """The report of a finished session (the keys ``cels run`` and the tests read)."""
-    if result.options.release == "dp":
-        return dp_session_report(result)
+    """The report of a finished session (the keys ``cels run`` and the tests read): its release kind's."""
+    return result.options.release_kind.report(result)
+
+
+def sampled_session_report(result: SessionResult) -> dict:
+    """The report of a sampled-release session: privacy given the counts, the solve, utility, the phases."""
     phases = session_phases(result)
     opts, counts, solved, output = result.options, result.counts, result.solved, result.output
     x_all = np.zeros(counts.n, dtype=np.min_scalar_type(int(solved.x.max(initial=0))))  # x over the index in its smallest type
@@ -68,7 +71,7 @@ def session_report(result: SessionResult) -> dict:
     # the cleaned pairs (c_i >= min_count) without a copy of the index where cleaning drops none
     # (the measures skip c_i = 0, and pass over the index in chunks: cels.metrics)
     cleaned = counts.totals if opts.min_count <= 1 else np.where(counts.totals >= opts.min_count, counts.totals, 0)
-    solve_cost = phases.get(solve_phase(opts.solve), {})
+    solve_cost = phases.get(solver_machine(opts).phases[0], {})  # phase 3, the solver's
     return {
         "method": "cels-protocol",
         "privacy": {**session_privacy(opts, opts.b, result.seeded), "min_count": opts.min_count},

@@ -90,7 +90,7 @@ def start(argv: Sequence[str] | None):
         # (FAILED_PRECONDITION), then the privacy budget is checked (a refusal is
         # FAILED_PRECONDITION too); the log is read when the session begins (a bad log aborts
         # that session, not the node)
-        if session.release == "sampled" and session.solve == "transformed":
+        if session.release_kind.solves and session.solve == "transformed":
             log.warning("%s: session %s: %s", config.name, session.session_id, TRANSFORMED_WARNING)
         engine.check()
         load = LogFile(path, options)

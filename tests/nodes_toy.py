@@ -26,8 +26,8 @@ from cels.node.config import add_data_arguments, add_node_arguments, data_source
 from cels.node.process import serve  # noqa: E402
 from cels.node.service import Node  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
-from cels.protocol.rolebase import SessionRole  # noqa: E402
-from cels.protocol.roles import Envelope, ProtocolError, accepts, fail  # noqa: E402
+from cels.protocol.rolebase import Machine, PhaseRow, SessionRole, Takes, charges  # noqa: E402
+from cels.protocol.roles import Envelope, ProtocolError, fail  # noqa: E402
 from cels.protocol.wire import cels_pb2  # noqa: E402
 
 
@@ -35,7 +35,7 @@ class ToyRole(SessionRole):
     """The toy ring (module doc) as a role under the real SessionHost contract."""
 
     def __init__(self, name: str, options: SessionOptions, value: int = 0) -> None:
-        super().__init__(name, options)
+        super().__init__(name, options, TOY, charges(TOY))
         self.value = value
         self.delay = (options.cap or 0) / 1000  # the toy reads its knobs from two spare options
         self.payload = options.min_count
@@ -94,10 +94,13 @@ class ToyRole(SessionRole):
     def _report(self) -> list:
         return [] if self.name == self.initiator else super()._report()
 
-    ACCEPTS = {
-        "sum_result": accepts(Phase.COUNTS, _on_sum_result),
-        "step_report": accepts((Phase.COUNTS, Phase.OVER), _on_step_report),
-    }
+
+REPORT = Takes(ToyRole._on_step_report)
+TOY = Machine("toy", {
+    Phase.COUNTS: PhaseRow({"sum_result": Takes(ToyRole._on_sum_result, by_sum_id=True), "step_report": REPORT}),
+    Phase.OVER: PhaseRow({"step_report": REPORT}),
+})  # fmt: skip
+"""The toy's machine: its ring's sums, and the reports the initiator collects."""
 
 
 def write_total(total: int, path: Path) -> None:

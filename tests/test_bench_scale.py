@@ -14,7 +14,7 @@ import pytest
 from cels.bench.scale import parse_sizes
 from cels.bench.scale_report import fitted_slope, load_range, paper_comparison, series_summary
 from cels.cli import main
-from cels.protocol.phases import party_phases
+from cels.protocol.machines import PARTY
 from cels.logs import LoadOptions, load_log
 from cels.logs.synthetic import synthetic_histogram
 
@@ -36,7 +36,7 @@ def test_smallest_point_end_to_end(tmp_path, capsys) -> None:
     assert point["offline_seconds"] == 0 and 0 < point["online_seconds"] < point["point_seconds"]
     assert point["obfuscators"] == {"stocked_per_party": None, "computed_online": None}
     phases = point["phases"]
-    assert list(phases) == list(party_phases("private"))
+    assert list(phases) == list(PARTY["private"].phases)
     assert sum(p["bytes"] for p in phases.values()) == point["bytes_total"] > 0
     assert point["wire_bytes_total"] >= point["bytes_total"]  # frames and envelopes on top of the messages
     for phase in phases.values():

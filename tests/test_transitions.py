@@ -1,9 +1,9 @@
-"""The roles' transition tables are the machine (issue 24; docs/protocol.md, "How a session lives").
+"""The roles' transition tables are the machine (cels.protocol.machines; docs/protocol.md, "How a session lives").
 
-Read from the tables themselves: every step message of the one protocol schema is a row of a
-role's table or refused by it; every (message, phase) pair outside a row is refused without
-changing the role; every phase a row names is reached by a real session, and so are the
-phases no row names (READY, OVER, FAILED)."""
+Read from the tables themselves: every step message a table names is one of the one protocol
+schema; every (message, phase) pair outside a table's cells is refused without changing the
+role; every phase a table names is reached by a real session, in the table's order; each
+message is charged to one phase per session; and docs/protocol.md shows the tables as they are."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from cels.inprocess import InMemoryNetwork, session_hosts, start_session
 from cels.logs import synthetic_log
 from cels.protocol.options import SessionOptions
 from cels.protocol.hosted import HOST_STEPS
+from cels.protocol.machines import PARTY, SESSION_CHARGES, SOLVER
 from cels.protocol.party import PartyRole
 from cels.protocol.phases import Phase
 from cels.protocol.roles import ProtocolError
@@ -36,11 +37,27 @@ def roles(mode: str) -> tuple[SessionOptions, dict[str, object]]:
     return options, made
 
 
-@pytest.mark.parametrize("role_class", [PartyRole, SolverRole])
-def test_every_row_names_a_step_of_the_schema_and_a_role_phase(role_class) -> None:
-    for step, row in role_class.ACCEPTS.items():
-        assert step in STEPS, step
-        assert row.phases and set(row.phases) <= set(ROLE_PHASES), (step, row.phases)
+MACHINES = [*PARTY.values(), *SOLVER.values()]
+
+
+@pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.name)
+def test_every_cell_names_a_step_of_the_schema_and_a_role_phase(machine) -> None:
+    assert set(machine.rows) <= set(ROLE_PHASES)
+    for phase, row in machine.rows.items():
+        assert set(row.takes) <= set(STEPS), (phase, set(row.takes) - set(STEPS))
+        assert row.then is None or row.then in machine.rows, (phase, row.then)
+
+
+@pytest.mark.parametrize("name", sorted(SESSION_CHARGES))
+def test_every_step_of_a_session_is_charged_to_one_phase(name) -> None:
+    """The mask keys are taken from the universe on but charged where they are used: the
+    private solve's in the solve, the DP release's in the counts (one rule, from the tables)."""
+    charged = SESSION_CHARGES[name]
+    taken = {step for m in (PARTY[name], SOLVER[name]) for row in m.rows.values() for step in row.takes}
+    assert taken <= set(charged)
+    if "mask_key" in charged:
+        assert charged["mask_key"] is {"private": Phase.SOLVE, "dp": Phase.COUNTS}[name]
+    assert charged["dp_items" if name == "dp" else "step_report"] is (Phase.OVER if name == "dp" else Phase.CONTROL)
 
 
 @pytest.mark.parametrize("mode", ["private", "transformed", "dp"])
@@ -53,9 +70,8 @@ def test_every_pair_outside_a_row_is_refused_and_changes_nothing(mode, node) -> 
     for step in STEPS:
         if step in HOST_STEPS:
             continue
-        row = type(role).ACCEPTS.get(step)
         for phase in ROLE_PHASES:
-            if row is not None and phase in row.phases:
+            if step in getattr(role.machine.rows.get(phase), "takes", {}):
                 continue
             role.phase = phase
             envelope = cels_pb2.Envelope(session_id=options.session_id, sender=sender, **{step: getattr(cels_pb2, type(getattr(cels_pb2.Envelope(), step)).__name__)()})
@@ -86,8 +102,8 @@ def test_every_phase_a_row_names_is_reached_by_a_session(mode) -> None:
     for node, role in ended.items():
         reached = set(role.seconds) | {Phase.READY, role.phase}  # left (charged) phases, the first and the last
         assert role.phase is Phase.OVER, (node, role.phase)
-        named = {p for row in type(role).ACCEPTS.values() for p in row.phases} & MODE_PHASES[mode, type(role)]
-        assert named <= reached, (node, named - reached)
+        assert set(role.machine.rows) == MODE_PHASES[mode, type(role)], (node, role.machine.name)
+        assert set(role.machine.rows) <= reached, (node, set(role.machine.rows) - reached)
 
 
 def test_an_abort_reaches_failed() -> None:
@@ -99,16 +115,17 @@ def test_an_abort_reaches_failed() -> None:
 
 
 def table_markdown() -> str:
-    """The roles' transition tables as docs/protocol.md shows them ("How a session lives")."""
-    rows = ["| step message | a party takes it in | the solver takes it in |", "| --- | --- | --- |"]
+    """The roles' transition tables as docs/protocol.md shows them ("How a session lives"):
+    where each step message is taken, per machine (the sampled release's two solves, the DP release)."""
+    names = list(PARTY)
+    rows = ["| step message | " + " | ".join(f"a party ({n})" for n in names) + " | " + " | ".join(f"the solver ({n})" for n in names) + " |",
+            "| --- |" + " --- |" * (2 * len(names))]
     for step in STEPS:
-        cells = []
-        for role_class in (PartyRole, SolverRole):
-            row = role_class.ACCEPTS.get(step)
-            cells.append(", ".join(p.value for p in ROLE_PHASES if row is not None and p in row.phases) or "refused")
         if step in HOST_STEPS:
-            cells = [HOST_TAKES[step], HOST_TAKES[step] if step != "approval" else "refused"]
-        rows.append(f"| `{step}` | {cells[0]} | {cells[1]} |")
+            cells = [HOST_TAKES[step]] * len(names) + [HOST_TAKES[step] if step != "approval" else "refused"] * len(names)
+        else:
+            cells = [", ".join(p.value for p in m.taken_in(step)) or "refused" for m in [*PARTY.values(), *(SOLVER[n] for n in names)]]
+        rows.append(f"| `{step}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -119,13 +136,12 @@ def test_docs_show_the_tables_as_they_are() -> None:
 
 
 def next_markdown() -> str:
-    """The party's NEXT table as docs/protocol.md shows it: after each phase, the next."""
-    from cels.protocol.party import NEXT
-
-    rows = ["| when the machine of | has its result, the party keeps it as | and enters |", "| --- | --- | --- |"]
-    for phase, (keep, then, build) in NEXT.items():
-        entered = then.value if then is not None else ("solve or nlp (the solve mode)" if build is not None else "over")
-        rows.append(f"| {phase.value} | {f'`{keep}`' if keep else '-'} | {entered} |")
+    """The party's phase order per machine as docs/protocol.md shows it: after each phase, the next."""
+    rows = ["| machine | when the phase machine of | has its result, the party keeps it as | and enters |", "| --- | --- | --- | --- |"]
+    for name, machine in PARTY.items():
+        for phase, row in machine.rows.items():
+            if phase is not Phase.OVER:
+                rows.append(f"| {name} | {phase.value} | {f'`{row.keep}`' if row.keep else '-'} | {(row.then or Phase.OVER).value} |")
     return "\n".join(rows)
 
 

@@ -38,7 +38,6 @@ from cels.engine.options import add_engine_arguments, engine_options
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
 from cels.protocol.options import SessionOptions
 from cels.protocol.work import ItemBound
-from cels.releases import release_kind
 
 RUNNERS = ("inmemory", "processes")
 
@@ -162,7 +161,7 @@ def bench_processes(
             node_flags={party: party_flags or [] for party in options.parties},
         )  # fmt: skip
         wall = time.perf_counter() - start
-        release_sha256 = hashlib.sha256((Path(tmp) / release_kind(options).output_name(".tsv")).read_bytes()).hexdigest()
+        release_sha256 = hashlib.sha256((Path(tmp) / options.release_kind.output_name(".tsv")).read_bytes()).hexdigest()
     offline = report.get("offline")
     note = (
         "obfuscators from the nodes' stocks (computed_online counts those the stock lacked)"

@@ -46,7 +46,7 @@ from cels.bench.engine_targets import LOCAL, engine_figures, engine_label, engin
 from cels.bench.protocol import bench_processes, solve_result
 from cels.certs import SOLVER
 from cels.engine.options import EngineOptions
-from cels.protocol.phases import party_phases
+from cels.protocol.machines import PARTY
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS
 from cels.crypto.paillier import PublicKey
 from cels.crypto.packing import Packing
@@ -57,6 +57,7 @@ from cels.cli.options import DEMO_DELTA
 from cels.protocol.options import OPTION, RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.stages.sums import COUNT_BOUND
 from cels.bench.scale_report import outside_phases_seconds, paper_comparison, series_key, series_summary, write_outputs
+from cels.releases import DP_HISTOGRAM, SAMPLED
 
 DEFAULT_PAIRS = "10K,100K,1M,4M"
 DEFAULT_PARTIES = "3,10"
@@ -142,8 +143,8 @@ def engines(args: argparse.Namespace) -> list[EngineOptions]:
 def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, args: argparse.Namespace, engine: EngineOptions = EngineOptions()) -> dict[str, Any]:
     """One session on ``shares`` on ``engine``; its figures, or its status if it failed or ran out of time."""
     parties = len(shares)
-    kind = {"release": "dp", "max_items_per_user": args.max_items_per_user} if solve == "dp" else {"solve": solve}
-    delta = args.delta if args.delta is not None else DEMO_DELTA[kind.get("release", "sampled")]
+    kind = {"release": DP_HISTOGRAM.name, "max_items_per_user": args.max_items_per_user} if solve == "dp" else {"solve": solve}
+    delta = args.delta if args.delta is not None else DEMO_DELTA[kind.get("release", SAMPLED.name)]
     options = SessionOptions.create(parties, epsilon=args.epsilon, delta=delta, key_bits=args.key_bits, **kind)
     # the private solve sums by pairwise masks: it encrypts nothing, so it has no offline phase
     stock = None if args.no_stock or solve in ("private", "dp") else {options.parties[0]: sum_obfuscators(histogram.pairs, parties, args.key_bits)}
@@ -171,7 +172,7 @@ def run_point(histogram: SyntheticHistogram, shares: list[Path], solve: str, arg
             "bytes": entry["bytes_total"],
             "bytes_by_node": entry["bytes"],
         }
-        for name in party_phases(solve)
+        for name in PARTY[solve].phases
         if (entry := figures["phases"].get(name)) is not None
     }
     rss = report.get("peak_rss_bytes", {})

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from cels import __version__
 from cels.fileio import Terminated, raise_on_termination
+from cels.lazy import resolve
 
 DESCRIPTION = (
     "Publish what the private logs of one or several organisations hold, in one of two releases (--release; "
@@ -82,10 +83,7 @@ def command_of(argv: Sequence[str]) -> str | None:
 
 def command_function(func: Callable[[argparse.Namespace], int] | str) -> Callable[[argparse.Namespace], int]:
     """A parser's ``func``: the callable, or the one its ``"module:function"`` name gives."""
-    if isinstance(func, str):
-        module, name = func.split(":")
-        return getattr(importlib.import_module(module), name)
-    return func
+    return resolve(func) if isinstance(func, str) else func
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from cels.claims import items_words
+from cels.releases import report_kind
 
 EXIT_EMPTY_RELEASE = 3
 """Exit code of a run whose release is empty (|O| = 0); its output and report are written."""
@@ -41,7 +42,7 @@ def empty_release_reason(report: dict[str, Any]) -> str | None:
     are linear in b (EDBT section 4.2), so b / max u_i is the smallest b at which one record
     of some pair fits (``max_pair_bound``, single holder), and b / |O_max| a lower bound of it."""
     solver, p = report.get("solver") or {}, report.get("privacy") or {}
-    if p.get("release") == "dp":
+    if report_kind(report).end_to_end:
         return empty_dp_reason(report)
     if not solver:
         return empty_baseline_reason(report)

@@ -15,6 +15,7 @@ from typing import Any
 
 from cels.mechanism.defaults import INTEGER_METHODS
 from cels.protocol.options import OPTIONS, Option
+from cels.releases import KINDS
 
 SESSION_FLAGS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.flag)
 """Every session option on the command line of ``cels simulate`` / ``cels bench protocol``."""
@@ -25,7 +26,7 @@ HOLDER_FLAGS: tuple[Option, ...] = tuple(o for o in SESSION_FLAGS if o.holder)
 DEMO_BUDGET = {"epsilon": 1.0, "delta": None}
 """``cels simulate`` / ``cels bench protocol`` run without --epsilon / --delta (delta: by the
 release kind, :data:`DEMO_DELTA`); ``cels sanitize`` needs both."""
-DEMO_DELTA = {"sampled": 0.4, "dp": 1e-6}
+DEMO_DELTA = {kind.name: kind.demo_delta for kind in KINDS.values()}
 """delta when a demo command is given none: the sampled release's per-user disclosure
 probability (probabilistic DP), or approximate DP's negligible delta for the DP histogram."""
 

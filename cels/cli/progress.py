@@ -26,7 +26,8 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from cels.protocol.options import SessionOptions
-from cels.protocol.phases import Phase, party_phases, solve_phase
+from cels.protocol.machines import party_machine, solver_machine
+from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_label
 
@@ -36,9 +37,10 @@ class SessionProgress:
 
     def __init__(self, options: SessionOptions, stream: IO[str] | None = None, bars: bool | None = None) -> None:
         self.stream = stream or sys.stderr
-        self.expected = {party: party_phases(options.solve) for party in options.parties}
-        self.expected[options.solver] = (solve_phase(options.solve),)
-        self.order = party_phases(options.solve)
+        party = party_machine(options).phases
+        self.expected = {name: party for name in options.parties}
+        self.expected[options.solver] = solver_machine(options).phases
+        self.order = party
         """Every phase of the session in protocol order (the solver's is one of the parties')."""
         self.initiator = options.initiator
         self.t0 = time.monotonic()

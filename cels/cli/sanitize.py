@@ -32,6 +32,7 @@ from cels.logs.formats import FORMATS, log_format
 from cels.logs.options import LoadOptions
 from cels.logs.textio import ENCODING
 from cels.reports import default_operator_path, release_note_path, write_reports
+from cels.releases import DP_HISTOGRAM, release_kind
 
 if TYPE_CHECKING:
     from cels.logs.model import SearchLog
@@ -87,7 +88,6 @@ def run_dp_histogram(args: argparse.Namespace) -> Release:
     from cels.mechanism.dp_release import release_utility, sanitize_dp
     from cels.mechanism.item_kinds import ItemKinds
     from cels.protocol.options import DEFAULT_PADDING_EPSILON
-    from cels.releases import DP_HISTOGRAM
 
     kinds = ItemKinds.parse(args.items, args.max_items_per_user)
     accounting = release_accounting(args.epsilon, args.delta, kinds, DEFAULT_PADDING_EPSILON, 1, 0)  # a bad bound fails before the read
@@ -103,7 +103,7 @@ def run_dp_histogram(args: argparse.Namespace) -> Release:
     report = {
         "method": "dp-histogram",
         "privacy": dp_release_accounting(accounting, parties=1, seeded=args.seed is not None, single=True),
-        "release": {"kind": "dp", "threshold": histogram.threshold, "items": len(histogram)},
+        "release": {"kind": DP_HISTOGRAM.name, "threshold": histogram.threshold, "items": len(histogram)},
         "sizes": {"users": log.n_users, "items": log.n_pairs, "output_items": len(histogram)},
         "utility": {**release_utility(histogram, true), "against": "the distinct-user counts after the bound"},
     }
@@ -257,12 +257,13 @@ def guarantee_word(privacy: dict) -> str:
 
 def execute(args: argparse.Namespace) -> Release:
     """Check OUT and REPORT, load, run the chosen method, write OUT and REPORT; returns the release."""
-    if args.release == "dp" and args.method != "optimal":
+    dp = release_kind(args.release) is DP_HISTOGRAM
+    if dp and args.method != "optimal":
         raise ValueError(f"--release dp is its own method: leave out --method {args.method}")
     check_output_paths(
         {"--out": args.out, "release note": str(release_note_path(args.out)), "--report": report_path(args)}, inputs=(args.input,), force=args.force,
     )
-    release = run_dp_histogram(args) if args.release == "dp" else METHODS[args.method].run(args)
+    release = run_dp_histogram(args) if dp else METHODS[args.method].run(args)
     write_release_and_reports(release, args.out, report_path(args))
     return release
 

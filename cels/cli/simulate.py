@@ -32,7 +32,6 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_label, table_of
-from cels.releases import release_kind
 from cels.reports import release_note_path, write_reports
 
 
@@ -109,7 +108,7 @@ def run_nodes(
     parties = list(options.parties)
     limit = time.monotonic() + timeout
     out.mkdir(parents=True, exist_ok=True)
-    output = out / release_kind(options).output_name(suffix)
+    output = out / options.release_kind.output_name(suffix)
     with tempfile.TemporaryDirectory(prefix="cels-nodes-") as tmp:
         work = Path(tmp)
         nodes = [SOLVER, *parties]
@@ -261,14 +260,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         log, fmt_args = load_input(args), input_flags(args)
     suffix = fmt.release_suffix or output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
-    output = args.out / release_kind(options).output_name(suffix)
+    output = args.out / options.release_kind.output_name(suffix)
     report_path = operator_path(args.report, output, options.session_id)
     check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else (), force=args.force)
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip
     extra = {"simulation": {"parties": args.parties, "users_per_party": [s.n_users for s in shares], "processes": args.parties + 1}}
-    if options.release == "dp" and not options.item_kinds.only_pairs:  # the kinds count events in order: each party gets its events
+    if options.release_kind.private_universe and not options.item_kinds.only_pairs:  # the kinds count events in order: each party gets its events
         events = log.records() if args.input is None else list(iter_records(args.input, input_options(args)))
         shares, fmt_args = split_records_by_user(events, args.parties), ["--format", "aol"]
     try:

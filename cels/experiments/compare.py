@@ -24,6 +24,7 @@ from cels.experiments import common, dp_compare
 from cels.experiments.common import Dataset, SolveOptions, UnionSolver, baseline_args, dataset_records, panels, save_figure, utility
 from cels.logs import LogRecord
 from cels.mechanism.conditions import privacy_bound
+from cels.releases import DP_HISTOGRAM, KINDS, SAMPLED, release_kind
 
 BASELINE_NAMES = ("zealous", "korolova", "safelog")
 
@@ -155,7 +156,7 @@ DEFAULT_PARTIES = 4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_dataset_arguments(parser, aol="0", msnbc="40829")
     common.add_solver_arguments(parser, grid=False)
-    parser.add_argument("--release", choices=("sampled", "dp"), default="sampled",
+    parser.add_argument("--release", choices=tuple(KINDS), default=SAMPLED.name,
                         help="sampled (default): this table; dp: the DP histogram against the sampled release, ZEALOUS and "
                         "Korolova et al. over epsilon and Delta_0 (cels.experiments.dp_compare)")  # fmt: skip
     parser.add_argument("--budgets", default=None, metavar="E:D,..",
@@ -167,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> list[dict]:
-    if getattr(args, "release", "sampled") == "dp":
+    if release_kind(getattr(args, "release", SAMPLED.name)) is DP_HISTOGRAM:
         args.budgets = args.budgets or dp_compare.DEFAULT_BUDGETS
         args.parties = dp_compare.DEFAULT_PARTIES if args.parties is None else args.parties
         return dp_compare.run(args, out_dir, parse_budgets(args.budgets))

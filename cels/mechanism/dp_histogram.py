@@ -139,6 +139,15 @@ def threshold(epsilon: float, delta: float, max_items: int, beta: Fraction = Fra
 # -- noise shares ---------------------------------------------------------------------------
 
 
+def check_session(options: object) -> None:
+    """A DP-release session's parameters, refused in one line before any work: t < r and a
+    computable threshold (cels.releases)."""
+    r, t = len(options.parties), options.collusion
+    if t >= r:
+        raise ValueError(f"collusion t = {t} must be below the {r} parties (no noise share would stay unknown)")
+    threshold(options.epsilon, options.delta, options.item_kinds.total, share_beta(r, t))
+
+
 def _bernoulli_exp(num: np.ndarray, den: int, gen: np.random.Generator) -> np.ndarray:
     """Bernoulli(exp(-num/den)) elementwise, 0 <= num <= den (Canonne, Kamath and Steinke 2020,
     Algorithm 1): K is the first k with a failed Bernoulli(num/(den k)) coin; true iff K is odd.

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from cels.baselines.release import ReleasedItem
+from cels.baselines.release import ReleasedItem, write_release
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.dp_histogram import count_scale, noise_shares, share_beta, threshold
@@ -53,6 +53,11 @@ class DpHistogram:
         """The release of ``items`` (cels.mechanism.item_kinds) with these noisy counts."""
         released = (kind_of(item).released_item(item, c) for item, c in zip(items, counts))
         return cls(tuple(sorted(released, key=lambda i: (i.kind, i.query, i.url or "", i.next_query or ""))), tau)
+
+
+def write_histogram(histogram: DpHistogram, path: Any) -> None:
+    """Write a DP histogram in the baselines' release format (atomic; cels.baselines.release)."""
+    write_release(list(histogram.items), path)
 
 
 def bounded_counts(

@@ -32,7 +32,7 @@ refuses the next session) rather than read as a smaller spend; so is a ledger th
 while its key exists, or a key that is missing while its ledger exists.  What a key alone
 cannot show is a rollback of both files to an earlier copy: keep them where only the node's
 operator writes.  A session is charged when the party's data for the release leaves it
-(:data:`CHARGED_FROM`), not when its part finishes, so an abort after that point still
+(its release kind's ``charged_from``: cels.releases), not when its part finishes, so an abort after that point still
 counts.
 """
 
@@ -57,10 +57,8 @@ from cels.workers import process_alive
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import WORK_PHASES, Phase
 from cels.protocol.roles import Refusal
+from cels.releases import DP_HISTOGRAM
 
-CHARGED_FROM = {"sampled": Phase.UNION, "dp": Phase.COUNTS}
-"""The phase in which a party's data for the release leaves it (its sampled records into the
-union; its noisy counts into the masked sum): reaching it charges the session."""
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
 @dataclass(frozen=True)
 class LedgerPolicy:
@@ -120,22 +118,6 @@ def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) ->
     return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"), key=key)
 
 
-GUARANTEES = {"sampled": "probabilistic DP of the sampling given the counts", "dp": "DP end to end"}
-"""An entry's ``guarantee`` by release kind (docs/releases.md): the two do not mean the same (eps, delta)."""
-
-
-def session_cost(options: SessionOptions) -> tuple[float, float, float]:
-    """(eps, delta, eps') one session spends (eps' = 0 without noise on the counts).  A DP
-    histogram spends what its most-informed observer gets, a party's view (release and padded
-    set sizes: cels.mechanism.dp_histogram.release_accounting), with no eps'."""
-    if options.release == "dp":
-        from cels.protocol.stages.dp_release import session_accounting
-
-        eps, delta = session_accounting(options)["party"]
-        return float(eps), float(delta), 0.0
-    return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)
-
-
 def totals(entries: list[dict[str, Any]], window_days: float | None, now: float) -> dict[str, Any]:
     """Composed spend of the sessions in the window (all sessions without a window)."""
     since = now - window_days * 86400 if window_days else None
@@ -145,7 +127,7 @@ def totals(entries: list[dict[str, Any]], window_days: float | None, now: float)
         "epsilon": sum(e["epsilon_total"] for e in inside),
         "delta": sum(e["delta"] for e in inside),
         "without_end_to_end": sum(not e["end_to_end"] for e in inside),
-        "dp_sessions": sum(e.get("guarantee") == GUARANTEES["dp"] for e in inside),
+        "dp_sessions": sum(e.get("guarantee") == DP_HISTOGRAM.guarantee for e in inside),
         "since": iso(since) if since is not None else None,
     }
 
@@ -203,7 +185,7 @@ class Ledger:
         role is done with output; the node calls :meth:`release` when the session ends."""
         if self.policy is None:
             return make_role()
-        eps, delta, noise = session_cost(options)
+        eps, delta, noise = options.release_kind.spends(options)
         with self._lock, locked(self.policy.path):
             entries = self._entries(create=True)[0]
             used = next((e for e in entries if e["session_id"] == options.session_id), None)
@@ -219,7 +201,7 @@ class Ledger:
         except BaseException:
             self.release(options.session_id)
             raise
-        return ChargedRole(role, lambda: self.record(options), CHARGED_FROM[options.release])
+        return ChargedRole(role, lambda: self.record(options), options.release_kind.charged_from)
 
     def reserved(self) -> dict[str, Reservation]:
         """The running sessions' reservations, by session id."""
@@ -262,7 +244,7 @@ class Ledger:
     def record(self, options: SessionOptions) -> None:
         """Append a finished session (atomically: the file is complete or unchanged)."""
         assert self.policy is not None
-        eps, delta, noise = session_cost(options)
+        eps, delta, noise = options.release_kind.spends(options)
         entry = {
             "session_id": options.session_id,
             "finished_at": self.clock(),
@@ -270,8 +252,8 @@ class Ledger:
             "delta": delta,
             "noise_epsilon": noise,
             "epsilon_total": eps + noise,
-            "end_to_end": noise > 0 or options.release == "dp",
-            "guarantee": GUARANTEES[options.release],
+            "end_to_end": noise > 0 or options.release_kind.end_to_end,
+            "guarantee": options.release_kind.guarantee,
             "parties": list(options.parties),
             "initiator": options.initiator,
         }
@@ -321,7 +303,7 @@ def show(policy: LedgerPolicy, now: float | None = None) -> str:
     entries = read_entries(policy.path, policy.key_file)
     lines = [f"ledger {policy.path}: {len(entries)} session(s); {COMPOSITION}"]
     for e in entries:
-        if e.get("guarantee") == GUARANTEES["dp"]:
+        if e.get("guarantee") == DP_HISTOGRAM.guarantee:
             noise = " (DP histogram, end to end: a party's view)"
         else:
             noise = f" + eps' {e['noise_epsilon']:g} (noisy counts)" if e["end_to_end"] else " (no noise on the counts)"

@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 
 from cels.protocol.options import RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.roles import Refusal
+from cels.releases import DP_HISTOGRAM, SAMPLED, ReleaseKind
 
 NAME = {"type": "string", "minLength": 1}
 APPROVALS = ("auto", "manual")
@@ -51,6 +52,14 @@ class Rule:
     schema: dict[str, Any]
     parse: Callable[[str], Any]
     breaks: Callable[[SessionOptions, Any], str | None]
+    kind: ReleaseKind | None = None
+    """The one release kind whose sessions the rule reads (None: every session)."""
+
+    def broken_by(self, options: SessionOptions, value: Any) -> str | None:
+        """Why a session breaks the rule set to ``value``, or None."""
+        if self.kind is not None and options.release_kind is not self.kind:
+            return None
+        return self.breaks(options, value)
 
     @property
     def flag(self) -> str:
@@ -66,7 +75,7 @@ def _ceiling(name: str) -> Callable[[SessionOptions, Any], str | None]:
 
 
 def _noise(options: SessionOptions, limit: float | None) -> str | None:
-    if limit is None or options.release != "sampled":
+    if limit is None:
         return None
     if options.noise_epsilon is None:
         return f"the counts carry no noise (noise_epsilon is unset; at most {limit:g} required)"
@@ -84,7 +93,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 def _dp_bound(options: SessionOptions, limit: int | None) -> str | None:
     total = options.item_kinds.total
-    if limit is None or options.release != "dp" or total <= limit:
+    if limit is None or total <= limit:
         return None
     return f"the contribution bound Delta = {total} ({options.item_kinds.text()}) is above {limit}"
 
@@ -97,19 +106,19 @@ RULES: tuple[Rule, ...] = (
          lambda o, v: f"release = {o.release} is not one of {', '.join(v)}" if o.release not in v else None),
     Rule("solves", ("private",), "the solves of a sampled release this party takes part in; transformed lets the solver rebuild "
          "every party's rows (SECURITY.md) and is off unless listed", {"type": "array", "items": {"enum": list(SOLVE_MODES)}}, _names,
-         lambda o, v: f"solve = {o.solve} is not one of {', '.join(v)}" if o.release == "sampled" and o.solve not in v else None),
+         lambda o, v: f"solve = {o.solve} is not one of {', '.join(v)}" if o.solve not in v else None, SAMPLED),
     Rule("max_epsilon", 10.0, "the largest epsilon of a session", {"type": "number", "exclusiveMinimum": 0}, float, _ceiling("epsilon")),
     Rule("max_delta", 0.5, "the largest delta of a session", {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, float, _ceiling("delta")),
     Rule("max_noise_epsilon", None, "a sampled release must put noise on its counts with at most this epsilon' (unset: noise optional)",
-         {"type": "number", "exclusiveMinimum": 0}, float, _noise),
+         {"type": "number", "exclusiveMinimum": 0}, float, _noise, SAMPLED),
     Rule("keep_user_ids", False, "allow sessions that put this party's real user ids into the union and the release",
          {"type": "boolean"}, _flag_bool,
          lambda o, v: "keep_user_ids would put this party's real user ids into the release" if o.keep_user_ids and not v else None),
     Rule("dp_min_collusion", 0, "a DP release must size its noise shares for coalitions of at least this many parties (t)",
          {"type": "integer", "minimum": 0}, int,
-         lambda o, v: f"collusion t = {o.collusion} is below {v}" if o.release == "dp" and o.collusion < v else None),
+         lambda o, v: f"collusion t = {o.collusion} is below {v}" if o.collusion < v else None, DP_HISTOGRAM),
     Rule("dp_max_items_per_user", None, "the largest contribution bound of a DP release (Delta, the sum over its item kinds)",
-         {"type": "integer", "minimum": 1}, int, _dp_bound),
+         {"type": "integer", "minimum": 1}, int, _dp_bound, DP_HISTOGRAM),
     Rule("approve", "auto", "manual: a session another party starts waits, with nothing read or reserved, until this party's "
          "operator runs cels approve or cels reject (at most the session's approval_wait)", {"enum": list(APPROVALS)},
          _choice(*APPROVALS), lambda o, v: None),
@@ -152,7 +161,7 @@ class PartyPolicy:
         peers and controllers see; the detail with the values: the node's log and its own
         controller)."""
         for rule in RULES:
-            reason = rule.breaks(options, self.value(rule.key))
+            reason = rule.broken_by(options, self.value(rule.key))
             if reason is not None:
                 raise Refusal(f"policy.{rule.key}", f"{node} refuses session {options.session_id}: policy.{rule.key}: {reason}")
 

@@ -30,6 +30,7 @@ from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
+from cels.releases import KINDS, ReleaseKind
 from cels.protocol.wire import cels_pb2
 
 if TYPE_CHECKING:  # imported where used: the flags and schemas come from this module without numpy or scipy
@@ -45,9 +46,8 @@ UNIVERSE_CIPHERS = ("x25519", "pohlig-hellman")
 SOLVE_MODES = ("private", "transformed")
 """Phase 3: the masked greedy in which no constraint row leaves its party (default), or the
 paper's Algorithm 2, in which the solver decrypts the transformed problem (docs/protocol.md)."""
-RELEASES = ("sampled", "dp")
-"""What a session publishes (docs/releases.md): the sampled log of user rows (CELS, probabilistic
-DP given exact counts) or a DP histogram of items with noisy counts, DP end to end."""
+RELEASES = tuple(KINDS)
+"""What a session publishes (docs/releases.md): one release kind each (cels.releases)."""
 DEFAULT_PADDING_EPSILON = 0.1
 """The DP release: epsilon of each id set's padding, which only the nodes see (docs/releases.md)."""
 DEFAULT_THETA = 0.7
@@ -197,9 +197,8 @@ class SessionOptions:
         DEFAULT_BATCH, "private solve: proposals per round", flag="--round-batch", metavar="B", bounds={"minimum": 1}
     )  # fmt: skip
     release: str = option(
-        "sampled", "what the session publishes: sampled, user rows with probabilistic DP given exact counts (CELS); dp, a "
-        "histogram of query-url pairs with noisy counts, (epsilon, delta)-DP end to end, no noise-free count at any node "
-        "(docs/releases.md)", flag="--release", choices=RELEASES, holder=True,
+        "sampled", "what the session publishes: " + "; ".join(f"{k.name}, {k.help}" for k in KINDS.values()) + " (docs/releases.md)",
+        flag="--release", choices=RELEASES, holder=True,
     )  # fmt: skip
     max_items_per_user: int = option(
         1, "dp release: Delta_0, the distinct items of each kind a user keeps (chosen at random at its party)",
@@ -243,21 +242,15 @@ class SessionOptions:
             )
         self.item_kinds  # noqa: B018 -- a bad --items is refused in one line, whatever the release
         group_for_bits(self.group_bits, allow_paper_bits=True)  # an offered group (the nodes refuse the paper's 1024 unless allowed)
-        if self.release == "dp":
-            self._check_dp()
+        self.release_kind.check(self)
         object.__setattr__(self, "b", self.params.validate())
 
-    def _check_dp(self) -> None:
-        """The DP release's parameters, refused in one line before any work: t < r and a
-        computable threshold (cels.mechanism.dp_histogram)."""
-        from cels.mechanism.dp_histogram import share_beta, threshold
-
-        r = len(self.parties)
-        if self.collusion >= r:
-            raise ValueError(f"collusion t = {self.collusion} must be below the {r} parties (no noise share would stay unknown)")
-        threshold(self.epsilon, self.delta, self.item_kinds.total, share_beta(r, self.collusion))
-
     # -- derived values ------------------------------------------------------------------
+    @property
+    def release_kind(self) -> ReleaseKind:
+        """What the session publishes (cels.releases)."""
+        return KINDS[self.release]
+
     @property
     def item_kinds(self) -> ItemKinds:
         """The DP release's item kinds and their bounds (``items`` and ``max_items_per_user``)."""
@@ -388,3 +381,9 @@ def _check(declared: Option, value: Any) -> None:
             f"{relation} {bounds[k]:g}" for k, (relation, _) in NUMBER_BOUNDS.items() if k in bounds
         ]
         raise ValueError(f"{declared.name} must be {' and '.join(said)}, got {value!r}")
+
+
+def sampled_spends(options: SessionOptions) -> tuple[float, float, float]:
+    """(eps, delta, eps') a sampled-release session spends in a party's ledger (cels.releases;
+    eps' = 0 without noise on the counts)."""
+    return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)

@@ -3,11 +3,11 @@
 One state machine per session over this party's private log D_k, composed of one phase
 machine per phase (cels.protocol.stages): the load and the universe (commutative hashing, P_1's
 index), the counts (secure sums, suppression, the constraint rows), phase 3 (the private solve
-or the paper's Algorithm 2, chosen once from the options), the sampling and the secure union;
-the initiator keeps the output and every node's StepReports (:class:`SessionResult`).  Each
-machine is built from the frozen result of the one before it; the role routes each step
-message to the running machine through its ``ACCEPTS`` table and moves the phase in one place
-(:meth:`PartyRole._moved`).  The row-wise work over the log is the executor's
+or the paper's Algorithm 2, chosen once from the options), the sampling and the secure union,
+or the DP release's noisy counts; the initiator keeps the output and every node's StepReports
+(:class:`SessionResult`).  Each machine is built from the frozen result of the one before it;
+the role routes each step message to the running machine through its table
+(cels.protocol.machines) and moves the phase in one place (:meth:`PartyRole._moved`).  The row-wise work over the log is the executor's
 (cels.protocol.work).
 """
 
@@ -24,39 +24,23 @@ from cels.crypto.streams import DrawKeys
 from cels.logs.model import SearchLog
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Envelope, Outgoing, accepts, fail
+from cels.protocol.roles import Envelope, Outgoing, fail
+from cels.protocol.machines import party_machine, session_charges
 from cels.protocol.rolebase import SessionRole
-from cels.protocol.stages.counts import Counts
-from cels.protocol.stages.dp_release import NoisyCounts, histogram_of, release_threshold
-from cels.protocol.stages.private import PrivateSolve
+from cels.protocol.stages.dp_release import histogram_of, release_threshold
 from cels.protocol.stages.results import (
     CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult,
 )  # fmt: skip
-from cels.protocol.stages.sampling import Sampling
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.solve import Solve
-from cels.protocol.stages.sums import MaskedSums, PaillierSetup
-from cels.protocol.stages.transformed import TransformedSolve
-from cels.protocol.stages.union import Union, output_log
-from cels.protocol.stages.universe import Load, Universe, commutative_hash
+from cels.protocol.stages.sums import PaillierSetup
+from cels.protocol.stages.union import output_log
+from cels.protocol.stages.universe import commutative_hash
 from cels.protocol.wire import cels_pb2
 from cels.protocol.work import InProcessWork, ItemBound, PartyWork
 
-SOLVES: dict[str, type[Solve]] = {"private": PrivateSolve, "transformed": TransformedSolve}
-"""Phase 3 by the session's ``solve`` option."""
 SessionReporter = Callable[[SessionResult], dict]
 """Builds the initiator's session report from its result (a driver's: cels.session_report)."""
-
-
-def step(handler: Callable[..., list[Outgoing]]) -> Callable[..., list[Outgoing]]:
-    """A table row's handler: the running phase machine's ``handler``, then the phase moves
-    if the machine has its result."""
-
-    def run(role: PartyRole, sender: str, message) -> list[Outgoing]:
-        return role._moved(handler(role.stage, sender, message))
-
-    run.__name__ = handler.__name__
-    return run
 
 
 class PartyRole(SessionRole):
@@ -80,7 +64,7 @@ class PartyRole(SessionRole):
         work: PartyWork | None = None,
         session_report: SessionReporter | None = None,
     ) -> None:
-        super().__init__(name, options)
+        super().__init__(name, options, party_machine(options), session_charges(options))
         if name not in self.parties:
             raise ValueError(f"{name!r} is not a party of session {self.session_id!r}")
         self.k = self.parties.index(name)
@@ -94,14 +78,11 @@ class PartyRole(SessionRole):
         # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
         # the streams its work indexes by user bucket (cels.protocol.work)
         self._rng = self.draws.stream("party")
-        self._solve_class = SOLVES[options.solve]
-        setup = PaillierSetup(obfuscators, keypair, decryption_pool)
-        # the DP release sums under pairwise masks whatever the solve (it runs none)
-        self.sums = MaskedSums(self.seat, self._on_sum_total) if options.release == "dp" else self._solve_class.sum_ring(self.seat, self._on_sum_total, setup)
+        self.sums = self.machine.ring(self.seat, self._on_sum_total, PaillierSetup(obfuscators, keypair, decryption_pool))
         self.stage: Stage = Stage(self.seat)  # the running phase machine (none before begin)
+        self.solve: Solve | None = None  # phase 3's machine, kept after its phase (its views: cels.attacks)
         self.loaded: LoadResult | None = None
         self.counted: CountsResult | None = None
-        self.solve: Solve | None = None
         self.solved: SolveResult | None = None
         self.sampled: SamplingResult | None = None
         self.united: UnionResult | None = None
@@ -113,36 +94,36 @@ class PartyRole(SessionRole):
         return self.sums.view_keys()
 
     def _begin(self) -> list[Outgoing]:
-        return self.sums.begin() + self._moved([], Load(self.seat, self.work))
+        return self.sums.begin() + self._moved([], self.machine.phases[0])
 
-    def _moved(self, out: list[Outgoing], begin: Stage | None = None) -> list[Outgoing]:
-        """The one place the phase moves: the machine ``begin``, or while the running machine
-        has its result the next one built from it, is entered and started; the union's result
-        ends this party's part."""
-        stage = begin
-        while stage is not None or (self.stage.result is not None and not self.done):
-            stage = stage or self._next(self.stage.result)
-            if stage is None:
-                self._finish()
-                break
-            self.stage, stage = stage, None
-            self._enter(self.stage.phase)
+    def _moved(self, out: list[Outgoing], begin: Phase | None = None) -> list[Outgoing]:
+        """The one place the phase moves, by the machine's table: the phase ``begin``, or
+        while the running phase machine has its result the row's next phase, is entered, its
+        machine built from that result and started; a row with no next phase ends this
+        party's part (the sampled release's initiator then holds the output)."""
+        then, result = begin, None
+        while then is not None or (self.stage.result is not None and not self.done):
+            if then is None:
+                row, result = self.machine.rows[self.phase], self.stage.result
+                if row.keep is not None:
+                    setattr(self, row.keep, result)
+                if row.then is None:
+                    if self.name == self.initiator and self.united is not None:
+                        self.output = output_log(self.united, self.loaded)
+                    self._finish()
+                    break
+                then = row.then
+            self.stage = self.machine.rows[then].build(self, result)
+            assert self.stage.phase is then, (then, self.stage.phase)
+            self._enter(then)
+            then = None
             out = out + self.stage.start()
         return out
 
-    def _next(self, result) -> Stage | None:
-        """The phase machine after the running one (:data:`NEXT`), built from its ``result``,
-        which the role keeps (as NEXT says); none after the union (the initiator keeps the output)."""
-        keep, then, build = (DP_NEXT if self.options.release == "dp" else NEXT)[self.phase]
-        if keep is not None:
-            setattr(self, keep, result)
-        if build is None:
-            if self.name == self.initiator and self.options.release != "dp":  # the DP release comes from the solver
-                self.output = output_log(result, self.loaded)
-            return None
-        stage = build(self, result)
-        assert stage.phase is then or (then is None and stage.phase in SOLVE_PHASES), (self.phase, stage.phase)
-        return stage
+    def kept_solve(self, solve: Solve) -> Solve:
+        """Phase 3's machine, which the party keeps after its phase (what it saw: cels.attacks)."""
+        self.solve = solve
+        return solve
 
     def _on_sum_total(self, sum_id: str, total: np.ndarray) -> list[Outgoing]:
         return self.stage.on_sum_total(sum_id, total)
@@ -191,59 +172,3 @@ class PartyRole(SessionRole):
     def finished(self) -> bool:
         """The initiator is finished once it holds the output and every node's report."""
         return self.session_result is not None if self.name == self.initiator else self.done
-
-    ACCEPTS = {
-        "universe_hop": accepts(Phase.UNIVERSE, step(Universe.on_hop)),
-        "universe_index": accepts(Phase.UNIVERSE, step(Universe.on_index)),
-        "sum_key": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
-        "sum_hop": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
-        "sum_result": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
-        "masked_sum_share": accepts((Phase.COUNTS, Phase.SAMPLING), _on_sum_message, whole=True),
-        "nlp_key": accepts(Phase.NLP, step(TransformedSolve.on_nlp_key)),
-        "nlp_sum_hop": accepts(Phase.NLP, step(TransformedSolve.on_nlp_sum_hop)),
-        "nlp_permute_hop": accepts(Phase.NLP, step(TransformedSolve.on_nlp_permute_hop)),
-        "nlp_solution": accepts(Phase.NLP, step(TransformedSolve.on_nlp_solution)),
-        "mask_key": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE), _on_mask_key),
-        "round_verdict": accepts(Phase.SOLVE, step(PrivateSolve.on_round_verdict)),
-        "noise_total": accepts(Phase.SOLVE, step(PrivateSolve.on_noise_total)),
-        "transcript_digest": accepts(Phase.SOLVE, step(PrivateSolve.on_transcript_digest)),
-        "union_encrypt_hop": accepts(Phase.UNION, step(Union.on_message), whole=True),
-        "union_decrypt_hop": accepts(Phase.UNION, step(Union.on_message), whole=True),
-        "union_result": accepts(Phase.UNION, step(Union.on_message), whole=True),
-        "dp_selection": accepts(Phase.COUNTS, step(NoisyCounts.on_dp_selection)),
-        "dp_release": accepts(Phase.OVER, _on_dp_release),
-        "step_report": accepts((Phase.UNIVERSE, Phase.COUNTS, Phase.NLP, Phase.SOLVE, Phase.SAMPLING, Phase.UNION, Phase.OVER), _on_step_report),
-    }
-    """Which step message P_k takes in which phase (the initiator also takes StepReports)."""
-
-
-def _sampling(role: PartyRole, solved: SolveResult) -> Sampling:
-    return Sampling(role.seat, role.work, role.sums, role.counted, solved)
-
-
-def _solve(role: PartyRole, counted: CountsResult) -> Solve:
-    role.solve = role._solve_class(role.seat, role.work, role.sums, counted, role._rng)
-    return role.solve
-
-
-SOLVE_PHASES = (Phase.SOLVE, Phase.NLP)
-NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
-    Phase.LOAD: ("loaded", Phase.UNIVERSE, lambda role, r: Universe(role.seat, role.work, role._hash, r, role.dummies)),
-    Phase.UNIVERSE: (None, Phase.COUNTS, lambda role, r: Counts(role.seat, role.work, role.sums, r)),  # c^k: to the counts' sum only
-    Phase.COUNTS: ("counted", None, _solve),  # the solve mode's phase 3: SOLVE or NLP (SOLVES)
-    Phase.SOLVE: ("solved", Phase.SAMPLING, _sampling),  # either solve's result starts the same sampling
-    Phase.NLP: ("solved", Phase.SAMPLING, _sampling),
-    Phase.SAMPLING: ("sampled", Phase.UNION, lambda role, r: Union(role.seat, role.work, role.counted, r, role._rng)),
-    Phase.UNION: ("united", None, None),  # this party's part is over: OVER
-}
-"""The party's phases in order: when the running phase machine has its result, the role keeps
-it (the attribute named; none: only the next phase needs it), and builds the next phase's machine from it.  With ``ACCEPTS`` (which
-step message each phase takes) this is the whole machine."""
-DP_NEXT: dict[Phase, tuple[str | None, Phase | None, Callable[[PartyRole, object], Stage] | None]] = {
-    Phase.LOAD: NEXT[Phase.LOAD],
-    Phase.UNIVERSE: (None, Phase.COUNTS, lambda role, r: NoisyCounts(role.seat, role.work, role.sums, r, role.draws)),
-    Phase.COUNTS: (None, None, None),  # the items of its kept columns went to the solver: OVER
-}
-"""The DP release's phases (``--release dp``, cels.protocol.stages.dp_release): the universe,
-assembled by the solver, then the noisy counts and the selection; the initiator's release
-comes from the solver (``dp_release``)."""

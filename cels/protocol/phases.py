@@ -17,7 +17,7 @@ from enum import Enum
 
 
 class Phase(str, Enum):
-    """A role's phase (the rows of the roles' transition tables, cels.protocol.rolebase)."""
+    """A role's phase (the rows of the roles' transition tables, cels.protocol.machines)."""
 
     READY = "ready"
     LOAD = "load"
@@ -42,24 +42,9 @@ class Phase(str, Enum):
         return repr(self.value)
 
 
-WORK_PHASES = (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE, Phase.NLP, Phase.SAMPLING, Phase.UNION)
-"""The phases in which a role works and is charged busy seconds and bytes (protocol order)."""
-
-
-def solve_phase(solve: str) -> Phase:
-    """Phase 3 of a session that solves with ``solve``: the private solve, or Algorithm 2."""
-    return Phase.SOLVE if solve == "private" else Phase.NLP
-
-
-DP_PHASES = (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS)
-"""A party's working phases in the DP release (``--release dp``): no solve, sampling or union."""
-
-
-def party_phases(solve: str) -> tuple[Phase, ...]:
-    """A party's working phases in protocol order (CELS section 4); ``solve`` "dp": the DP release's."""
-    if solve == "dp":
-        return DP_PHASES
-    return (Phase.LOAD, Phase.UNIVERSE, Phase.COUNTS, solve_phase(solve), Phase.SAMPLING, Phase.UNION)
+WORK_PHASES = tuple(Phase)[tuple(Phase).index(Phase.READY) + 1 : tuple(Phase).index(Phase.OVER)]
+"""The phases in which a role works and is charged busy seconds and bytes: the members between
+READY and OVER, in protocol order."""
 
 
 class SessionState(str, Enum):

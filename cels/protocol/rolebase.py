@@ -1,7 +1,7 @@
 """What the party and solver roles share: the transition table, abort, phase accounting.
 
-A role takes one step message at a time (``receive``): the step's row in the class's
-``ACCEPTS`` table says in which phases it is taken and by which handler; anything else is
+A role takes one step message at a time (``receive``): the row of its phase in its machine's
+table (cels.protocol.machines) says which messages it takes there and by which handler; anything else is
 refused with :class:`ProtocolError` and leaves the role unchanged, so a stray message does not
 end the session.  A failure of the role's own (a bad local log, an infeasible problem, a broken
 invariant) is a :class:`RoleFailure`: the role ends the session everywhere by returning Abort
@@ -14,52 +14,91 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import STREAM_OVER, Accepts, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, Stream, fail, malformed, step_name
+from cels.protocol.roles import STREAM_OVER, Envelope, addressed, Outgoing, PhaseHook, ProtocolError, Stream, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_to_wire
 
-STEP_PHASE = {
-    "abort": Phase.CONTROL,
-    "step_report": Phase.CONTROL,
-    "universe_hop": Phase.UNIVERSE,
-    "universe_index": Phase.UNIVERSE,
-    "constraint_shape": Phase.NLP,
-    "nlp_key": Phase.NLP,
-    "nlp_sum_hop": Phase.NLP,
-    "nlp_permute_hop": Phase.NLP,
-    "nlp_solution": Phase.NLP,
-    "nlp_slack_block": Phase.NLP,
-    "mask_key": Phase.SOLVE,
-    "masked_verdicts": Phase.SOLVE,
-    "round_verdict": Phase.SOLVE,
-    "masked_noise_share": Phase.SOLVE,
-    "noise_total": Phase.SOLVE,
-    "transcript_digest": Phase.SOLVE,
-    "union_encrypt_hop": Phase.UNION,
-    "union_decrypt_hop": Phase.UNION,
-    "union_result": Phase.UNION,
-    "dp_selection": Phase.COUNTS,  # every kept column, the same to every party: the release's size
-    "dp_items": Phase.OVER,  # not reported: their sizes would tell the initiator how many released pairs each party holds
-    "dp_release": Phase.OVER,
-}
-"""The phase a step message belongs to (secure sums: by sum id, see :func:`phase_of`)."""
+@dataclass(frozen=True)
+class Takes:
+    """A cell of a machine's table: a step message the role takes in a phase, and its handler
+    ``handler(role, sender, message)`` (``whole``: it takes the envelope, as the secure sum and
+    secure union sub-protocols do).  Its sender's bytes are charged to the phase that takes
+    it, to ``charged`` where the message is taken in more than one phase, or (``by_sum_id``) to
+    the counts or the sampling by its sum id."""
+
+    handler: Callable[..., list[Outgoing]]
+    whole: bool = False
+    charged: Phase | None = None
+    by_sum_id: bool = False
 
 
-def phase_of(envelope: Envelope, release: str = "sampled") -> Phase:
-    """Phase of a message: counts (sum ids "counts"/"unique"), sampling ("sampling-*"), ...;
-    in the DP release (``release`` "dp"), which runs no solve, the mask keys are the counts'."""
+@dataclass(frozen=True)
+class PhaseRow:
+    """A state of a role's machine: the step messages it takes in this phase, and the phase it
+    enters once the phase's work has its result (``then``; none: its part is over).  A party
+    builds the phase's machine from the result of the phase before (``build``) and keeps the
+    phase's own result as ``keep`` where a later phase needs it."""
+
+    takes: Mapping[str, Takes]
+    then: Phase | None = None
+    build: Callable[..., Any] | None = None
+    keep: str | None = None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One role's machine (cels.protocol.machines): its rows in protocol order (the first is
+    entered at begin; OVER's row, if any, says what the role still takes once its part is
+    over).  ``ring``: the party's secure-sum ring; ``start``: the role's method that sets up what
+the machine needs (the solver's aggregators)."""
+
+    name: str
+    rows: Mapping[Phase, PhaseRow]
+    ring: Callable[..., Any] | None = None
+    start: str | None = None
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """The working phases, in order."""
+        return tuple(p for p in self.rows if p is not Phase.OVER)
+
+    def taken_in(self, step: str) -> list[Phase]:
+        return [p for p, row in self.rows.items() if step in row.takes]
+
+
+Charges = Mapping[str, Phase | None]
+"""Step message -> the phase its sender's bytes are charged to (None: by its sum id)."""
+CONTROL_STEPS = ("abort", "step_report")
+
+
+def charges(*machines: Machine) -> Charges:
+    """The phase each step message of a session is charged to, read from its machines' tables
+    (each message the same in every table that takes it)."""
+    found: dict[str, Phase | None] = {step: Phase.CONTROL for step in CONTROL_STEPS}
+    for machine in machines:
+        for phase, row in machine.rows.items():
+            for step, take in row.takes.items():
+                charged = None if take.by_sum_id else take.charged or phase
+                if found.setdefault(step, charged) is not charged:
+                    raise ValueError(f"machine {machine.name}: {step} charged to {charged!r} here, {found[step]!r} elsewhere")
+    return found
+
+
+def phase_of(envelope: Envelope, charged: Charges) -> Phase:
+    """The phase a step message is charged to: its session's ``charged`` phase, or for the
+    secure sums' messages the counts ("counts"/"unique") or the sampling ("sampling-*") by sum id."""
     step = step_name(envelope)
-    if step == "mask_key" and release == "dp":
-        return Phase.COUNTS
-    if step.startswith("sum_") or step == "masked_sum_share":
+    phase = charged[step]
+    if phase is None:
         sum_id = getattr(envelope, step).sum_id
         return Phase.SAMPLING if sum_id.startswith(Phase.SAMPLING.value) else Phase.COUNTS
-    return STEP_PHASE[step]
+    return phase
 
 
 class RoleFailure(Exception):
@@ -81,14 +120,15 @@ class Overreach(Exception):
 class SessionRole:
     """Base of PartyRole and SolverRole: one node's state machine for one session."""
 
-    ACCEPTS: ClassVar[Mapping[str, Accepts]] = {}
-    """Step message -> the phases that take it and its handler (set by every role class)."""
-
-    def __init__(self, name: str, options: SessionOptions) -> None:
+    def __init__(self, name: str, options: SessionOptions, machine: Machine, charged: Charges) -> None:
+        """``machine``: this role's table (cels.protocol.machines); ``charged``: the phase of
+        each of the session's step messages (:func:`charges`)."""
         if name not in options.nodes:
             raise ValueError(f"{name!r} is not a node of session {options.session_id!r}")
         self.name = name
         self.options = options
+        self.machine = machine
+        self.charged = charged
         self.session_id = options.session_id
         self.parties = list(options.parties)
         self.solver = options.solver
@@ -122,13 +162,15 @@ class SessionRole:
             return self._on_abort(sender, envelope.abort)
         if self.aborted is not None:
             raise fail(f"{self.name}: session {self.session_id!r} was aborted: {describe(self.aborted)}", self.aborted)
-        row = self.ACCEPTS.get(step)
-        if row is None:
-            raise fail(f"{self.name}: a {type(self).__name__} does not take {step}")
-        if self.phase not in row.phases:
-            raise fail(f"{self.name}: {step} out of order (in phase {self.phase!r}, taken in {sorted(row.phases)})")
-        message = envelope if row.whole else getattr(envelope, step)
-        return self._run(lambda: row.handler(self, sender, message))
+        row = self.machine.rows.get(self.phase)
+        take = row.takes.get(step) if row is not None else None
+        if take is None:
+            phases = self.machine.taken_in(step)
+            if not phases:
+                raise fail(f"{self.name}: a {type(self).__name__} does not take {step}")
+            raise fail(f"{self.name}: {step} out of order (in phase {self.phase!r}, taken in {phases})")
+        message = envelope if take.whole else getattr(envelope, step)
+        return self._run(lambda: take.handler(self, sender, message))
 
     def begin(self) -> list[Outgoing]:
         """Begin the session on this node (idempotent)."""
@@ -221,10 +263,18 @@ class SessionRole:
             else:
                 out.append(self._backlog.popleft())
         for _dst, env in out:
-            self.bytes_sent[phase_of(env, self.options.release)] += env.ByteSize()
+            self.bytes_sent[phase_of(env, self.charged)] += env.ByteSize()
         if out or drained:  # the link has messages to send, or (drained) had none left
             self._idle = not out
         return out
+
+    def _advance(self) -> None:
+        """The running phase's work is done: enter its row's next phase, or finish."""
+        then = self.machine.rows[self.phase].then
+        if then is None:
+            self._finish()
+        else:
+            self._enter(then)
 
     def _finish(self) -> None:
         """This node's part is over: it reports to the initiator after this step's messages."""

@@ -2,7 +2,7 @@
 
 A role is one node's state machine for one session (h11-style, sans-I/O): the host gives it
 step messages and gets back the messages they cause.  Which message a role takes in which phase
-is an explicit table (:class:`Accepts` per step, ``ACCEPTS`` on every role class); anything
+is an explicit table (cels.protocol.machines); anything
 else is refused with FAILED_PRECONDITION, and the role's state is left unchanged.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cels.protocol.wire import cels_pb2
@@ -124,21 +123,6 @@ def check_session_id(session_id: str) -> None:
     """Refuse (INVALID_ARGUMENT) an empty, overlong or unprintable session id, quoting none of it."""
     if not 0 < len(session_id) <= MAX_SESSION_ID or not session_id.isprintable():
         raise malformed(f"a session id is 1 to {MAX_SESSION_ID} printable characters, not {len(session_id)} characters")
-
-
-@dataclass(frozen=True)
-class Accepts:
-    """One row of a role's transition table: the phases in which it takes a step message, and
-    its handler ``handler(role, sender, message)`` (``whole``: the handler takes the envelope,
-    as the secure sum and secure union sub-protocols do)."""
-
-    phases: frozenset[str]
-    handler: Callable[..., list[Outgoing]]
-    whole: bool = False
-
-
-def accepts(phases: str | tuple[str, ...], handler: Callable[..., list[Outgoing]], *, whole: bool = False) -> Accepts:
-    return Accepts(frozenset((phases,) if isinstance(phases, str) else phases), handler, whole)
 
 
 class Role(Protocol):

@@ -23,9 +23,9 @@ from cels.mechanism.conditions import Conditions
 from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sanitize import solve_with_params
 from cels.protocol.options import SessionOptions
-from cels.protocol.phases import Phase
 from cels.protocol.private_solve import PrivateSolveAggregator
-from cels.protocol.roles import Outgoing, accepts, fail, malformed
+from cels.protocol.roles import Outgoing, fail, malformed
+from cels.protocol.machines import session_charges, solver_machine
 from cels.protocol.rolebase import RoleFailure, SessionRole
 from cels.protocol.stages.dp_release import DpAggregator
 from cels.protocol.stages.universe import index_key_width
@@ -52,7 +52,7 @@ class SolverRole(SessionRole):
         ``max_time_limit``: the most seconds this node gives the integer step (a node policy:
         a session asking more gets this many); ``draws``: its keys for the session (the DP
         release's padding of the index), fresh by default."""
-        super().__init__(name, options)
+        super().__init__(name, options, solver_machine(options), session_charges(options))
         if name != self.solver:
             raise ValueError(f"{name!r} is not the solver of session {self.session_id!r}")
         paillier.check_key_bits(options.key_bits, allow_insecure_key_bits=allow_insecure_key_bits)
@@ -69,22 +69,33 @@ class SolverRole(SessionRole):
         self._ab: np.ndarray | None = None
         self._at: np.ndarray | None = None
         self.solve_report: dict = {}
-        self._aggregator = PrivateSolveAggregator(name, self.parties, self.session_id) if options.solve == "private" else None
-        draws = draws if draws is not None else DrawKeys.fresh()
-        self.dp = DpAggregator(name, options, index_key_width(options, allow_insecure_key_bits), draws) if options.release == "dp" else None
+        self._draws = draws
+        self._aggregator: PrivateSolveAggregator | None = None
+        self.dp: DpAggregator | None = None
+        if self.machine.start is not None:
+            getattr(self, self.machine.start)()
 
     def view_keys(self) -> list:
         return [] if self._private_key is None else [self._private_key]
 
     def _begin(self) -> list[Outgoing]:
-        self._enter(Phase.UNIVERSE if self.dp is not None else Phase.SOLVE if self._aggregator is not None else Phase.NLP)
+        self._enter(self.machine.phases[0])
         return []
+
+    def _start_private(self) -> None:
+        """The private solve's aggregator of masked verdicts (cels.protocol.private_solve)."""
+        self._aggregator = PrivateSolveAggregator(self.name, self.parties, self.session_id)
+
+    def _start_dp(self) -> None:
+        """The DP release's aggregator; ``draws``: the padding of the index (fresh by default)."""
+        draws = self._draws if self._draws is not None else DrawKeys.fresh()
+        self.dp = DpAggregator(self.name, self.options, index_key_width(self.options, self._allow_insecure), draws)
 
     # -- the DP release (cels.protocol.stages.dp_release) ----------------------------------------
     def _on_complete_ids(self, sender: str, msg: cels_pb2.UniverseHop) -> list[Outgoing]:
         out = self.dp.on_complete_ids(sender, msg)
         if self.dp.n is not None:
-            self._enter(Phase.COUNTS)
+            self._advance()
         return out
 
     def _on_noisy_share(self, sender: str, envelope: cels_pb2.Envelope) -> list[Outgoing]:
@@ -95,7 +106,7 @@ class SolverRole(SessionRole):
         if out is None:
             return []
         self.solve_report = self.dp.report()
-        self._finish()
+        self._advance()
         return out
 
     def _on_masked_noise_share(self, sender: str, msg: cels_pb2.MaskedNoiseShare) -> list[Outgoing]:
@@ -107,7 +118,7 @@ class SolverRole(SessionRole):
         out = self._aggregator.on_masked_verdicts(sender, msg)
         if self._aggregator.done:
             self.solve_report = {"solve": "private", "rounds": self._aggregator.round, "proposals": self._aggregator.proposals_total}
-            self._finish()
+            self._advance()
         return out
 
     def _on_constraint_shape(self, sender: str, msg: cels_pb2.ConstraintShape) -> list[Outgoing]:
@@ -235,18 +246,5 @@ class SolverRole(SessionRole):
             x=[int(v) for v in x],
             solver_report=codec.table_message(self.solve_report),
         )
-        self._finish()
+        self._advance()
         return self._send(self.parties[-1], nlp_solution=solution_msg)
-
-    ACCEPTS = {
-        "constraint_shape": accepts(Phase.NLP, _on_constraint_shape),
-        "nlp_slack_block": accepts(Phase.NLP, _on_nlp_slack_block),
-        "nlp_sum_hop": accepts(Phase.NLP, _on_nlp_sum_hop),
-        "nlp_permute_hop": accepts(Phase.NLP, _on_nlp_permute_hop),
-        "masked_verdicts": accepts(Phase.SOLVE, _on_masked_verdicts),
-        "masked_noise_share": accepts(Phase.SOLVE, _on_masked_noise_share),
-        "universe_hop": accepts(Phase.UNIVERSE, _on_complete_ids),
-        "masked_sum_share": accepts(Phase.COUNTS, _on_noisy_share, whole=True),
-        "dp_items": accepts(Phase.COUNTS, _on_dp_items),
-    }
-    """Which step message P_0 takes in which phase."""

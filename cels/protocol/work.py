@@ -135,8 +135,8 @@ class ItemBound:
 
     @classmethod
     def of(cls, options: Any) -> ItemBound | None:
-        """The bound of a session's options (None unless it releases the DP histogram)."""
-        return cls(options.item_kinds, options) if options.release == "dp" else None
+        """The bound of a session's options (None unless its release kind bounds users: cels.releases)."""
+        return cls(options.item_kinds, options) if options.release_kind.private_universe else None
 
     def padding(self, rng: CipherRandom) -> int:
         """How many dummy ids pad one id set: D in [0, 2 mu] (cels.mechanism.dp_histogram.padding_count

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.json_format import ParseDict, ParseError
 
-from cels.protocol.phases import Phase
+from cels.protocol.phases import WORK_PHASES, Phase
 from cels.protocol.roles import Envelope
 from cels.protocol.wire import cels_pb2
 
 VIEW_FILE = "view.jsonl"
 SESSION_FILE = "session.json"
-PHASE_ORDER = (Phase.CONTROL, Phase.UNIVERSE, Phase.COUNTS, Phase.SOLVE, Phase.NLP, Phase.SAMPLING, Phase.UNION)
+PHASE_ORDER = (Phase.CONTROL, *WORK_PHASES[1:])
+"""The order a view shows its messages in: session control, then the phases that send (the load sends none)."""
 
 @dataclass
 class ViewEntry:

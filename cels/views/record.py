@@ -42,6 +42,7 @@ from cels.fileio import atomic_write, atomic_write_json
 from cels.inprocess import InMemoryNetwork, abort_message, session_hosts, start_session
 from cels.logs.model import SearchLog
 from cels.protocol.options import SessionOptions
+from cels.protocol.machines import SESSION_CHARGES
 from cels.protocol.rolebase import phase_of
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Role, step_name
 from cels.protocol.wire import cels_pb2, codec
@@ -239,7 +240,7 @@ class ViewRecorder:
                 "direction": direction,
                 "peer": peer,
                 "step": step,
-                "phase": phase_of(envelope, getattr(getattr(self.role, "options", None), "release", "sampled")),
+                "phase": phase_of(envelope, getattr(self.role, "charged", None) or SESSION_CHARGES["private"]),  # a bare sub-protocol (cels.attacks): the sampled release's
                 "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "content": content,

@@ -34,6 +34,7 @@ from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
 from cels.protocol.work import INDEX_PADDING, ItemBound, PartyWork
+from cels.releases import DP_HISTOGRAM
 
 
 def release_threshold(options: SessionOptions) -> int:
@@ -45,6 +46,13 @@ def release_threshold(options: SessionOptions) -> int:
 def session_accounting(options: SessionOptions) -> dict:
     """A DP session's accounting per observer (cels.mechanism.dp_histogram.release_accounting)."""
     return release_accounting(options.epsilon, options.delta, options.item_kinds, options.padding_epsilon, len(options.parties), options.collusion)
+
+
+def session_spends(options: SessionOptions) -> tuple[float, float, float]:
+    """(eps, delta, eps') a DP session spends in a party's ledger (cels.releases): what its
+    most-informed observer gets, a party's view (release and padded set sizes), with no eps'."""
+    eps, delta = session_accounting(options)["party"]
+    return float(eps), float(delta), 0.0
 
 
 def decode_item(data: bytes) -> Item:
@@ -217,7 +225,7 @@ class DpAggregator:
 
     def report(self) -> dict:
         """What the solver reports of the release (its public size and threshold)."""
-        return {"release": "dp", "index_size": self.n, "threshold": self.tau, "released": len(self.items)}
+        return {"release": DP_HISTOGRAM.name, "index_size": self.n, "threshold": self.tau, "released": len(self.items)}
 
 
 def histogram_of(msg: cels_pb2.DpRelease, tau: int) -> DpHistogram:

@@ -53,7 +53,7 @@ class Seat:
     def index_holder(self) -> str:
         """Who assembles the universe: P_1 (CELS section 4.2), or the solver in the DP release,
         so that no party learns which of its pairs another party holds (docs/releases.md)."""
-        return self.options.solver if self.options.release == "dp" else self.key_holder
+        return self.options.solver if self.options.release_kind.private_universe else self.key_holder
 
     @property
     def solver(self) -> str:

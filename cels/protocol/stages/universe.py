@@ -73,7 +73,7 @@ bytes of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman grou
 def index_padding_bound(options: SessionOptions) -> int:
     """The most dummy columns the index holder adds to the index (the DP release's solver:
     cels.mechanism.dp_histogram.padding_count, at most twice its shift); none otherwise."""
-    if options.release != "dp":
+    if not options.release_kind.private_universe:
         return 0
     return 2 * padding_shift(options.item_kinds.total, options.padding_epsilon, options.delta)
 
@@ -150,7 +150,7 @@ class Universe(Stage):
         self.n_real = loaded.own_pairs  # the work's own pairs
         self.dummies = list(dummies)
         self.n_own = self.n_real + len(self.dummies)  # the ids this party sends
-        self.dp = seat.options.release == "dp"  # the last layer goes to the solver, not back to the owner (below)
+        self.to_solver = seat.options.release_kind.private_universe  # the last layer goes to the solver, not back to the owner (below)
         self.own_columns: list[np.ndarray] = []  # the DP release: the index's columns of its ids, in the order it sent them
         self.key_width = min(self.width, UNION_KEY_BYTES)  # a complete set's ids: union_keys
         self.returned = ChunkCursor(f"{seat.name}: return of its own universe ids", STREAM_IDS)
@@ -183,7 +183,7 @@ class Universe(Stage):
         while True:
             if self.relay:
                 yield self.relay.popleft()
-            elif own_left and (self.dp or sent - self.returned.position < RING_WINDOW * STREAM_IDS):
+            elif own_left and (self.to_solver or sent - self.returned.position < RING_WINDOW * STREAM_IDS):
                 hop = next(own, None)
                 own_left = hop is not None
                 if own_left:
@@ -227,14 +227,14 @@ class Universe(Stage):
                 ids = self.work.apply_layer(self.cipher, ids)
             except CommutativeCipherError as exc:
                 raise malformed(f"{seat.name}: universe_hop: {exc}") from None
-            last = self.dp and len(applied) == r - 1  # the DP release: complete ids go to the solver, never back to their owner
+            last = self.to_solver and len(applied) == r - 1  # the DP release: complete ids go to the solver, never back to their owner
             hop = cels_pb2.UniverseHop(
                 session_id=seat.session_id, owner=msg.owner, applied=[*applied, seat.name], ids=(union_keys(ids) if last else ids).tobytes(),
                 first=msg.first, more=msg.more,
             )  # fmt: skip
             self.relay.append(seat.send(seat.index_holder if last else seat.successor, universe_hop=hop))  # sent by the ring Stream, before any own chunk
             return []
-        if self.dp:
+        if self.to_solver:
             raise fail(f"{seat.name}: complete universe ids of {msg.owner} from {sender} (the solver takes them in the DP release)")
         if msg.owner == seat.name:  # a chunk of my own ids, every layer applied, in the order I sent them
             seat.expect_sender(sender, seat.predecessor, "universe_hop")
@@ -334,9 +334,9 @@ class Universe(Stage):
         sent them (strictly increasing across chunks)."""
         seat, n = self.seat, self.n_own
         seat.expect_sender(sender, seat.index_holder, "universe_index")
-        if not self.returned.done and not self.dp:
+        if not self.returned.done and not self.to_solver:
             raise fail(f"{seat.name}: universe_index before its own ids came back")
-        if not self.complete_sent and not self.dp:  # P_1 cannot have indexed a set it has not seen: no session goes on from it
+        if not self.complete_sent and not self.to_solver:  # P_1 cannot have indexed a set it has not seen: no session goes on from it
             raise Overreach(f"{seat.name}: universe_index before its complete ids left for {seat.index_holder}")
         self.indexed.take(msg.first, len(msg.columns), msg.more)
         most = self.ids_seen + index_padding_bound(seat.options)
@@ -348,7 +348,7 @@ class Universe(Stage):
         if stop > n or (self.indexed.done and stop != n):
             raise malformed(f"{seat.name}: universe_index: {stop} columns for {n} ids")
         by_id = np.asarray(msg.columns, dtype=np.int64)
-        if self.dp:
+        if self.to_solver:
             return self._dp_index(int(msg.size), msg.first, by_id, msg.more)
         if np.any(np.diff(np.concatenate([[self.last_column], by_id])) <= 0) or (len(by_id) and by_id[-1] >= msg.size):
             raise malformed(

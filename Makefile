@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 
-.PHONY: demo test faults audit cluster venv proto bench clean compose-test lock audit-deps docs
+.PHONY: demo test faults audit cluster venv proto bench clean compose-test lock audit-deps docs readme
 
 LOCK = deploy/lock/test.txt
 
@@ -90,6 +90,11 @@ compose-test: $(STAMP)
 ## make docs: the docs as a site in build/site (MkDocs, strict: a broken link or anchor fails)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict -f deploy/mkdocs.yml
+
+## make readme: README.md's numbers from the benchmarks' JSON in docs/bench (cels/bench/readme.py;
+## rerun a benchmark first to change one: docs/performance.md names each command)
+readme: $(STAMP)
+	$(PY) -m cels.bench.readme
 
 ## make proto: regenerate cels/protocol/wire/*_pb2*.py from protos/cels.proto
 proto: $(STAMP)

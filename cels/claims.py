@@ -21,7 +21,6 @@ A guarantee names its observer.  What holds (docs/security.md, "End-to-end DP: w
 from __future__ import annotations
 
 import math
-from cels.releases import DP_HISTOGRAM
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,7 +352,7 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
     if seeded:
         plain = ["this run replayed its draws from --seed: it is NOT private and must not be published"]
     return {
-        "release": DP_HISTOGRAM.name,
+        "release": "dp",  # the DP release's name (cels.protocol.releases)
         "plain": plain,
         "epsilon": epsilon,
         "delta": delta,

@@ -47,7 +47,7 @@ def start(argv: Sequence[str] | None):
     from cels.crypto.streams import DrawKeys
     from cels.engine import open_engine
     from cels.logs import LogFile
-    from cels.releases import write_output
+    from cels.protocol.releases import write_output
     from cels.engine.options import engine_options
     from cels.node.config import data_source, node_config
     from cels.node.keys import NodeKeys

@@ -31,3 +31,23 @@ def test_a_broken_anchor_fails_the_build(tmp_path) -> None:
     config.write_text((REPO / "deploy" / "mkdocs.yml").read_text().replace("docs_dir: ../docs", f"docs_dir: {docs}").replace("site_dir: ../build/site", f"site_dir: {tmp_path / 'out'}"))
     built = build(config, tmp_path / "site")
     assert built.returncode != 0 and "no-such-section" in built.stderr
+
+
+def test_readme_numbers_are_the_benchmarks_json() -> None:
+    """Every number README.md gives about cost is read from docs/bench (make readme), so a
+    changed benchmark result shows here until README is regenerated."""
+    from cels.bench.readme import FIGURES, main, render
+
+    assert main(["--check"]) == 0
+    generated = render()
+    assert generated.count("\n") == 7 and all(f.source for f in FIGURES.values())
+
+
+def test_readme_check_fails_on_a_stale_number(tmp_path) -> None:
+    from cels.bench.readme import main, render
+
+    stale = tmp_path / "README.md"
+    stale.write_text("x\n" + render().replace("2 user shards takes", "2 user shards takes 9") + "\ny\n")
+    assert main(["--check", "--readme", str(stale)]) == 1
+    assert main(["--readme", str(stale)]) == 0 and main(["--check", "--readme", str(stale)]) == 0
+    assert stale.read_text() == "x\n" + render() + "\ny\n"

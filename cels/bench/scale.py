@@ -57,7 +57,7 @@ from cels.cli.options import DEMO_DELTA
 from cels.protocol.options import OPTION, RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.stages.sums import COUNT_BOUND
 from cels.bench.scale_report import outside_phases_seconds, paper_comparison, series_key, series_summary, write_outputs
-from cels.releases import DP_HISTOGRAM, SAMPLED
+from cels.protocol.releases import DP_HISTOGRAM, SAMPLED
 
 DEFAULT_PAIRS = "10K,100K,1M,4M"
 DEFAULT_PARTIES = "3,10"

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from cels.claims import items_words
-from cels.releases import report_kind
+from cels.protocol.releases import report_kind
 
 EXIT_EMPTY_RELEASE = 3
 """Exit code of a run whose release is empty (|O| = 0); its output and report are written."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from cels.mechanism.defaults import INTEGER_METHODS
 from cels.protocol.options import OPTIONS, Option
-from cels.releases import KINDS
+from cels.protocol.releases import KINDS
 
 SESSION_FLAGS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.flag)
 """Every session option on the command line of ``cels simulate`` / ``cels bench protocol``."""

@@ -20,7 +20,7 @@ from cels.node.client import CONNECT_TIMEOUT, Controller, SessionAborted, run_on
 from cels.node.config import load_toml
 from cels.node.schemas import SESSION_SCHEMA, check_toml
 from cels.protocol.options import SessionOptions
-from cels.releases import DP_HISTOGRAM, SAMPLED, report_kind
+from cels.protocol.releases import DP_HISTOGRAM, SAMPLED, report_kind
 from cels.reports import default_operator_path, release_note_path
 
 
@@ -155,7 +155,7 @@ def release_notes(report: dict[str, Any], output: Path, report_path: Path, took:
 
 
 SUMMARIES = {SAMPLED: lambda report: summary(report), DP_HISTOGRAM: lambda report: dp_summary(report)}
-"""The summary line of each release kind (cels.releases)."""
+"""The summary line of each release kind (cels.protocol.releases)."""
 
 
 def dp_summary(report: dict[str, Any]) -> str:

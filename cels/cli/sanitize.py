@@ -32,7 +32,7 @@ from cels.logs.formats import FORMATS, log_format
 from cels.logs.options import LoadOptions
 from cels.logs.textio import ENCODING
 from cels.reports import default_operator_path, release_note_path, write_reports
-from cels.releases import DP_HISTOGRAM, release_kind
+from cels.protocol.releases import DP_HISTOGRAM, release_kind
 
 if TYPE_CHECKING:
     from cels.logs.model import SearchLog

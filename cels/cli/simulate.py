@@ -84,7 +84,7 @@ def run_nodes(
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
     CA, run ``config`` through ``cels run``'s client, stop the nodes.  Writes
-    ``out/sanitized<suffix>`` (a DP histogram: ``out/dp-histogram.tsv``; cels.releases), its release note and the operator report at ``report_path``
+    ``out/sanitized<suffix>`` (a DP histogram: ``out/dp-histogram.tsv``; cels.protocol.releases), its release note and the operator report at ``report_path``
     (cels.reports); returns the report (SessionAborted if
     the session failed; the node logs stay in :func:`node_log_dir`, the operator's, never beside the release).
 

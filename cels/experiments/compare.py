@@ -24,7 +24,7 @@ from cels.experiments import common, dp_compare
 from cels.experiments.common import Dataset, SolveOptions, UnionSolver, baseline_args, dataset_records, panels, save_figure, utility
 from cels.logs import LogRecord
 from cels.mechanism.conditions import privacy_bound
-from cels.releases import DP_HISTOGRAM, KINDS, SAMPLED, release_kind
+from cels.protocol.releases import DP_HISTOGRAM, KINDS, SAMPLED, release_kind
 
 BASELINE_NAMES = ("zealous", "korolova", "safelog")
 

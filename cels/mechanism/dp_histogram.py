@@ -141,7 +141,7 @@ def threshold(epsilon: float, delta: float, max_items: int, beta: Fraction = Fra
 
 def check_session(options: object) -> None:
     """A DP-release session's parameters, refused in one line before any work: t < r and a
-    computable threshold (cels.releases)."""
+    computable threshold (cels.protocol.releases)."""
     r, t = len(options.parties), options.collusion
     if t >= r:
         raise ValueError(f"collusion t = {t} must be below the {r} parties (no noise share would stay unknown)")

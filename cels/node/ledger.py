@@ -32,7 +32,7 @@ refuses the next session) rather than read as a smaller spend; so is a ledger th
 while its key exists, or a key that is missing while its ledger exists.  What a key alone
 cannot show is a rollback of both files to an earlier copy: keep them where only the node's
 operator writes.  A session is charged when the party's data for the release leaves it
-(its release kind's ``charged_from``: cels.releases), not when its part finishes, so an abort after that point still
+(its release kind's ``charged_from``: cels.protocol.releases), not when its part finishes, so an abort after that point still
 counts.
 """
 
@@ -57,7 +57,7 @@ from cels.workers import process_alive
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import WORK_PHASES, Phase
 from cels.protocol.roles import Refusal
-from cels.releases import DP_HISTOGRAM
+from cels.protocol.releases import DP_HISTOGRAM
 
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from jsonschema import Draft202012Validator
 
 from cels.protocol.options import RELEASES, SOLVE_MODES, SessionOptions
 from cels.protocol.roles import Refusal
-from cels.releases import DP_HISTOGRAM, SAMPLED, ReleaseKind
+from cels.protocol.releases import DP_HISTOGRAM, SAMPLED, ReleaseKind
 
 NAME = {"type": "string", "minLength": 1}
 APPROVALS = ("auto", "manual")

@@ -6,7 +6,7 @@ its handler; anything else is refused and changes nothing), and, once the phase'
 result, the phase it enters next (``then``; none: the role's part is over).  A party builds
 each phase's machine (cels.protocol.stages) from the previous phase's result (``build``) and
 keeps that result where a later phase needs it (``keep``).  A session runs the party and
-solver machines its release kind names (cels.releases: the sampled release's solve mode, or
+solver machines its release kind names (cels.protocol.releases: the sampled release's solve mode, or
 the DP histogram's); which phase each step message is charged to is read from the same tables
 (:func:`charges`).
 
@@ -60,7 +60,7 @@ def step(handler: Callable[..., list[Outgoing]]) -> Handler:
 SUMS = Takes(method("_on_sum_message"), whole=True, by_sum_id=True)
 """The secure sums' messages: the counts' sums or the sampling's, by their sum id."""
 RING = {"sum_key": SUMS, "sum_hop": SUMS, "sum_result": SUMS, "masked_sum_share": SUMS}
-REPORTS = {"step_report": Takes(method("_on_step_report"), charged=Phase.CONTROL)}
+REPORTS = {"step_report": Takes(method("_on_step_report"))}
 """The initiator takes every node's StepReports from its universe on."""
 UNION = Takes(step(Union.on_message), whole=True)
 
@@ -157,7 +157,7 @@ SESSION_CHARGES: dict[str, Charges] = {name: charges(PARTY[name], SOLVER[name]) 
 
 
 def party_machine(options) -> Machine:
-    """The party's machine for a session's options (its release kind's: cels.releases)."""
+    """The party's machine for a session's options (its release kind's: cels.protocol.releases)."""
     return PARTY[options.release_kind.machine(options.solve)]
 
 

@@ -30,7 +30,7 @@ from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
 from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
-from cels.releases import KINDS, ReleaseKind
+from cels.protocol.releases import KINDS, ReleaseKind
 from cels.protocol.wire import cels_pb2
 
 if TYPE_CHECKING:  # imported where used: the flags and schemas come from this module without numpy or scipy
@@ -47,7 +47,7 @@ SOLVE_MODES = ("private", "transformed")
 """Phase 3: the masked greedy in which no constraint row leaves its party (default), or the
 paper's Algorithm 2, in which the solver decrypts the transformed problem (docs/protocol.md)."""
 RELEASES = tuple(KINDS)
-"""What a session publishes (docs/releases.md): one release kind each (cels.releases)."""
+"""What a session publishes (docs/releases.md): one release kind each (cels.protocol.releases)."""
 DEFAULT_PADDING_EPSILON = 0.1
 """The DP release: epsilon of each id set's padding, which only the nodes see (docs/releases.md)."""
 DEFAULT_THETA = 0.7
@@ -248,7 +248,7 @@ class SessionOptions:
     # -- derived values ------------------------------------------------------------------
     @property
     def release_kind(self) -> ReleaseKind:
-        """What the session publishes (cels.releases)."""
+        """What the session publishes (cels.protocol.releases)."""
         return KINDS[self.release]
 
     @property
@@ -384,6 +384,6 @@ def _check(declared: Option, value: Any) -> None:
 
 
 def sampled_spends(options: SessionOptions) -> tuple[float, float, float]:
-    """(eps, delta, eps') a sampled-release session spends in a party's ledger (cels.releases;
+    """(eps, delta, eps') a sampled-release session spends in a party's ledger (cels.protocol.releases;
     eps' = 0 without noise on the counts)."""
     return float(options.epsilon), float(options.delta), float(options.noise_epsilon or 0.0)

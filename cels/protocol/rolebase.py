@@ -79,11 +79,13 @@ CONTROL_STEPS = ("abort", "step_report")
 
 def charges(*machines: Machine) -> Charges:
     """The phase each step message of a session is charged to, read from its machines' tables
-    (each message the same in every table that takes it)."""
+    (each message the same in every table that takes it; Aborts and StepReports: control)."""
     found: dict[str, Phase | None] = {step: Phase.CONTROL for step in CONTROL_STEPS}
     for machine in machines:
         for phase, row in machine.rows.items():
             for step, take in row.takes.items():
+                if step in CONTROL_STEPS:
+                    continue  # session control, wherever it is taken
                 charged = None if take.by_sum_id else take.charged or phase
                 if found.setdefault(step, charged) is not charged:
                     raise ValueError(f"machine {machine.name}: {step} charged to {charged!r} here, {found[step]!r} elsewhere")

@@ -135,7 +135,7 @@ class ItemBound:
 
     @classmethod
     def of(cls, options: Any) -> ItemBound | None:
-        """The bound of a session's options (None unless its release kind bounds users: cels.releases)."""
+        """The bound of a session's options (None unless its release kind bounds users: cels.protocol.releases)."""
         return cls(options.item_kinds, options) if options.release_kind.private_universe else None
 
     def padding(self, rng: CipherRandom) -> int:

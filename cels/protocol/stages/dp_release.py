@@ -34,7 +34,7 @@ from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
 from cels.protocol.work import INDEX_PADDING, ItemBound, PartyWork
-from cels.releases import DP_HISTOGRAM
+from cels.protocol.releases import DP_HISTOGRAM
 
 
 def release_threshold(options: SessionOptions) -> int:
@@ -49,7 +49,7 @@ def session_accounting(options: SessionOptions) -> dict:
 
 
 def session_spends(options: SessionOptions) -> tuple[float, float, float]:
-    """(eps, delta, eps') a DP session spends in a party's ledger (cels.releases): what its
+    """(eps, delta, eps') a DP session spends in a party's ledger (cels.protocol.releases): what its
     most-informed observer gets, a party's view (release and padded set sizes), with no eps'."""
     eps, delta = session_accounting(options)["party"]
     return float(eps), float(delta), 0.0

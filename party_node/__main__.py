@@ -58,7 +58,9 @@ def start(argv: Sequence[str] | None):
     from cels.node.tls import warn_insecure_keys
     from cels.protocol.options import SessionOptions
     from cels.protocol.party import PartyRole
-    from cels.protocol.work import ItemBound
+    from cels.protocol.roles import Refusal
+    from cels.engine.interface import EngineUnavailable
+    from cels.engine.routines import ItemBound
     from cels.session_report import session_report
 
     config = node_config(args, "data")
@@ -92,7 +94,10 @@ def start(argv: Sequence[str] | None):
         # that session, not the node)
         if session.release_kind.solves and session.solve == "transformed":
             log.warning("%s: session %s: %s", config.name, session.session_id, TRANSFORMED_WARNING)
-        engine.check()
+        try:
+            engine.check()
+        except EngineUnavailable as exc:
+            raise Refusal(exc.public, str(exc)) from None
         load = LogFile(path, options)
 
         def role() -> PartyRole:

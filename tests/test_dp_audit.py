@@ -29,7 +29,7 @@ from scipy.stats import chi2_contingency
 
 from cels.audit.audits import laplace_fit
 from cels.audit.dp_release import CROWD, DP_AUDIT_CASES, EDGE, LONE, audit_dp_release, dp_audit_holdings, dp_audit_setup, dp_case, noise_loss, views
-from cels.protocol.work import INDEX_PADDING, PADDING
+from cels.engine.routines import INDEX_PADDING, PADDING
 from cels.audit.dp_simulation import bounded_draws, combine, padding_draws, pairs_of, party_log, replay_session, simulate
 from cels.audit.exact import discrete_laplace_pmf
 from cels.audit.tester import Partition, goodness_of_fit, stochastic_test

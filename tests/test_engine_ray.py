@@ -36,7 +36,8 @@ from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.protocol.work import PAIR_ORDER, InProcessWork, ItemBound, encode_item, id_array, id_list, pair_digests  # noqa: E402
+from cels.engine.inprocess import InProcessWork
+from cels.engine.routines import PAIR_ORDER, ItemBound, encode_item, id_array, id_list, pair_digests
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 

@@ -34,7 +34,7 @@ from cels.engine import EngineOptions, open_engine  # noqa: E402
 from cels.logs import LoadOptions, load_log, synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.node.cluster import LOOPBACK, free_port  # noqa: E402
-from cels.protocol.work import id_list  # noqa: E402
+from cels.engine.routines import id_list
 from test_engine_ray import loaded_pair, pids_whose_argv, ray_processes  # noqa: E402
 from test_private_solve import audit  # noqa: E402
 

@@ -20,7 +20,7 @@ from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind, bounded_coun
 from cels.mechanism.item_kinds import ItemKinds, checked_item, item_of, kind_of, kind_of_encoding
 from cels.protocol.options import SessionOptions
 from cels.protocol.stages.dp_release import release_threshold
-from cels.protocol.work import encode_item
+from cels.engine.routines import encode_item
 
 TEST_KEYS = {"key_bits": 512, "group_bits": 1024}
 

@@ -15,7 +15,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import stats
 
-from cels.protocol.sampling import StagedSampler, paper_trials, stage_means, stream_poisson
+from cels.engine.sampling import StagedSampler, paper_trials, stage_means, stream_poisson
 
 ALPHA = 1e-3
 

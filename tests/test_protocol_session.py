@@ -16,7 +16,7 @@ from cels.logs import synthetic_log
 from cels.mechanism.conditions import build_conditions, privacy_bound
 from cels.mechanism.solvers import feasible, solve
 from cels.inprocess import InMemoryNetwork
-from cels.protocol.sampling import paper_trials
+from cels.engine.sampling import paper_trials
 from cels.inprocess import run_session, session_hosts, start_session
 from cels.protocol.options import SessionOptions
 
@@ -234,12 +234,12 @@ def test_key_holder_decrypts_the_sums_on_its_pool() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sets(st.binary(min_size=4, max_size=4), max_size=30), min_size=1, max_size=5), st.integers(1, 5), st.integers(1, 7))
 def test_the_union_merged_set_by_set_in_key_ranges_is_np_unique(sets, parts, chunk) -> None:
-    """P_1's union (cels.protocol.variable_index), merged set by set, whole or split by key range
+    """P_1's union (cels.engine.variable_index), merged set by set, whole or split by key range
     over ``parts`` parts, each set in chunks of ``chunk`` keys: its size is np.unique's and every
     set's columns are where np.unique's inverse puts its keys (keys of 4 bytes, many shared,
     some with trailing NUL bytes; the first byte is often in one part's range)."""
-    from cels.protocol.chunked import chunks
-    from cels.protocol.variable_index import RangedIndex, IndexPart
+    from cels.engine.routines import chunks
+    from cels.engine.variable_index import RangedIndex, IndexPart
 
     arrays = [np.frombuffer(b"".join(sorted(s)), dtype="V4") for s in sets]
     local = [IndexPart(4) for _ in range(parts)]

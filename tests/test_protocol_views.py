@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cels.crypto.ec_hash import hash_to_u
-from cels.protocol.work import encode_item
+from cels.engine.routines import encode_item
 
 PUBLIC_STEPS = {"sum_result", "nlp_solution", "union_result", "step_report", "start_session", "constraint_shape"}
 CIPHER_STEPS = {

@@ -1,4 +1,4 @@
-"""A party's draws over its users by draw bucket (cels.protocol.user_draws) and the session keys
+"""A party's draws over its users by draw bucket (cels.engine.user_draws) and the session keys
 they come from (cels.crypto.streams.DrawKeys): the same draws for any split of the users, and
 the releases' canonical order."""
 
@@ -16,10 +16,11 @@ from scipy.stats import binomtest
 from cels.crypto.streams import DrawKeys
 from cels.logs import synthetic_log
 from cels.logs.records import LogRecord
-from cels.protocol.stages.results import LoadResult, UnionResult
+from cels.engine.interface import LoadResult
+from cels.protocol.stages.results import UnionResult
 from cels.protocol.stages.union import output_log, union_record
-from cels.protocol.user_draws import DRAW_BUCKETS, BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
-from cels.protocol.work import encode_item
+from cels.engine.user_draws import DRAW_BUCKETS, BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
+from cels.engine.routines import encode_item
 
 
 @pytest.fixture(scope="module")

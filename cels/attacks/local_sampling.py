@@ -15,8 +15,8 @@ The instance: one shared pair with c_i = 40; P_1 holds the chosen user u and one
 ln t, b is set so that the max-output optimum is x_i = 10 with every condition tight
 (delta = 1 - 0.95^10 ~ 0.401): the exact mode puts u in O with probability exactly delta,
 the paper mode (one local trial at P_1) with probability 1/2.  Both are computed in closed form
-and simulated with the protocol's own samplers (:class:`cels.protocol.sampling.StagedSampler`,
-:func:`cels.protocol.sampling.paper_trials`).
+and simulated with the protocol's own samplers (:class:`cels.engine.sampling.StagedSampler`,
+:func:`cels.engine.sampling.paper_trials`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from cels.logs.model import SearchLog
 from cels.mechanism.conditions import build_conditions, privacy_bound
 from cels.mechanism.sampling import multinomial_sample
 from cels.mechanism.solvers import solve
-from cels.protocol.options import DEFAULT_THETA
-from cels.protocol.sampling import StagedSampler, paper_trials, stream_poisson
+from cels.mechanism.defaults import DEFAULT_THETA
+from cels.engine.sampling import StagedSampler, paper_trials, stream_poisson
 
 PAIR = ("flu symptoms", "http://health.example.org/flu")
 TIGHTNESS = 1e-9

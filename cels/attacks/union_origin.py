@@ -33,7 +33,7 @@ from cels.logs import synthetic_log
 from cels.logs.model import SearchLog
 from cels.mechanism.sampling import pseudonyms
 from cels.inprocess import InMemoryNetwork
-from cels.protocol.work import encode_item
+from cels.engine.routines import encode_item
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_union import SecureUnion
 from cels.views import NodeView, ViewRecorder, load_node_view

@@ -39,7 +39,7 @@ from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.mechanism.dp_histogram import count_scale, noise_shares, noise_tail, padding_shift, release_accounting, threshold
 from cels.mechanism.dp_release import ITEM_CHOICE, NOISE_SHARES, bounded_counts
-from cels.protocol.work import INDEX_PADDING, PADDING, encode_item
+from cels.engine.routines import INDEX_PADDING, PADDING, encode_item
 
 Pair = tuple[str, str]
 Holdings = Mapping[str, Mapping[str, Iterable["Pair | str"]]]

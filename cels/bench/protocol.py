@@ -37,7 +37,7 @@ from cels.cli.options import add_seed_argument, seed_argv
 from cels.engine.options import add_engine_arguments, engine_options
 from cels.logs import FORMATS, LoadOptions, SearchLog, load_log, parse_columns, synthetic_log
 from cels.protocol.options import SessionOptions
-from cels.protocol.work import ItemBound
+from cels.engine.routines import ItemBound
 
 RUNNERS = ("inmemory", "processes")
 

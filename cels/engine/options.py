@@ -15,7 +15,10 @@ from typing import Any
 
 from cels.settings import add_arguments, argv, given, setting, table_schemas
 
-KINDS = ("local", "ray")
+ENGINES = {"local": "cels.engine.inprocess:InProcessEngine", "ray": "cels.engine.ray.cluster:RayEngine"}
+"""The registry of engine kinds: each kind's backend class, named ``"module:class"`` and imported
+when a node opens it (cels.engine.interface.open_engine): ``ray`` needs the ray extra."""
+KINDS = tuple(ENGINES)
 LOCAL_RAY = "local"
 """``address = "local"`` starts a Ray instance in this node's process; anything else joins that cluster."""
 

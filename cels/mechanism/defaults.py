@@ -14,3 +14,5 @@ DEFAULT_SUPPORT = 1 / 500
 DEFAULT_TIME_LIMIT = 20.0
 DEFAULT_BATCH = 64
 """Proposals per round B (the AOL slice: 241 units in 49 rounds; B = 1 takes 3,096 rounds)."""
+DEFAULT_THETA = 0.7
+"""Exact sampling: a stage draws mu_i = theta * R_i trials of the R_i still missing."""

@@ -65,7 +65,7 @@ def bounded_counts(
 ) -> sp.csr_matrix:
     """``counts`` (users x pairs) with each user's at most ``max_items`` pairs of lowest
     priority kept, every kept entry 1 (a pair counts distinct users).  ``encoded(cols)``
-    gives the pairs' encodings (cels.protocol.work.encode_item); a priority is the keyed
+    gives the pairs' encodings (cels.engine.routines.encode_item); a priority is the keyed
     BLAKE2b (``key``: the holder's :data:`ITEM_CHOICE` secret) of the user's JSON encoding
     followed by the pair's (an injective pair of JSON arrays), so the choice is uniform and
     the same for any split of the users (Korolova et al., "limit user activity")."""
@@ -101,7 +101,7 @@ def bounded_by_kind(
 
 def json_array(*fields: str | int) -> bytes:
     """The compact JSON array of ``fields``, UTF-8: a pair's encoding as the parties hash it
-    (cels.protocol.work.encode_item writes the same bytes)."""
+    (cels.engine.routines.encode_item writes the same bytes)."""
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
 
 

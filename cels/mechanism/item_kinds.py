@@ -8,7 +8,7 @@ of sensitivity Delta_k at that scale), and the shares add up to eps (Dwork and R
 Theorem 3.16).  The threshold is the one of a single histogram with Delta_0 = Delta, so the
 selection keeps its delta for the kinds together (cels.mechanism.dp_histogram.threshold).
 
-An item is a tuple of the fields its id encodes (cels.protocol.work.encode_item): a pair is
+An item is a tuple of the fields its id encodes (cels.engine.routines.encode_item): a pair is
 ``(query, url)``, the bytes of the sampled release's ids; a query ``(1, query)``; a query pair
 ``(2, first, second)``.  A JSON array that starts with a number is no pair's, and a dummy id's
 starts with the string "padding" and has three fields: the encodings of different kinds
@@ -68,7 +68,7 @@ def kind_of(item: Item) -> ItemKind:
 
 
 def kind_of_encoding(data: bytes) -> ItemKind:
-    """The kind of an encoded item (cels.protocol.work.encode_item): a pair's JSON array starts
+    """The kind of an encoded item (cels.engine.routines.encode_item): a pair's JSON array starts
     with a string, the others' with their number."""
     return PAIRS if data[1:2] == b'"' else _BY_TAG[int(data[1:2])]
 

@@ -7,16 +7,7 @@ its position fields at their protobuf defaults, so its bytes are those of an unc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from cels.protocol.roles import fail, malformed
-
-
-def chunks(n: int, size: int) -> Iterator[tuple[int, int, bool]]:
-    """(first, stop, more) of the consecutive chunks of at most ``size`` of a list of ``n``."""
-    for first in range(0, max(n, 1), size):
-        stop = min(first + size, n)
-        yield first, stop, stop < n
 
 
 class ChunkCursor:

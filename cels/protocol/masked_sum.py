@@ -34,10 +34,11 @@ import numpy as np
 
 from cels.crypto.secure_aggregation import SUMS, PairwiseMasks, signed
 from cels.crypto.packing import PackingOverflowError
-from cels.protocol.chunked import ChunkCursor, chunks
+from cels.engine.routines import chunks
+from cels.protocol.chunked import ChunkCursor
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Stream
 from cels.protocol.secure_sum import RingMember
-from cels.protocol.work import smallest
+from cels.engine.routines import smallest
 from cels.protocol.wire import cels_pb2
 
 

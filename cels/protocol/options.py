@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from cels.crypto.groups import DEFAULT_GROUP_BITS, group_for_bits
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
-from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_TIME_LIMIT, OBJECTIVES
+from cels.mechanism.defaults import BOUNDS, DEFAULT_BATCH, DEFAULT_BREAKPOINTS, DEFAULT_SUPPORT, DEFAULT_THETA, DEFAULT_TIME_LIMIT, OBJECTIVES
 from cels.protocol.roles import MAX_SESSION_ID
 from cels.protocol.releases import KINDS, ReleaseKind
 from cels.protocol.wire import cels_pb2
@@ -50,8 +50,6 @@ RELEASES = tuple(KINDS)
 """What a session publishes (docs/releases.md): one release kind each (cels.protocol.releases)."""
 DEFAULT_PADDING_EPSILON = 0.1
 """The DP release: epsilon of each id set's padding, which only the nodes see (docs/releases.md)."""
-DEFAULT_THETA = 0.7
-"""Exact sampling: a stage draws mu_i = theta * R_i trials of the R_i still missing."""
 DEFAULT_ELL_RATIO = 1.5
 """Algorithm 2: the random matrix A has l >= ell_ratio * m rows (well-conditioned)."""
 DEFAULT_DEADLINE = 600.0

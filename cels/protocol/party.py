@@ -8,7 +8,7 @@ or the DP release's noisy counts; the initiator keeps the output and every node'
 (:class:`SessionResult`).  Each machine is built from the frozen result of the one before it;
 the role routes each step message to the running machine through its table
 (cels.protocol.machines) and moves the phase in one place (:meth:`PartyRole._moved`).  The row-wise work over the log is the executor's
-(cels.protocol.work).
+(cels.engine.interface).
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ from cels.protocol.roles import Envelope, Outgoing, fail
 from cels.protocol.machines import party_machine, session_charges
 from cels.protocol.rolebase import SessionRole
 from cels.protocol.stages.dp_release import histogram_of, release_threshold
-from cels.protocol.stages.results import (
-    CountsResult, LoadResult, SamplingResult, SessionResult, SolveResult, UnionResult,
-)  # fmt: skip
+from cels.engine.interface import LoadResult
+from cels.protocol.stages.results import CountsResult, SamplingResult, SessionResult, SolveResult, UnionResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.solve import Solve
 from cels.protocol.stages.sums import PaillierSetup
 from cels.protocol.stages.union import output_log
 from cels.protocol.stages.universe import commutative_hash
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import InProcessWork, ItemBound, PartyWork
+from cels.engine.inprocess import InProcessWork
+from cels.engine.interface import PartyWork
+from cels.engine.routines import ItemBound
 
 SessionReporter = Callable[[SessionResult], dict]
 """Builds the initiator's session report from its result (a driver's: cels.session_report)."""
@@ -76,7 +77,7 @@ class PartyRole(SessionRole):
         self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
         # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, the union's
         # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
-        # the streams its work indexes by user bucket (cels.protocol.work)
+        # the streams its work indexes by user bucket (cels.engine.interface)
         self._rng = self.draws.stream("party")
         self.sums = self.machine.ring(self.seat, self._on_sum_total, PaillierSetup(obfuscators, keypair, decryption_pool))
         self.stage: Stage = Stage(self.seat)  # the running phase machine (none before begin)

@@ -81,7 +81,7 @@ class PrivateSolveParty:
     ``noise_scale`` (d/eps') its noise shares, drawn from ``rng`` (default: a fresh ChaCha20
     stream, :mod:`cels.crypto.streams`).  ``masks``: the session's pairwise masks if the party
     holds them already (its masked sums use them too); ``verdicts``: who judges its rows'
-    loads on a round's proposals (a party's executor, cels.protocol.work)."""
+    loads on a round's proposals (a party's executor, cels.engine.interface)."""
 
     def __init__(
         self,

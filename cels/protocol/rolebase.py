@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cels.engine.interface import WorkFailure
 from cels.protocol.aborts import LOCAL_FAILURE, PROTOCOL_ERROR, abort_notice, describe, peer_abort
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
@@ -103,14 +104,15 @@ def phase_of(envelope: Envelope, charged: Charges) -> Phase:
     return phase
 
 
-class RoleFailure(Exception):
+class RoleFailure(WorkFailure):
     """A failure inside this node that ends the session: the Abort broadcast says ``reason``
     (generic, no digit), of ``kind``, blaming ``origin`` (default: this node); the message
-    (``detail``, with the numbers) stays in this node's ``failure``."""
+    (``detail``, with the numbers) stays in this node's ``failure``.  Its engine's failures
+    (cels.engine.interface.WorkFailure) are local failures of this node."""
 
     def __init__(self, reason: str, detail: str, kind: int = LOCAL_FAILURE, origin: str = "") -> None:
-        super().__init__(detail)
-        self.reason, self.kind, self.origin = reason, kind, origin
+        super().__init__(reason, detail)
+        self.kind, self.origin = kind, origin
 
 
 class Overreach(Exception):
@@ -218,7 +220,7 @@ class SessionRole:
     def _run(self, action: Callable[[], list[Outgoing | Stream]], drained: bool = False) -> list[Outgoing]:
         try:
             out = action()
-        except RoleFailure as exc:
+        except WorkFailure as exc:
             out = self._failed(exc)
         except Overreach as exc:
             raise self.refuse_and_abort(str(exc)) from None
@@ -230,9 +232,10 @@ class SessionRole:
             self._backlog.extend(self._report())
         return self._window(drained)
 
-    def _failed(self, exc: RoleFailure) -> list[Outgoing]:
+    def _failed(self, exc: WorkFailure) -> list[Outgoing]:
         """This node's own failure ends the session everywhere: the abort's notices."""
-        notice = abort_notice(self.session_id, exc.origin or self.name, exc.kind, exc.reason, self.phase)
+        kind, origin = (exc.kind, exc.origin) if isinstance(exc, RoleFailure) else (LOCAL_FAILURE, "")
+        notice = abort_notice(self.session_id, origin or self.name, kind, exc.reason, self.phase)
         return self.abort(notice, str(exc))
 
     def _window(self, drained: bool) -> list[Outgoing]:
@@ -251,7 +254,7 @@ class SessionRole:
                     break  # the link has the window before it still to send
                 try:
                     batch = next(head.batches, STREAM_OVER)
-                except RoleFailure as exc:  # the work making the Stream failed (its engine lost a worker)
+                except WorkFailure as exc:  # the work making the Stream failed (its engine lost a worker)
                     out = self._failed(exc)  # the notices go now, nothing made before them
                     break
                 if batch is STREAM_OVER:

@@ -46,7 +46,7 @@ from cels.protocol.phases import Phase  # noqa: E402
 from cels.protocol.rolebase import RoleFailure  # noqa: E402
 from cels.protocol.wire.codec import phase_from_wire  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
-from cels.protocol.work import id_array, id_list  # noqa: E402
+from cels.engine.routines import id_array, id_list
 from fault_harness import CONTROLLER, PARTIES, FaultCluster, session_members  # noqa: E402
 from test_engine_ray import loaded_pair  # noqa: E402
 from test_engine_raylets import RAY_CLI, cluster_processes, descendants, end_processes, ray_cli, zombie  # noqa: E402

@@ -23,7 +23,7 @@ another party.
 - Per-user work -- the private solve's verdicts (cels.mechanism.greedy) -- runs on P user-shard
   actors, for a round whose proposals touch more than :data:`NODE_WALK_NONZEROS` of the
   party's constraint rows (a smaller round is walked on the node, which holds the rows); row
-  j's shard is its user's draw bucket mod P (cels.protocol.user_draws: HMAC-SHA256 under a
+  j's shard is its user's draw bucket mod P (cels.engine.user_draws: HMAC-SHA256 under a
   per-session key).  The party's verdict on proposal q depends on which
   earlier proposals the *party* accepted, so a plain OR of the shards' own walks would differ
   (a shard would add a proposal another shard rejects): the shards walk the proposals again
@@ -34,7 +34,7 @@ another party.
   counts over the active pairs from the sampling on (one actor for both phases, so a node's
   Ray instance keeps 2P actor processes, not 3P: docs/ray.md, "Where Ray's CPU
   goes"); every draw comes from the stream of the user's draw bucket
-  (cels.protocol.user_draws), so the shards draw what the party draws in one process, for
+  (cels.engine.user_draws), so the shards draw what the party draws in one process, for
   any P.
 
 Faults (docs/ray.md, "Faults of the engine"): a pair-work or reader task whose worker
@@ -52,7 +52,7 @@ starts, not per session (:class:`ShardPool`, docs/ray.md "Warm shards"): a sessi
 borrows the idle actors and hands them back, reset, when it ends.
 
 P_1's sorted union of the complete id sets (the index) is split by key range over the log
-shards (cels.protocol.variable_index.RangedIndex).
+shards (cels.engine.variable_index.RangedIndex).
 
 What stays in the node's process: no row of the log and no union key but its own; every
 user's draw bucket (the party's draw order), per own pair the log shard that hashes it, the

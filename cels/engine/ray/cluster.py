@@ -15,14 +15,14 @@ import ray
 from ray._raylet import Config
 
 from cels.crypto.streams import DrawKeys
+from cels.engine.interface import EngineUnavailable
 from cels.engine.options import LOCAL_RAY, EngineOptions
 from cels.engine.ray.trust import private_dir, refuse_open_cluster, require_token_auth
 from cels.engine.ray.reaper import SETTLE_SECONDS, watch
 from cels.logs.model import SearchLog
 from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
-from cels.protocol.roles import Refusal
-from cels.protocol.work import ItemBound
+from cels.engine.routines import ItemBound
 from cels.engine.ray.shards import ShardPool
 from cels.engine.ray.work import RayWork
 
@@ -152,18 +152,18 @@ class RayEngine:
     def check(self) -> None:
         """A StartSession: the cluster this node joined still answers (within
         :data:`CONNECT_SECONDS`) and still refuses calls without its token, or a
-        :class:`Refusal` naming the address to this node's log and controller, before the
+        :class:`EngineUnavailable` naming the address to this node's log and controller, before the
         session loads anything.  A Ray instance of the node's own
         lives and dies with the node: nothing to check."""
         if self.options.address != LOCAL_RAY:
             try:
                 check_reachable(self.options.address)
             except ValueError as exc:
-                raise Refusal("its Ray cluster does not answer", str(exc)) from None
+                raise EngineUnavailable("its Ray cluster does not answer", str(exc)) from None
             try:  # restarted since without its token authentication
                 refuse_open_cluster(self.options.address)
             except ValueError as exc:
-                raise Refusal("its Ray cluster accepts unauthenticated calls", str(exc)) from None
+                raise EngineUnavailable("its Ray cluster accepts unauthenticated calls", str(exc)) from None
 
     def work(self, log: SearchLog | Callable[[], SearchLog] | LogFile, cap: int, draws: DrawKeys, bound: ItemBound | None = None) -> RayWork:
         """A session's work, sized to the cluster's CPUs as it is now (one that scales up is

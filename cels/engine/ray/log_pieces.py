@@ -17,15 +17,15 @@ from cels.logs.model import SearchLog
 from cels.logs.records import Pair
 from cels.logs.options import SKIPPED_EXAMPLES, LoadOptions
 from cels.logs.parquet import RowGroup, load_parquet
-from cels.protocol.user_draws import buckets_of, user_digests
-from cels.protocol.work import PAIR_DIGEST_BYTES, PAIR_ORDER, encode_item, pair_digests
+from cels.engine.user_draws import buckets_of, user_digests
+from cels.engine.routines import PAIR_DIGEST_BYTES, PAIR_ORDER, encode_item, pair_digests
 
 GATHER_PAIRS = 65_536
 """Pairs :meth:`EncodedPairs.take` gathers at a time (one Python bytes object each, briefly)."""
 
 
 class EncodedPairs:
-    """Pair ids encoded (cels.protocol.work.encode_item) and packed: pair t is
+    """Pair ids encoded (cels.engine.routines.encode_item) and packed: pair t is
     ``data[ends[t - 1]:ends[t]]``, one byte buffer and one offset array for all of them."""
 
     def __init__(self, data: np.ndarray, ends: np.ndarray) -> None:
@@ -75,7 +75,7 @@ class EncodedPairs:
 @dataclass
 class LogPiece:
     """Some of one log shard's users with their rows c_ij over the pairs they hold: each pair
-    encoded once (``pairs``) and its keyed digest (cels.protocol.work.pair_digests)."""
+    encoded once (``pairs``) and its keyed digest (cels.engine.routines.pair_digests)."""
 
     users: list[str]
     counts: sp.csr_matrix

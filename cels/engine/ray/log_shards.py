@@ -1,6 +1,6 @@
 """A party's log on its Ray cluster, split by user (docs/ray.md, "A party on a Ray cluster").
 
-Shard s holds the users whose draw bucket is s mod P (cels.protocol.user_draws: HMAC-SHA256
+Shard s holds the users whose draw bucket is s mod P (cels.engine.user_draws: HMAC-SHA256
 under the session's bucket key), with their rows c_ij (capped) over the pairs they hold.  A
 Parquet dataset is read where it lives: reader tasks each read a run of its row groups
 (:func:`read_batches`), split their histogram by shard (:func:`split_by_shard`) and hand
@@ -15,7 +15,7 @@ until the universe hashes them.
 
 The node keeps what the protocol needs and no row: each shard's users' digests (for the
 party's draw order).  The party's own pairs are the distinct pair ids over all shards,
-numbered in the order of their keyed digests (cels.protocol.work.pair_digests, 16 bytes) by
+numbered in the order of their keyed digests (cels.engine.routines.pair_digests, 16 bytes) by
 the shards themselves, each numbering one key range of the digests (:meth:`ShardedLog.load`).
 That is the order the party's ids leave in on either engine (docs/protocol.md, "Universe"),
 so a shard hashes its pairs' ids chunk by chunk of the own numbering and the node merely
@@ -38,12 +38,10 @@ from cels.logs.records import MAX_LOG_TOTAL, LogError
 from cels.logs.formats import PARQUET
 from cels.logs.parquet import ParquetReader, RowGroup
 from cels.logs.readers import LogFile
-from cels.protocol.rolebase import RoleFailure
-from cels.protocol.chunked import chunks
-from cels.protocol.variable_index import RangedIndex, part_of
-from cels.protocol.stages.results import LoadResult
-from cels.protocol.user_draws import BucketDraws, buckets_of, draw_order
-from cels.protocol.work import ItemBound, column_type, encode_item, party_log
+from cels.engine.variable_index import RangedIndex, part_of
+from cels.engine.interface import LoadResult, WorkFailure
+from cels.engine.user_draws import BucketDraws, buckets_of, draw_order
+from cels.engine.routines import ItemBound, chunks, column_type, encode_item, party_log
 from cels.engine.ray.shards import LogShard
 from cels.engine.ray.log_pieces import merge_sources, read_batches, read_row_groups, split_by_shard
 
@@ -98,7 +96,7 @@ class ShardedLog:
         return len(self.user_draws.buckets)
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
-        """Where these rows' users live: their draw bucket mod P (cels.protocol.user_draws)."""
+        """Where these rows' users live: their draw bucket mod P (cels.engine.user_draws)."""
         return self.user_draws.buckets[rows] % self.shards
 
     def shard_members(self, rows: np.ndarray) -> list[np.ndarray]:
@@ -116,7 +114,7 @@ class ShardedLog:
                 raise exc.cause from None
             raise
         except ray.exceptions.RayError as exc:
-            raise RoleFailure(WORKER_LOST, f"a log shard or reader task is lost: {exc}") from None
+            raise WorkFailure(WORKER_LOST, f"a log shard or reader task is lost: {exc}") from None
 
     def load(self) -> LoadResult:
         """The log onto the log shards (read where it lives if it is a Parquet dataset), then
@@ -195,7 +193,7 @@ class ShardedLog:
 
     def keep_returned(self, first: int, keys: np.ndarray) -> None:
         """Own ids ``first``.. came back (own numbering = the order they left): each union key
-        to the log shard of its key range (cels.protocol.variable_index.part_of), with its own
+        to the log shard of its key range (cels.engine.variable_index.part_of), with its own
         pair, in slices; the node keeps none."""
         self.key_type, part = keys.dtype, part_of(keys, self.shards)
         for t, actor in enumerate(self.actors):
@@ -267,7 +265,7 @@ class ShardedLog:
             yield tuple(self.take_handed([(s, "columns", held, column_type(n)), (s, name, held, kind)]))
 
     def union(self, width: int) -> RangedIndex:
-        """P_1's sorted union split by key range over the log shards (cels.protocol.variable_index):
+        """P_1's sorted union split by key range over the log shards (cels.engine.variable_index):
         the node holds none of its keys."""
         self.get([a.begin_union.remote(width) for a in self.actors])
 
@@ -302,7 +300,7 @@ class ShardedLog:
         return names
 
     def items(self, columns: np.ndarray) -> list[bytes]:
-        """The DP release: the encoded pair of each own column (cels.protocol.work.PartyWork.items)."""
+        """The DP release: the encoded pair of each own column (cels.engine.interface.PartyWork.items)."""
         names = self.pair_names(columns)
         return [encode_item(*names[c]) for c in columns.tolist()]
 
@@ -319,7 +317,7 @@ class ShardedLog:
 
 
 class ShardedLogWork:
-    """The calls of :class:`cels.protocol.work.PartyWork` that a party's sharded log answers
+    """The calls of :class:`cels.engine.interface.PartyWork` that a party's sharded log answers
     by itself (:class:`ShardedLog`, made at the load): cels.engine.ray.work.RayWork has them."""
 
     log: ShardedLog | None

@@ -22,10 +22,10 @@ from cels.logs.records import MAX_COUNT
 from cels.mechanism.conditions import apply_cap
 from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
 from cels.mechanism.item_kinds import ItemKinds
-from cels.protocol.sampling import StagedSampler
-from cels.protocol.user_draws import BucketDraws, draw_order, user_digests
-from cels.protocol.variable_index import PART_CALLS, IndexPart
-from cels.protocol.work import PAIR_DIGEST_BYTES, column_type, smallest
+from cels.engine.sampling import StagedSampler
+from cels.engine.user_draws import BucketDraws, draw_order, user_digests
+from cels.engine.variable_index import PART_CALLS, IndexPart
+from cels.engine.routines import PAIR_DIGEST_BYTES, column_type, smallest
 
 SHARD_MEMORY = 1 << 20
 """The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
@@ -88,7 +88,7 @@ class UserShard(ShardState):
     constraint rows and one round's starting loads and proposals
     (cels.mechanism.greedy.verdicts, walked against a veto); for the sampling (docs/protocol.md,
     "Sampling"), their counts over the active pairs, in draw order, and their draws, bucket by
-    bucket from the party's keys (cels.protocol.user_draws), so the shards draw what the party
+    bucket from the party's keys (cels.engine.user_draws), so the shards draw what the party
     would in one process.  Each phase places its own state (:meth:`place_rows`,
     :meth:`place_counts`), so a shard re-created in one phase needs that phase's alone."""
 
@@ -191,7 +191,7 @@ class LogShard(ShardState):
         self.handed: dict[str, np.ndarray] = {}  # arrays set aside for the node, which takes them in slices
         self.column_of_pair = np.zeros(0, dtype=np.int64)  # held pair -> index column
         self.local: sp.csr_matrix | None = None  # users x index columns
-        self.union_part: IndexPart | None = None  # P_1: its key range of the sorted union (cels.protocol.variable_index)
+        self.union_part: IndexPart | None = None  # P_1: its key range of the sorted union (cels.engine.variable_index)
 
     def add(self, piece: LogPiece) -> int:
         """A reader's piece of this shard's users (a user's rows may come in several pieces)."""
@@ -277,7 +277,7 @@ class LogShard(ShardState):
         ]  # fmt: skip
 
     def keep_keys(self, own: np.ndarray, keys: np.ndarray) -> None:
-        """Returned union keys of its key range (cels.protocol.variable_index.part_of), each
+        """Returned union keys of its key range (cels.engine.variable_index.part_of), each
         with the own pair it is of (a slice: :func:`in_slices`)."""
         self.kept.append((own, keys))
 
@@ -354,7 +354,7 @@ class LogShard(ShardState):
         self.union_part = IndexPart(width)
 
     def union(self, method: str, args: tuple):
-        """P_1: ``method`` of this shard's :class:`IndexPart` (one of cels.protocol.variable_index.PART_CALLS)."""
+        """P_1: ``method`` of this shard's :class:`IndexPart` (one of cels.engine.variable_index.PART_CALLS)."""
         if method not in PART_CALLS:
             raise ValueError(f"not a union part's call: {method!r}")
         answer = getattr(self.union_part, method)(*args)

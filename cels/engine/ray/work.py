@@ -24,13 +24,10 @@ from cels.engine.ray.common import TASK_RETRIES, WORKER_LOST, worker_peak_rss
 from cels.logs.model import SearchLog
 from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK, verdicts
-from cels.protocol.sampling import paper_trials
-from cels.protocol.stages.results import LoadResult
-from cels.protocol.user_draws import split_over_buckets
-from cels.protocol.rolebase import RoleFailure
-from cels.protocol.chunked import chunks
-from cels.protocol.stages.universe import STREAM_IDS
-from cels.protocol.work import CommutativeHash, ItemBound, encode_records, id_list, id_width, pruned_constraint_rows
+from cels.engine.sampling import paper_trials
+from cels.engine.interface import LoadResult, WorkFailure
+from cels.engine.user_draws import split_over_buckets
+from cels.engine.routines import STREAM_IDS, CommutativeHash, ItemBound, chunks, encode_records, id_list, id_width, pruned_constraint_rows
 from cels.engine.ray.shards import PLACE_SECONDS, ShardPool, UserShard, _give_back, _remove_group, in_bundle, settled, spread_group
 
 CHUNK_IDS = 8192
@@ -117,7 +114,7 @@ class PairTasks:
                     raise CommutativeCipherError(f"in the ids from {t * size} on: {exc.cause}") from None
                 raise
             except ray.exceptions.RayError as exc:  # not the task's own error: its worker, node or result is gone
-                raise RoleFailure(WORKER_LOST, f"the pair-work task on the ids from {t * size} on is lost after {TASK_RETRIES} retries: {exc}") from None
+                raise WorkFailure(WORKER_LOST, f"the pair-work task on the ids from {t * size} on is lost after {TASK_RETRIES} retries: {exc}") from None
             self.workers[worker] = max(rss, self.workers.get(worker, 0))
             self.cpu_seconds += cpu
             self.tasks += 1
@@ -178,7 +175,7 @@ class ShardedSampler:
 
 
 class RayWork(ShardedLogWork):
-    """A party's :class:`cels.protocol.work.PartyWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.ray.log_shards;
+    """A party's :class:`cels.engine.interface.PartyWork` on its Ray cluster: the log on ``shards`` log shards (cels.engine.ray.log_shards;
     the DP release's ``bound`` applied there), the universe's pair work on tasks, the private solve's verdicts and the sampling on
     user-shard actors (module docstring).  ``log`` is the log, its loader, or a :class:`cels.logs.LogFile` (a Parquet dataset is
     read by reader tasks, row group by row group; any other is read by the node and split).  Its shard actors are the node's warm
@@ -248,7 +245,7 @@ class RayWork(ShardedLogWork):
         if self._group is None:
             group = spread_group(self.shards)
             if group is None:
-                raise RoleFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s")
+                raise WorkFailure(WORKER_LOST, f"the {self.shards} shards found no place on the cluster in {PLACE_SECONDS:g} s")
             self._group = group
             self._drop_group = weakref.finalize(self, _remove_group, group)  # at release, or when the work is dropped
         return in_bundle(kind, self._group, shard)
@@ -370,7 +367,7 @@ class RayWork(ShardedLogWork):
         """One more shard actor re-created in this session, or "engine worker lost" past :data:`SHARD_RESTARTS`."""
         self.shard_restarts += 1
         if self.shard_restarts > SHARD_RESTARTS:
-            raise RoleFailure(WORKER_LOST, f"a shard actor was lost after {SHARD_RESTARTS} restarts in this session: {exc}") from None
+            raise WorkFailure(WORKER_LOST, f"a shard actor was lost after {SHARD_RESTARTS} restarts in this session: {exc}") from None
 
     def _replace_lost_shards(self, exc: ray.exceptions.RayActorError) -> None:
         """Re-create the shard ``exc`` reports dead from the rows the node placed (every shard

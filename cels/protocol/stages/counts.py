@@ -15,7 +15,8 @@ from cels.protocol.roles import Outgoing
 from cels.protocol.stages.results import CountsResult, UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, UNIQUE_SUM, SumRing
-from cels.protocol.work import PartyWork, smallest
+from cels.engine.interface import PartyWork
+from cels.engine.routines import smallest
 
 
 class Counts(Stage):

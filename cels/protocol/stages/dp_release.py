@@ -26,14 +26,15 @@ from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, addressed, fail, malformed
-from cels.protocol.chunked import chunks
-from cels.protocol.variable_index import IndexPart, increasing
+from cels.engine.routines import chunks
+from cels.engine.variable_index import IndexPart, increasing
 from cels.protocol.stages.results import UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import COUNTS_SUM, SumRing
 from cels.protocol.stages.universe import STREAM_IDS
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import INDEX_PADDING, ItemBound, PartyWork
+from cels.engine.interface import PartyWork
+from cels.engine.routines import INDEX_PADDING, ItemBound
 from cels.protocol.releases import DP_HISTOGRAM
 
 
@@ -56,7 +57,7 @@ def session_spends(options: SessionOptions) -> tuple[float, float, float]:
 
 
 def decode_item(data: bytes) -> Item:
-    """Inverse of cels.protocol.work.encode_item for an item of any kind (cels.mechanism.item_kinds)."""
+    """Inverse of cels.engine.routines.encode_item for an item of any kind (cels.mechanism.item_kinds)."""
     try:
         return checked_item(json.loads(data.decode()))
     except (ValueError, UnicodeDecodeError) as exc:

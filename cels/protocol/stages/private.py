@@ -18,7 +18,7 @@ from cels.protocol.stages.seat import Seat
 from cels.protocol.stages.solve import Solve
 from cels.protocol.stages.sums import MaskedSums, PaillierSetup, SumTotal
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import PartyWork
+from cels.engine.interface import PartyWork
 
 
 class PrivateSolve(Solve):

@@ -18,15 +18,6 @@ from cels.protocol.wire import cels_pb2
 
 
 @dataclass(frozen=True)
-class LoadResult:
-    """The log is loaded and capped: how many distinct pairs this party holds (its own
-    pairs; the work keeps which), and the log's source."""
-
-    own_pairs: int
-    source: dict
-
-
-@dataclass(frozen=True)
 class UniverseResult:
     """The index: ``n`` pairs in the universe; this party's counts c^k over them; the DP
     release: the columns of this party's dummy ids and of its own pairs (sorted)."""

@@ -11,11 +11,11 @@ import numpy as np
 
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, malformed
-from cels.protocol.sampling import StagedSampler
+from cels.engine.sampling import StagedSampler
 from cels.protocol.stages.results import CountsResult, SamplingResult, SolveResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import SumRing, sampling_sum
-from cels.protocol.work import PartyWork
+from cels.engine.interface import PartyWork
 
 
 class Sampling(Stage):

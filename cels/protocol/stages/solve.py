@@ -17,7 +17,7 @@ from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import CountsResult, SolveResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.stages.sums import PaillierSetup, SumRing, SumTotal
-from cels.protocol.work import PartyWork
+from cels.engine.interface import PartyWork
 
 
 class Solve(Stage, ABC):

@@ -22,7 +22,7 @@ from cels.protocol.stages.solve import Solve
 from cels.protocol.stages.sums import PaillierSetup, PaillierSums, SumTotal
 from cels.protocol.transform import agreed_ell, share_packings, transform_constraints
 from cels.protocol.wire import cels_pb2, codec
-from cels.protocol.work import PartyWork
+from cels.engine.interface import PartyWork
 
 MAX_SOLUTION_COUNT = 2**53
 """The largest count x_i a solution may give: exact in int64 and in the float64 check of the

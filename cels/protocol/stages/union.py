@@ -13,13 +13,14 @@ from cels.logs.records import LogRecord
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Outgoing, malformed
 from cels.protocol.secure_union import SecureUnion
-from cels.protocol.stages.results import CountsResult, LoadResult, SamplingResult, UnionResult
+from cels.engine.interface import LoadResult
+from cels.protocol.stages.results import CountsResult, SamplingResult, UnionResult
 from cels.protocol.stages.seat import Seat, Stage
-from cels.protocol.work import PartyWork
+from cels.engine.interface import PartyWork
 
 
 def union_record(data: bytes) -> LogRecord:
-    """Inverse of cels.protocol.work.encode_item for a record (user, query, url, count)."""
+    """Inverse of cels.engine.routines.encode_item for a record (user, query, url, count)."""
     try:
         user, query, url, count = json.loads(data.decode())
         if not (isinstance(user, str) and isinstance(query, str) and isinstance(url, str) and isinstance(count, int)):

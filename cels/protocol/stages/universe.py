@@ -35,23 +35,17 @@ from cels.crypto.ec_hash import ELEMENT_BYTES, X25519Hash
 from cels.crypto.groups import group_for_bits
 from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.mechanism.dp_histogram import padding_shift
-from cels.protocol.chunked import ChunkCursor, chunks
+from cels.protocol.chunked import ChunkCursor
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.rolebase import Overreach, RoleFailure
 from cels.protocol.roles import Outgoing, Stream, fail, malformed
-from cels.protocol.variable_index import increasing
-from cels.protocol.stages.results import LoadResult, UniverseResult
+from cels.engine.variable_index import increasing
+from cels.protocol.stages.results import UniverseResult
 from cels.protocol.stages.seat import Seat, Stage
 from cels.protocol.wire import cels_pb2
-from cels.protocol.work import CommutativeHash, PartyWork, id_array, id_width
-
-
-STREAM_IDS = 16384
-"""Ids per UniverseHop, columns per UniverseIndex: every list goes as consecutive chunks of at
-most this many (issue 25), a hop's ids packed in one bytes field.  16,384 X25519 ids are
-512 KiB, within one 1 MiB transport frame (cels.node.framing); Pohlig-Hellman ids (the
-group's size each) span a few frames."""
+from cels.engine.interface import LoadResult, PartyWork
+from cels.engine.routines import STREAM_IDS, CommutativeHash, chunks, id_array, id_width
 
 
 RING_WINDOW = 8
@@ -66,7 +60,7 @@ UNION_KEY_BYTES = 16
 """Bytes of a fully hashed id that its owner keeps and sends P_1, and P_1 keeps for the union
 (its first ones): two distinct ids of a session share them with probability about
 n^2 / 2^129, the bet the Ray engine's pair digests make too
-(cels.protocol.work.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
+(cels.engine.routines.PAIR_DIGEST_BYTES); a complete set then takes half the memory and
 bytes of X25519's 32-byte ids, and a sixteenth of a 2048-bit Pohlig-Hellman group's."""
 
 
@@ -175,7 +169,7 @@ class Universe(Stage):
         its own ids if fewer than :data:`RING_WINDOW` of its chunks are out in the ring, else
         nothing yet (the next hop taken asks again); over once its own ids are all sent and
         every peer's have passed it.  Its own ids leave in the order of their keyed digests
-        (cels.protocol.work.pair_digests: not the log's order), hashed as the link drains them
+        (cels.engine.routines.pair_digests: not the log's order), hashed as the link drains them
         (no list of them all is ever held)."""
         seat = self.seat
         own = self._hops(seat.successor, seat.name, [seat.name], self._own_ids(), self.n_own)
@@ -301,7 +295,7 @@ class Universe(Stage):
     def _collect(self, owner: str) -> list[Outgoing | Stream]:
         """P_1: ``owner``'s set of fully hashed ids (their :func:`union_keys`, sorted, as every
         owner keeps and sends them; P_1's own sorted here) is whole, and merged into the sorted
-        union (the index of variables) where the work runs (cels.protocol.variable_index); with
+        union (the index of variables) where the work runs (cels.engine.variable_index); with
         every set in, P_1 tells every party the index size and the columns of that party's own
         ids, in the sorted order it sent them (docs/protocol.md).  Each set arrives once (its
         chunks' cursor refuses a second)."""

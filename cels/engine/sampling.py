@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from cels.protocol.options import DEFAULT_THETA
+from cels.mechanism.defaults import DEFAULT_THETA
 
 
 def stage_means(remaining: np.ndarray, theta: float = DEFAULT_THETA) -> np.ndarray:
@@ -47,7 +47,7 @@ class StagedSampler:
     returns (pairs in the stage, this party's stage totals) for the secure sum; :meth:`settle`
     takes the summed totals N_i and keeps or discards the draws.  ``poisson(counts, rate,
     stage)`` makes a stage's draws, one per entry of the counts (a party's user buckets,
-    cels.protocol.user_draws, or one stream: :func:`stream_poisson`).
+    cels.engine.user_draws, or one stream: :func:`stream_poisson`).
     """
 
     def __init__(

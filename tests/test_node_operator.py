@@ -216,7 +216,7 @@ def test_status_exit_codes(operated) -> None:
 
 
 def test_metrics_config(tmp_path) -> None:
-    from cels.node.telemetry import metrics_address
+    from cels.node.settings import metrics_address
 
     assert metrics_address("9464") == "127.0.0.1:9464"
     assert metrics_address("0.0.0.0:9464") == "0.0.0.0:9464"

@@ -53,6 +53,8 @@ from cels.node.ledger_file import (
     PRIVATE, LedgerError, Reservation, chained, file_version, key_path, locked, read_entries, read_key, read_reservations,
     reservations_path, write_entries,
 )
+from cels.node.settings import POSITIVE
+from cels.settings import add_arguments, given, setting
 from cels.workers import process_alive
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import WORK_PHASES, Phase
@@ -60,15 +62,22 @@ from cels.protocol.roles import Refusal
 from cels.protocol.releases import DP_HISTOGRAM
 
 COMPOSITION = "basic composition: (sum of eps_i, sum of delta_i) over the sessions in the window"
+
+
 @dataclass(frozen=True)
 class LedgerPolicy:
     """Where the ledger lives and the budget it enforces (None: no limit)."""
 
-    path: Path
-    budget_epsilon: float | None = None
-    budget_delta: float | None = None
-    window_days: float | None = None
-    key: Path | None = None
+    path: Path = setting(table="ledger", key="path", flag="--ledger", path=True, metavar="FILE", schema={"type": "string"},
+                         help="the ledger file", shown="NAME.ledger.json beside --config; none without either")
+    budget_epsilon: float | None = setting(None, table="ledger", key="budget_epsilon", flag="--budget-epsilon", metavar="E", schema=POSITIVE,
+                                           help="refuse a session that takes the window's total epsilon above E")
+    budget_delta: float | None = setting(None, table="ledger", key="budget_delta", flag="--budget-delta", metavar="D", schema=POSITIVE,
+                                         help="refuse a session that takes the window's total delta above D")
+    window_days: float | None = setting(None, table="ledger", key="window_days", flag="--budget-window-days", metavar="DAYS", schema=POSITIVE,
+                                        help="sessions older than DAYS no longer count", shown="all")
+    key: Path | None = setting(None, table="ledger", key="key", flag="--ledger-key", path=True, metavar="FILE", schema={"type": "string"},
+                               help="the ledger's MAC key, made at the node's first start", shown="NAME.ledger.key beside the ledger")
     """The MAC key's file (default :func:`key_path` beside the ledger)."""
 
     def __post_init__(self) -> None:
@@ -76,6 +85,7 @@ class LedgerPolicy:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"[ledger] {name} must be positive, not {value}")
+            object.__setattr__(self, name, None if value is None else float(value))
 
     @property
     def key_file(self) -> Path:
@@ -84,38 +94,21 @@ class LedgerPolicy:
 
 def add_ledger_arguments(parser: argparse.ArgumentParser) -> None:
     """A party's privacy budget ledger (cels.node.ledger); the flags override ``[ledger]``."""
-    g = parser.add_argument_group("privacy budget ledger")
-    g.add_argument("--ledger", type=Path, metavar="FILE", help="the ledger file (default NAME.ledger.json beside --config; none without either)")
-    g.add_argument("--budget-epsilon", type=float, metavar="E", help="refuse a session that takes the window's total epsilon above E")
-    g.add_argument("--budget-delta", type=float, metavar="D", help="refuse a session that takes the window's total delta above D")
-    g.add_argument("--budget-window-days", type=float, metavar="DAYS", help="sessions older than DAYS no longer count (default: all)")
-    g.add_argument("--ledger-key", type=Path, metavar="FILE", help="the ledger's MAC key, made at the node's first start (default NAME.ledger.key beside the ledger)")
+    add_arguments(parser.add_argument_group("privacy budget ledger"), LedgerPolicy)
 
 
 def ledger_policy(args: argparse.Namespace, name: str, table: dict[str, Any]) -> LedgerPolicy | None:
     """The ledger of party ``name``: flags over the ``[ledger]`` table; None without a file to
     keep it in (neither --ledger, nor [ledger] path, nor --config)."""
     base = args.config.resolve().parent if args.config else Path.cwd()
-
-    def pick(flag: Any, key: str) -> Any:
-        value = flag if flag is not None else table.get(key)
-        return None if value is None else float(value)
-
-    if args.ledger is not None:
-        path: Path | None = args.ledger
-    elif "path" in table:
-        path = base / table["path"]
-    elif args.config is not None:
-        path = base / f"{name}.ledger.json"
-    else:
-        path = None
-    budget = [pick(args.budget_epsilon, "budget_epsilon"), pick(args.budget_delta, "budget_delta")]
-    if path is None:
-        if any(b is not None for b in budget):
+    values = given(LedgerPolicy, args, {"ledger": table}, base)
+    if "path" not in values and args.config is not None:
+        values["path"] = base / f"{name}.ledger.json"
+    if "path" not in values:
+        if values.get("budget_epsilon") is not None or values.get("budget_delta") is not None:
             raise ValueError("a privacy budget needs a ledger file (--ledger or --config)")
         return None
-    key = args.ledger_key if getattr(args, "ledger_key", None) is not None else (base / table["key"] if "key" in table else None)
-    return LedgerPolicy(path, *budget, window_days=pick(args.budget_window_days, "window_days"), key=key)
+    return LedgerPolicy(**values)
 
 
 def totals(entries: list[dict[str, Any]], window_days: float | None, now: float) -> dict[str, Any]:
@@ -270,7 +263,7 @@ class ChargedRole:
     reached phase ``charged_from`` (its data for the release has left it) or is finished, not
     aborted; every other attribute is the role's, and the host's ``phase_hook`` is set on the role."""
 
-    def __init__(self, role: Any, on_done: Callable[[], None], charged_from: Phase = Phase.UNION) -> None:
+    def __init__(self, role: Any, on_done: Callable[[], None], charged_from: Phase) -> None:
         object.__setattr__(self, "_role", role)
         object.__setattr__(self, "_on_done", on_done)
         object.__setattr__(self, "_recorded", False)

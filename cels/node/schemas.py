@@ -20,6 +20,7 @@ from jsonschema.exceptions import ValidationError
 
 from cels.engine.options import ENGINE_TABLE
 from cels.logs.formats import FORMATS
+from cels.node.ledger import LedgerPolicy
 from cels.node.policy import POLICY_TABLE
 from cels.node.settings import HOST_PORT, NAME, POSITIVE, KeyPolicy, NodeConfig
 from cels.protocol.options import OPTIONS, Option
@@ -47,17 +48,12 @@ DATA_TABLE = {
         "encoding": {"type": "string"},
     },
 }
-LEDGER_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"path": {"type": "string"}, "key": {"type": "string"}, "budget_epsilon": POSITIVE, "budget_delta": POSITIVE, "window_days": POSITIVE},
-}
 SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
 PARTY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        **_NODE_TABLES, "data": DATA_TABLE, "ledger": LEDGER_TABLE, "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
+        **_NODE_TABLES, "data": DATA_TABLE, **table_schemas(LedgerPolicy), "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
     },
 }  # fmt: skip
 """A party node's TOML (``cels-party --config``; cels.node.config)."""

@@ -21,6 +21,21 @@ NAME = {"type": "string", "minLength": 1, "description": "a name (a non-empty st
 KEY_BITS = {"type": "integer", "minimum": MIN_TEST_KEY_BITS}
 
 
+METRICS_HOST = "127.0.0.1"
+"""Where the metrics port binds when ``[metrics] listen`` gives a port only."""
+
+
+def metrics_address(listen: str) -> str:
+    """``[metrics] listen`` as host:port: a port alone binds to 127.0.0.1 (ValueError if it is
+    neither)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep:
+        host, port = METRICS_HOST, listen
+    if not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
+        raise ValueError(f"metrics listen address {listen!r} is not host:port or a port")
+    return f"{host}:{port}"
+
+
 def parse_peer(spec: str) -> tuple[str, str]:
     """``--peer NAME=HOST:PORT``."""
     name, sep, address = spec.partition("=")
@@ -173,8 +188,6 @@ class NodeConfig:
         if not 1 <= self.max_message_mib <= 2047:
             raise ValueError(f"max_message_mib must lie in 1..2047 (protobuf's 2 GiB limit), not {self.max_message_mib}")
         if self.metrics_listen is not None:
-            from cels.node.telemetry import metrics_address  # prometheus_client: only with a metrics port
-
             self.metrics_listen = metrics_address(self.metrics_listen)
         if not self.insecure:
             missing = [n for n in ("ca", "cert", "key") if getattr(self, n) is None]

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from cels.node.ledger import Ledger, totals
 from cels.node.ledger_file import LedgerError, read_entries
 from cels.node.pool import ElasticThreadPool
+from cels.node.settings import METRICS_HOST
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import table_message
@@ -42,8 +43,6 @@ RECENT_SESSIONS = 20
 """Ended or refused sessions a node remembers for ``cels status`` (running ones: all)."""
 PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 """Upper bounds (seconds) of the phase histogram: a toy phase to the transformed solve's hours."""
-METRICS_HOST = "127.0.0.1"
-"""Where the metrics port binds when ``[metrics] listen`` gives a port only."""
 
 
 @dataclass
@@ -298,14 +297,3 @@ class NodeTelemetry:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-
-
-def metrics_address(listen: str) -> str:
-    """``[metrics] listen`` as host:port: a port alone binds to 127.0.0.1 (ValueError if it is
-    neither)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep:
-        host, port = METRICS_HOST, listen
-    if not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
-        raise ValueError(f"metrics listen address {listen!r} is not host:port or a port")
-    return f"{host}:{port}"

@@ -43,7 +43,7 @@ from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
 from cels.protocol.phases import Phase  # noqa: E402
-from cels.protocol.rolebase import RoleFailure  # noqa: E402
+from cels.engine.interface import WorkFailure  # noqa: E402
 from cels.protocol.wire.codec import phase_from_wire  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from cels.engine.routines import id_array, id_list
@@ -145,11 +145,11 @@ def test_a_pair_task_out_of_retries_is_engine_worker_lost(engine, monkeypatch) -
     killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
     killer.start()
     try:
-        with pytest.raises(RoleFailure, match=r"the pair-work task on the ids from \d+ on is lost after 0 retries") as failed:
+        with pytest.raises(WorkFailure, match=r"the pair-work task on the ids from \d+ on is lost after 0 retries") as failed:
             remote.apply_layer(X25519Hash(bytes(range(32))), peer_ids(12000))
     finally:
         killer.stop()
-    assert (failed.value.reason, failed.value.kind) == (WORKER_LOST, LOCAL_FAILURE)
+    assert failed.value.reason == WORKER_LOST  # the protocol ends the session with it as a local failure (cels.protocol.rolebase)
 
 
 # -- 2. user-shard actors -----------------------------------------------------------------
@@ -228,9 +228,9 @@ def test_a_shard_lost_too_often_is_engine_worker_lost(engine) -> None:
         assert np.array_equal(remote.verdicts(rows, loads, proposals, b), expected)
         assert remote.shard_restarts == restart
     sigkill(shard_pids(remote)[0])
-    with pytest.raises(RoleFailure, match=f"lost after {SHARD_RESTARTS} restarts in this session") as failed:
+    with pytest.raises(WorkFailure, match=f"lost after {SHARD_RESTARTS} restarts in this session") as failed:
         remote.verdicts(rows, loads, proposals, b)
-    assert (failed.value.reason, failed.value.kind) == (WORKER_LOST, LOCAL_FAILURE)
+    assert failed.value.reason == WORKER_LOST  # the protocol ends the session with it as a local failure (cels.protocol.rolebase)
 
 
 def test_a_lost_sampling_shard_is_recreated_and_replayed_to_the_same_draws(engine) -> None:
@@ -262,9 +262,9 @@ def test_a_lost_log_shard_is_engine_worker_lost(engine) -> None:
     remote = RayWork(synthetic_log(seed=5, users=60, pairs=40), 4, DrawKeys.fresh(), 2, 2)
     remote.load()
     sigkill(actor_pids(remote.log.actors)[1])
-    with pytest.raises(RoleFailure, match="a log shard or reader task is lost") as failed:
+    with pytest.raises(WorkFailure, match="a log shard or reader task is lost") as failed:
         list(remote.hashed_ids(X25519Hash(bytes(range(32))), 64))
-    assert (failed.value.reason, failed.value.kind) == (WORKER_LOST, LOCAL_FAILURE)
+    assert failed.value.reason == WORKER_LOST  # the protocol ends the session with it as a local failure (cels.protocol.rolebase)
     remote.release()
 
 

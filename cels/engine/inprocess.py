@@ -17,8 +17,8 @@ from cels.engine.routines import (
     PAIR_ORDER, CommutativeHash, ItemBound, chunks, column_type, encode_item, encode_records, id_array, id_list, id_width,
     pair_digests, party_log, pruned_constraint_rows, smallest,
 )  # fmt: skip
-from cels.engine.sampling import StagedSampler, paper_trials
-from cels.engine.user_draws import BucketDraws, buckets_of, draw_order, split_over_buckets, user_digests
+from cels.engine.sampling import StagedSampler
+from cels.engine.user_draws import BucketDraws, buckets_of, draw_order, paper_split, user_digests
 from cels.engine.variable_index import IndexPart
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import apply_cap
@@ -116,9 +116,7 @@ class InProcessWork:
 
     def local_sample(self, active: np.ndarray, totals: np.ndarray, x: np.ndarray) -> sp.csr_matrix:
         local = self.local[:, active]
-        trials = paper_trials(np.asarray(local.sum(axis=0)).ravel(), totals, x)
-        split = split_over_buckets(trials, self.user_draws.bucket_totals(local), self.draws.stream("paper split"))
-        return self.user_draws.multinomial(local, split)
+        return self.user_draws.multinomial(local, paper_split(totals, x, self.user_draws.bucket_totals(local), self.draws))
 
     def records(self, sampled: sp.csr_matrix, active: np.ndarray, keep_user_ids: bool) -> list[bytes]:
         names = (lambda rows: [self.log.users[j] for j in rows]) if keep_user_ids else self.user_draws.pseudonyms

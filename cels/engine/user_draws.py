@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
+from cels.engine.sampling import paper_trials
 from cels.mechanism.sampling import PSEUDONYM_BYTES, multinomial_sample
 
 DRAW_BUCKETS = 1024
@@ -134,3 +135,15 @@ def split_over_buckets(trials: np.ndarray, bucket_totals: sp.csr_matrix, rng: np
     if not rows:
         return sp.csr_matrix(totals.shape, dtype=np.int64)
     return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=totals.shape, dtype=np.int64)
+
+
+PAPER_SPLIT = "paper split"
+"""The label of a party's stream that splits the paper's local trials over its draw buckets."""
+
+
+def paper_split(totals: np.ndarray, x: np.ndarray, bucket_totals: sp.csr_matrix, draws: DrawKeys) -> sp.csr_matrix:
+    """The paper's local sampling, as every engine splits it (DRAW_BUCKETS x pairs): floor(x_i
+    c_i^k / c_i) trials per pair (cels.engine.sampling.paper_trials, c_i^k the party's holdings,
+    the sum of its ``bucket_totals``), split over the buckets by :func:`split_over_buckets`."""
+    held = np.asarray(bucket_totals.sum(axis=0)).ravel()
+    return split_over_buckets(paper_trials(held, totals, x), bucket_totals, draws.stream(PAPER_SPLIT))

@@ -137,20 +137,26 @@ class ProposalRule:
             state.active[proposals[accepted]] = False
 
 
-def verdicts(rows: sp.csc_matrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
-    """One party's verdicts (0 = fits, 1 = rejects), walking the proposals in order with its users'
-    loads L_j = sum_i x_i ln t_ij and adding each fitting proposal tentatively."""
+def greedy_walk(rows: sp.csc_matrix, loads: np.ndarray, proposals: np.ndarray, limit: float, veto: np.ndarray | None = None) -> np.ndarray:
+    """The rejections (bool per proposal) of one walk over ``proposals`` in order, from the users'
+    loads L_j = sum_i x_i ln t_ij: a proposal that would take one of ``rows``' users above
+    ``limit`` is rejected, any other is added tentatively unless ``veto`` rejects it elsewhere
+    (a user shard's walk, whose party rejects what any of its shards rejects)."""
     tentative = loads.copy()
-    limit = b * (1 - LOAD_SLACK)
-    out = np.zeros(len(proposals), dtype=np.uint64)
+    out = np.zeros(len(proposals), dtype=bool)
     for q, i in enumerate(proposals):
         lo, hi = rows.indptr[i], rows.indptr[i + 1]
         users, cost = rows.indices[lo:hi], rows.data[lo:hi]
         if np.any(tentative[users] + cost > limit):
-            out[q] = 1
-        else:
+            out[q] = True
+        elif veto is None or not veto[q]:
             tentative[users] += cost
     return out
+
+
+def verdicts(rows: sp.csc_matrix, loads: np.ndarray, proposals: np.ndarray, b: float) -> np.ndarray:
+    """One party's verdicts (0 = fits, 1 = rejects): :func:`greedy_walk` with the slack's limit."""
+    return greedy_walk(rows, loads, proposals, b * (1 - LOAD_SLACK)).astype(np.uint64)
 
 
 @dataclass

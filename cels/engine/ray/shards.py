@@ -21,6 +21,7 @@ from cels.engine.ray.log_pieces import EncodedPairs, LogPiece, merge_pieces
 from cels.logs.records import MAX_COUNT
 from cels.mechanism.conditions import apply_cap
 from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
+from cels.mechanism.greedy import greedy_walk
 from cels.mechanism.item_kinds import ItemKinds
 from cels.engine.sampling import StagedSampler
 from cels.engine.user_draws import BucketDraws, draw_order, user_digests
@@ -113,18 +114,8 @@ class UserShard(ShardState):
 
     def rejected(self, veto: np.ndarray) -> np.ndarray:
         """The proposals this shard's users reject (bool per proposal) when the party rejects
-        the ``veto`` ones: the walk of cels.mechanism.greedy.verdicts from the round's loads,
-        adding a proposal only if it fits here and is not vetoed."""
-        rows, tentative = self.rows, self.loads.copy()
-        out = np.zeros(len(self.proposals), dtype=bool)
-        for q, i in enumerate(self.proposals):
-            lo, hi = rows.indptr[i], rows.indptr[i + 1]
-            users, cost = rows.indices[lo:hi], rows.data[lo:hi]
-            if np.any(tentative[users] + cost > self.limit):
-                out[q] = True
-            elif not veto[q]:
-                tentative[users] += cost
-        return out
+        the ``veto`` ones (cels.mechanism.greedy.greedy_walk from the round's loads)."""
+        return greedy_walk(self.rows, self.loads, self.proposals, self.limit, veto)
 
     def place_counts(self, counts: sp.csr_matrix, buckets: np.ndarray, root: bytes, seeded: bool) -> None:
         """This shard's users' counts over the active pairs, and their buckets' draw keys; the

@@ -24,9 +24,8 @@ from cels.engine.ray.common import TASK_RETRIES, WORKER_LOST, worker_peak_rss
 from cels.logs.model import SearchLog
 from cels.logs.readers import LogFile
 from cels.mechanism.greedy import LOAD_SLACK, verdicts
-from cels.engine.sampling import paper_trials
 from cels.engine.interface import LoadResult, WorkFailure
-from cels.engine.user_draws import split_over_buckets
+from cels.engine.user_draws import paper_split
 from cels.engine.routines import STREAM_IDS, CommutativeHash, ItemBound, chunks, encode_records, id_list, id_width, pruned_constraint_rows
 from cels.engine.ray.shards import PLACE_SECONDS, ShardPool, UserShard, _give_back, _remove_group, in_bundle, settled, spread_group
 
@@ -314,8 +313,7 @@ class RayWork(ShardedLogWork):
         (from the shards' bucket totals), every shard draws its buckets' trials."""
         actors = self.sampling_shards(active)
         bucket_totals = sum(self.sampling_call(actors, lambda a: a.bucket_totals.remote()))
-        held = np.asarray(bucket_totals.sum(axis=0)).ravel()
-        split = split_over_buckets(paper_trials(held, totals, x), bucket_totals, self.draws.stream("paper split"))
+        split = paper_split(totals, x, bucket_totals, self.draws)
         parts = self.sampling_call(actors, lambda a: a.paper_sample.remote(split))
         return self.gather(parts, (self.n_users, len(active)))
 

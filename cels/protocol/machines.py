@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.rolebase import Charges, Machine, PhaseRow, Takes, charges
 from cels.protocol.roles import Outgoing
@@ -156,14 +157,16 @@ SESSION_CHARGES: dict[str, Charges] = {name: charges(PARTY[name], SOLVER[name]) 
 """Per machine name: the phase each step message of a session is charged to (its sender's bytes)."""
 
 
-def party_machine(options) -> Machine:
+def party_machine(options: SessionOptions) -> Machine:
     """The party's machine for a session's options (its release kind's: cels.protocol.releases)."""
     return PARTY[options.release_kind.machine(options.solve)]
 
 
-def solver_machine(options) -> Machine:
+def solver_machine(options: SessionOptions) -> Machine:
+    """The solver's machine for a session's options."""
     return SOLVER[options.release_kind.machine(options.solve)]
 
 
-def session_charges(options) -> Charges:
+def session_charges(options: SessionOptions) -> Charges:
+    """The phase each step message of a session with these options is charged to."""
     return SESSION_CHARGES[options.release_kind.machine(options.solve)]

@@ -123,11 +123,9 @@ def argv(value: Any) -> list[str]:
             continue
         if s.schema.get("type") == "boolean":
             out += [s.flag] if now else []
-        elif s.repeat:
-            items = [f"{k}={v}" for k, v in now.items()] if isinstance(now, dict) else [str(v) for v in now]
-            out += [a for item in items for a in (s.flag, item)]
-        else:
-            out += [s.flag, str(now)]
+            continue
+        items = ([f"{k}={v}" for k, v in now.items()] if isinstance(now, dict) else [str(v) for v in now]) if s.repeat else [str(now)]
+        out += [a for item in items for a in ([f"{s.flag}={item}"] if item.startswith("-") else [s.flag, item])]  # "-x" would read as a flag
     return out
 
 

@@ -24,7 +24,8 @@ class Setting:
     value, as ``[peers]``); ``schema``: the JSON-schema keywords of its TOML value; ``flag``:
     the flag that overrides it (none: TOML only), ``repeat``: given once per item, each parsed
     by ``item`` (a pair NAME=VALUE makes a table); ``path``: a file path, relative to the
-    TOML file; ``shown``: the default as its help shows it (else the default itself)."""
+    TOML file; ``shown``: the default as its help shows it (else the default itself);
+    ``flag_value``: what a boolean setting's flag sets."""
 
     table: str
     key: str | None
@@ -36,6 +37,8 @@ class Setting:
     item: Callable[[str], Any] | None = None
     path: bool = False
     shown: str | None = None
+    flag_value: Any = True
+    """What a flag without a value (a boolean setting's) sets: ``--no-header`` sets False."""
 
     @property
     def dest(self) -> str:
@@ -82,7 +85,7 @@ def add_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup, cls:
         if s.repeat:
             group.add_argument(s.flag, dest=s.dest, action="append", default=[], metavar=s.metavar, help=help_text)
         elif s.schema.get("type") == "boolean":
-            group.add_argument(s.flag, dest=s.dest, action="store_true", default=None, help=help_text)
+            group.add_argument(s.flag, dest=s.dest, action="store_const", const=s.flag_value, default=None, help=help_text)
         else:
             kind = Path if s.path else _FLAG_TYPES.get(s.schema.get("type", "string"), str)
             group.add_argument(s.flag, dest=s.dest, type=kind, choices=s.schema.get("enum"), metavar=s.metavar, help=help_text)
@@ -122,7 +125,7 @@ def argv(value: Any) -> list[str]:
         if s.flag is None or now == default_of(f):
             continue
         if s.schema.get("type") == "boolean":
-            out += [s.flag] if now else []
+            out += [s.flag] if now == s.flag_value else []
             continue
         items = ([f"{k}={v}" for k, v in now.items()] if isinstance(now, dict) else [str(v) for v in now]) if s.repeat else [str(now)]
         out += [a for item in items for a in ([f"{s.flag}={item}"] if item.startswith("-") else [s.flag, item])]  # "-x" would read as a flag

@@ -258,9 +258,9 @@ def test_docs_show_the_node_settings_as_they_are() -> None:
     """docs/deployment.md carries the table generated from the one declaration of each setting."""
     from cels.engine.options import EngineOptions
     from cels.node.ledger import LedgerPolicy
-    from cels.node.settings import KeyPolicy, NodeConfig
+    from cels.node.settings import DataSource, KeyPolicy, NodeConfig
     from cels.settings import markdown_table
 
-    table = markdown_table(NodeConfig, KeyPolicy, LedgerPolicy, EngineOptions)
+    table = markdown_table(NodeConfig, KeyPolicy, DataSource, LedgerPolicy, EngineOptions)
     assert table in (Path(__file__).resolve().parent.parent / "docs" / "deployment.md").read_text()
-    assert len(table.splitlines()) == 2 + 13 + 6 + 5 + 4  # every setting of the four classes is a row
+    assert len(table.splitlines()) == 2 + 13 + 6 + 7 + 5 + 4  # every setting of the five classes is a row

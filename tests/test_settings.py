@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cels.engine.options import EngineOptions
 from cels.node.ledger import LedgerPolicy
 from cels.node.schemas import check_toml
-from cels.node.settings import KeyPolicy, NodeConfig
+from cels.node.settings import DataSource, KeyPolicy, NodeConfig
 from cels.settings import add_arguments, argv, declared, given, markdown_table, table_schemas
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=8)
@@ -50,6 +50,14 @@ def test_an_engine_survives_its_own_flags(kind, shards, in_flight, address) -> N
     assert value.argv() == argv(value)
 
 
+def test_a_flag_can_set_false_and_survives_its_round_trip() -> None:
+    """``--no-header`` sets header False over the file's True; the default (None: detected) gives no flag."""
+    assert given(DataSource, parse(DataSource, ["--no-header"]), {"data": {"header": True}}) == {"header": False}
+    value = DataSource(path=Path("log.tsv"), format="tsv", header=False, lenient=True, delimiter=";")
+    assert DataSource(**given(DataSource, parse(DataSource, argv(value)), {})) == value
+    assert argv(DataSource()) == []
+
+
 def test_a_flag_overrides_its_key_and_a_repeated_flag_adds_to_its_table() -> None:
     doc = {"keys": {"obfuscators": 9, "stock": {"solver": 1}, "nice": 3}}
     values = given(KeyPolicy, parse(KeyPolicy, ["--obfuscators", "5", "--stock", "party-2=2"]), doc)
@@ -67,8 +75,8 @@ def test_a_toml_path_is_relative_to_the_file_and_a_flag_path_is_taken_as_given(t
 
 
 def test_every_table_is_closed_and_names_its_keys() -> None:
-    schemas = {**table_schemas(NodeConfig), **table_schemas(KeyPolicy), **table_schemas(LedgerPolicy), **table_schemas(EngineOptions)}
-    assert set(schemas) == {"node", "tls", "peers", "metrics", "keys", "ledger", "engine"}
+    schemas = {**table_schemas(NodeConfig), **table_schemas(KeyPolicy), **table_schemas(DataSource), **table_schemas(LedgerPolicy), **table_schemas(EngineOptions)}
+    assert set(schemas) == {"node", "tls", "peers", "metrics", "keys", "data", "ledger", "engine"}
     closed = {"type": "object", "additionalProperties": False, "properties": schemas}
     check_toml({"keys": {"obfuscators": 3}, "engine": {"shards": 2}}, "party.toml", closed)
     with pytest.raises(ValueError, match=r"party.toml: \[keys\] unknown key 'obfuscator'"):
@@ -78,7 +86,7 @@ def test_every_table_is_closed_and_names_its_keys() -> None:
 
 
 def test_the_reference_table_has_one_row_per_declared_setting() -> None:
-    classes = (NodeConfig, KeyPolicy, LedgerPolicy, EngineOptions)
+    classes = (NodeConfig, KeyPolicy, DataSource, LedgerPolicy, EngineOptions)
     rows = markdown_table(*classes).splitlines()[2:]
     flags = [s.flag for cls in classes for _f, s in declared(cls)]
     assert len(rows) == len(flags) == len(set(flags))

@@ -73,7 +73,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from cels.node.schemas import NODE_SCHEMAS, check_toml
-from cels.node.settings import KeyPolicy, NodeConfig
+from cels.logs.options import LoadOptions
+from cels.node.settings import DataSource, KeyPolicy, NodeConfig
 from cels.settings import add_arguments, given
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,38 +114,15 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """A party's private log and how to read it (the same input flags as ``cels sanitize``)."""
-    parser.add_argument("--data", type=Path, help="the party's private log (read at every session start)")
-    parser.add_argument("--format", help="log format: aol, msnbc, tsv, histogram, parquet (default aol)")
-    parser.add_argument("--columns", help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
-    parser.add_argument("--no-header", action="store_true", default=None, help="the tsv file has no header line")
-    parser.add_argument("--delimiter", help="tsv field delimiter, one character (default tab)")
-    parser.add_argument("--lenient", action="store_true", default=None, help="skip bad lines instead of failing")
-    parser.add_argument("--encoding", help="the log's text encoding, e.g. latin-1 (default utf-8; bytes not valid in it abort the session)")
+    """A party's private log and how to read it (the same input switches as ``cels sanitize``)."""
+    add_arguments(parser, DataSource)
 
 
-def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, Any]:
-    """The data file and its LoadOptions from the flags over the ``[data]`` table."""
-    from cels.logs.formats import log_format
-    from cels.logs.options import LoadOptions
-    from cels.logs.textio import ENCODING
-
+def data_source(args: argparse.Namespace, table: dict[str, Any]) -> tuple[Path, LoadOptions]:
+    """The data file and its LoadOptions from the flags over the ``[data]`` table (its ``base``:
+    the directory its relative path is read from)."""
     base = table.get("base", Path.cwd())
-    path = args.data if args.data is not None else (base / table["path"] if "path" in table else None)
-    if path is None:
+    source = DataSource(**given(DataSource, args, {"data": {k: v for k, v in table.items() if k != "base"}}, base))
+    if source.path is None:
         raise ValueError("a party node needs its data file (--data or [data] path)")
-    columns = args.columns if args.columns is not None else table.get("columns")
-    if args.no_header:
-        header: bool | None = False
-    else:
-        header = table.get("header")
-    fmt = args.format or table.get("format", "aol")
-    options = LoadOptions(
-        format=fmt,
-        columns=log_format(fmt).parse_columns(columns) if isinstance(columns, str) else columns,
-        header=header,
-        lenient=bool(args.lenient if args.lenient is not None else table.get("lenient", False)),
-        delimiter=args.delimiter or table.get("delimiter", "\t"),
-        encoding=args.encoding or table.get("encoding", ENCODING),
-    )
-    return Path(path), options
+    return Path(source.path), source.load_options()

@@ -19,41 +19,21 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from cels.engine.options import ENGINE_TABLE
-from cels.logs.formats import FORMATS
 from cels.node.ledger import LedgerPolicy
 from cels.node.policy import POLICY_TABLE
-from cels.node.settings import HOST_PORT, NAME, POSITIVE, KeyPolicy, NodeConfig
+from cels.node.settings import HOST_PORT, NAME, POSITIVE, DataSource, KeyPolicy, NodeConfig
 from cels.protocol.options import OPTIONS, Option
 from cels.settings import table_schemas
 
 _JSON_TYPES = {float: "number", int: "integer", str: "string", bool: "boolean"}
 _NODE_TABLES = {**table_schemas(NodeConfig), **table_schemas(KeyPolicy)}
 """The ``[node]``, ``[tls]``, ``[peers]``, ``[metrics]`` and ``[keys]`` tables, from the node's settings."""
-DATA_TABLE = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "path": {"type": "string"},
-        "format": {"enum": list(FORMATS)},
-        "columns": {
-            "anyOf": [
-                {"type": "string"},
-                {"type": "object", "additionalProperties": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}]}},
-            ],
-            "description": 'a column mapping: "user=1,query=2,url=4[,count=5]" or a table of column numbers (parquet: of column names)',
-        },
-        "header": {"type": "boolean"},
-        "lenient": {"type": "boolean"},
-        "delimiter": {"type": "string", "minLength": 1, "maxLength": 1, "description": "one character"},
-        "encoding": {"type": "string"},
-    },
-}
 SOLVER_TABLE = {"type": "object", "additionalProperties": False, "properties": {"time_limit": POSITIVE}}
 PARTY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
-        **_NODE_TABLES, "data": DATA_TABLE, **table_schemas(LedgerPolicy), "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
+        **_NODE_TABLES, **table_schemas(DataSource), **table_schemas(LedgerPolicy), "engine": ENGINE_TABLE, "policy": POLICY_TABLE,
     },
 }  # fmt: skip
 """A party node's TOML (``cels-party --config``; cels.node.config)."""

@@ -10,6 +10,9 @@ from typing import Any
 
 from cels.certs import controller_name
 from cels.crypto.key_sizes import DEFAULT_KEY_BITS, MIN_TEST_KEY_BITS
+from cels.logs.formats import FORMATS, log_format
+from cels.logs.options import LoadOptions
+from cels.logs.textio import ENCODING
 from cels.protocol.options import DEFAULT_DEADLINE
 from cels.settings import setting
 
@@ -209,3 +212,37 @@ class NodeConfig:
                 raise ValueError(f"cert file {self.cert} names {identity.name!r}, not this node {self.name!r}")
             if not identity.serves:
                 raise ValueError(f"cert file {self.cert} lacks extended key usage serverAuth (a node serves its peers)")
+
+
+COLUMNS = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "object", "additionalProperties": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "minLength": 1}]}},
+    ],
+    "description": 'a column mapping: "user=1,query=2,url=4[,count=5]" or a table of column numbers (parquet: of column names)',
+}
+BOOLEAN = {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """A party's private log, read at every session start, and how to read it (``[data]``: the
+    switches of ``cels sanitize``'s input, docs/formats.md)."""
+
+    path: Path | None = setting(None, table="data", key="path", flag="--data", path=True, schema={"type": "string"},
+                                help="the party's private log (read at every session start)")
+    format: str = setting("aol", table="data", key="format", flag="--format", schema={"enum": list(FORMATS)}, help="log format")
+    columns: str | dict[str, Any] | None = setting(None, table="data", key="columns", flag="--columns", schema=COLUMNS,
+                                                   help="tsv column mapping, e.g. user=1,query=2,url=4[,count=5]")
+    header: bool | None = setting(None, table="data", key="header", flag="--no-header", flag_value=False, schema=BOOLEAN,
+                                  help="the tsv file has no header line", shown="detected")
+    lenient: bool = setting(False, table="data", key="lenient", flag="--lenient", schema=BOOLEAN, help="skip bad lines instead of failing")
+    delimiter: str = setting("\t", table="data", key="delimiter", flag="--delimiter", shown="tab", help="tsv field delimiter, one character",
+                             schema={"type": "string", "minLength": 1, "maxLength": 1, "description": "one character"})
+    encoding: str = setting(ENCODING, table="data", key="encoding", flag="--encoding", schema={"type": "string"},
+                            help="the log's text encoding, e.g. latin-1 (bytes not valid in it abort the session)")
+
+    def load_options(self) -> LoadOptions:
+        """How the log is read (a columns string parsed by its format)."""
+        columns = log_format(self.format).parse_columns(self.columns) if isinstance(self.columns, str) else self.columns
+        return LoadOptions(format=self.format, columns=columns, header=self.header, lenient=bool(self.lenient), delimiter=self.delimiter, encoding=self.encoding)

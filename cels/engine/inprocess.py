@@ -14,15 +14,13 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.interface import LoadResult, PartyWork
 from cels.engine.options import EngineOptions
 from cels.engine.routines import (
-    PAIR_ORDER, CommutativeHash, ItemBound, chunks, column_type, encode_item, encode_records, id_array, id_list, id_width,
+    PAIR_ORDER, CommutativeHash, ItemBound, bounded_rows, chunks, column_type, encode_item, encode_records, id_array, id_list, id_width,
     pair_digests, party_log, pruned_constraint_rows, smallest,
 )  # fmt: skip
 from cels.engine.sampling import StagedSampler
 from cels.engine.user_draws import BucketDraws, buckets_of, draw_order, paper_split, user_digests
 from cels.engine.variable_index import IndexPart
 from cels.logs.model import SearchLog
-from cels.mechanism.conditions import apply_cap
-from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
 from cels.mechanism.greedy import verdicts
 
 
@@ -51,10 +49,9 @@ class InProcessWork:
         order = draw_order(digests)
         self.log = log if np.array_equal(order, np.arange(len(order))) else log.select_users(order)
         self.user_draws = BucketDraws(self.draws, buckets_of(digests[order]))
-        self.counts = apply_cap(self.log.counts, self._cap).tocsr()
-        if self.bound is not None:
-            pairs, key = self.log.pairs, self.draws.secret(ITEM_CHOICE)
-            self.counts = bounded_by_kind(self.counts, self.log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], key, self.bound.kinds)
+        pairs = self.log.pairs
+        self.counts = bounded_rows(self.log.counts, self._cap, self.log.users, lambda cols: [encode_item(*pairs[c]) for c in cols], self.draws,
+                                   self.bound.kinds if self.bound is not None else None)  # fmt: skip
         self.own = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
         return LoadResult(len(self.own), log.source)
 

@@ -25,8 +25,9 @@ from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.logs.model import SearchLog
 from cels.logs.records import LogError
 from cels.logs.readers import LogFile, iter_records
-from cels.mechanism.conditions import dominant_rows, log_t_rows
+from cels.mechanism.conditions import apply_cap, dominant_rows, log_t_rows
 from cels.mechanism.dp_histogram import padding_count
+from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
 from cels.mechanism.item_kinds import ItemKinds
 
 STREAM_IDS = 16384
@@ -120,6 +121,16 @@ def encode_records(sampled: sp.spmatrix, names: Callable[[np.ndarray], list[str]
         for col, count in zip(sampled.indices[lo:hi], sampled.data[lo:hi]):
             out.append(encode_item(user, *pair(int(col)), int(count)))
     return out
+
+
+def bounded_rows(counts: sp.spmatrix, cap: int, users: Sequence[str], items: Callable[[Sequence[int]], list[bytes]], draws: DrawKeys,
+                 kinds: ItemKinds | None) -> sp.csr_matrix:
+    """A party's rows c_ij (users x pairs) capped at ``cap`` (cels.mechanism.conditions.apply_cap),
+    and for the DP release at most Delta_k items of each kind a user, chosen from its
+    ITEM_CHOICE key (cels.mechanism.dp_release.bounded_by_kind; ``items(cols)``: the encoded
+    items of those columns), as every engine loads them."""
+    capped = apply_cap(counts, cap).tocsr()
+    return capped if kinds is None else bounded_by_kind(capped, users, items, draws.secret(ITEM_CHOICE), kinds)
 
 
 PADDING = "padding"

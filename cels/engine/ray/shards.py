@@ -19,14 +19,12 @@ from cels.crypto.streams import DrawKeys
 from cels.engine.ray.common import ShardState
 from cels.engine.ray.log_pieces import EncodedPairs, LogPiece, merge_pieces
 from cels.logs.records import MAX_COUNT
-from cels.mechanism.conditions import apply_cap
-from cels.mechanism.dp_release import ITEM_CHOICE, bounded_by_kind
 from cels.mechanism.greedy import greedy_walk
 from cels.mechanism.item_kinds import ItemKinds
 from cels.engine.sampling import StagedSampler
 from cels.engine.user_draws import BucketDraws, draw_order, user_digests
 from cels.engine.variable_index import PART_CALLS, IndexPart
-from cels.engine.routines import PAIR_DIGEST_BYTES, column_type, smallest
+from cels.engine.routines import PAIR_DIGEST_BYTES, bounded_rows, column_type, smallest
 
 SHARD_MEMORY = 1 << 20
 """The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
@@ -191,20 +189,18 @@ class LogShard(ShardState):
 
     def finish(self, cap: int, root: bytes, seeded: bool, kinds: ItemKinds | None = None) -> tuple[int, int, int]:
         """The pieces added up (:func:`merge_pieces`), in draw order and capped (and with
-        ``kinds``, the DP release's bound: cels.mechanism.dp_release.bounded_by_kind, the items no
-        user keeps dropped); its users' digests handed over in slices (``slice``) as "users"
+        ``kinds``, the DP release's bound: cels.engine.routines.bounded_rows, the items no user
+        keeps dropped); its users' digests handed over in slices (``slice``) as "users"
         (draw order).  Returns the users and held pairs here, and |D| here."""
-        merged = merge_pieces(self.pieces)
+        merged, draws = merge_pieces(self.pieces), DrawKeys(root, seeded=seeded)
         self.pieces = []
-        digests = user_digests(DrawKeys(root, seeded=seeded), merged.users)
+        digests = user_digests(draws, merged.users)
         order = draw_order(digests)
         self.users, self.pairs, self.digests = [merged.users[j] for j in order], merged.pairs, merged.digests
         counts = merged.counts[order]
-        self.counts = apply_cap(counts, cap).tocsr()
+        self.counts = bounded_rows(counts, cap, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), draws, kinds)
         self.totals = smallest(np.asarray(counts.sum(axis=0)).ravel())
         if kinds is not None:
-            key = DrawKeys(root, seeded=seeded).secret(ITEM_CHOICE)
-            self.counts = bounded_by_kind(self.counts, self.users, lambda cols: self.pairs.items(np.asarray(cols, dtype=np.int64)), key, kinds)
             held = np.flatnonzero(np.asarray(self.counts.sum(axis=0)).ravel() > 0)
             self.pairs, self.digests, self.totals = self.pairs.take(held), self.digests[held], self.totals[held]
             self.counts = self.counts[:, held].tocsr()

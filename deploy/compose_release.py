@@ -31,7 +31,7 @@ import numpy as np
 
 from cels.baselines.release import read_release
 from cels.mechanism.dp_histogram import count_scale, noise_tail, share_beta
-from cels.protocol.phases import DP_PHASES, party_phases
+from cels.protocol.machines import party_machine
 from cels.protocol.stages.dp_release import release_threshold
 from cels.cli.run import session_options
 from cels.logs import LoadOptions, load_log, write_log
@@ -84,7 +84,7 @@ def audit_dp(log: SearchLog, out: Path, options) -> list[str]:
             problems.append(f"released pair {(item.query, item.url)} is not in the input")
         elif item.count < tau or item.count > n + tail:
             problems.append(f"released pair {(item.query, item.url)}: count {item.count} outside [{tau}, {n} users + {tail}]")
-    missing = set(DP_PHASES) - set(report["phases"])
+    missing = set(party_machine(options).phases) - set(report["phases"])
     if missing:
         problems.append(f"report.json lacks the phases {sorted(missing)}")
     print(f"audit: {log.n_users} users, {log.n_pairs} pairs in; {len(items)} pairs out at tau = {tau}: {'clean' if not problems else 'VIOLATED'}; "
@@ -122,7 +122,7 @@ def audit(input_path: Path, out: Path, session_path: Path) -> list[str]:
         problems.append(f"a user's sum_i x_i ln t_ij is {worst:.6g} > b = {options.b:.6g}")
     if report["solver"]["integer_total"] != int(x.sum()):
         problems.append(f"report.json says {report['solver']['integer_total']} released clicks, sanitized.tsv holds {int(x.sum())}")
-    missing = set(party_phases(options.solve)) - set(report["phases"])
+    missing = set(party_machine(options).phases) - set(report["phases"])
     if missing:
         problems.append(f"report.json lacks the phases {sorted(missing)}")
     print(

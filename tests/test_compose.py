@@ -268,3 +268,17 @@ def test_compose_commands_run_a_session_as_local_processes(tmp_path) -> None:
     report = json.loads((tmp_path / "out" / "operator" / "report.json").read_text())
     assert report["solver"]["integer_total"] == len(sanitized) - 1  # one AOL row per released click
     assert {"privacy", "solver", "utility", "phases", "bytes_total", "wire"} <= set(report)
+
+
+def test_the_compose_verdict_script_audits_a_dp_release_by_the_sessions_machine(tmp_path) -> None:
+    """deploy/compose_release.py (make compose-test's verdict, run outside the containers) loads
+    with the project's modules and reads the phases a DP session must report from its machine."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_release", REPO / "deploy" / "compose_release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from cels.protocol.options import SessionOptions
+
+    options = SessionOptions.create(3, epsilon=1.0, delta=1e-6, release="dp")
+    assert [p.value for p in module.party_machine(options).phases] == ["load", "universe", "counts"]

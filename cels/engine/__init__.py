@@ -4,8 +4,9 @@ A party node picks its engine once, from its ``[engine]`` table or flags: ``loca
 default) runs the work in the node's process (:class:`cels.engine.inprocess.InProcessWork`);
 ``ray`` starts or joins the party's own Ray cluster once per node process and gives every
 session a :class:`cels.engine.ray.work.RayWork`.  ``ray`` is an optional extra, imported only
-here and only when asked for.  The protocol (cels.protocol) never sees the engine: it talks
-to a :class:`cels.engine.interface.PartyWork`.  Each name is imported from its module on first
+here and only when asked for.  The protocol (cels.protocol) never sees a backend: its phase
+machines talk to a :class:`cels.engine.interface.PartyWork`, and this package imports nothing
+of the protocol.  Each name is imported from its module on first
 use (:mod:`cels.lazy`): the settings' flags load no engine.
 """
 

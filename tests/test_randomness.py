@@ -6,8 +6,9 @@ be predicted from their outputs, so none of these paths may draw from them.
 Two kinds of check: spies on the generator each path is handed (its bit generator must be
 ChaCha with 20 rounds), and trip wires on numpy's other bit generators, on ``random.Random``'s
 Mersenne Twister and on ``random.SystemRandom``, recording any draw whose nearest caller is in
-cels.mechanism, cels.protocol or cels.baselines (keys and ciphertext randomness in cels.crypto
-come from ``secrets`` by design; synthetic data in cels.logs is not private).
+cels.mechanism, cels.protocol or cels.baselines (Paillier's keys and ciphertext randomness in
+cels.crypto come from ``secrets`` by design; synthetic data in cels.logs is not private).  And
+a seeded session sends the same bytes twice (the private solve's and the DP release's).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from cels.mechanism.noisy_counts import add_noise_and_repair
 from cels.mechanism.sanitize import SanitizeParams, sanitize
 from cels.protocol.options import SessionOptions
 from cels.protocol.private_solve import PrivateSolveParty
+from cels.protocol.roles import Envelope, step_name
 from cels.protocol.secure_union import SecureUnion
 from cels.protocol.transform import transform_constraints
 
@@ -315,3 +317,38 @@ def test_the_baselines_draw_from_chacha20(weak_draws, tmp_path) -> None:
     assert len(zero_count_survivors(10_000, 1, 2.0, baseline_rng())) > 0
     release_transitions(["a", "b", "c"], Counter({("a", "b"): 9}), 2.0, 1, baseline_rng(4))
     assert weak_draws == set()
+
+
+def session_messages(log, seed: int, release: str) -> dict[tuple[str, str], list[bytes]]:
+    """Every message of a seeded in-memory session, per link (sender, recipient), in the order
+    sent; StepReports left out (their seconds are the run's, not the data's)."""
+    extra = dict(release="dp", delta=1e-6, max_items_per_user=2) if release == "dp" else dict(delta=0.9, noise_epsilon=1.0, sensitivity=2)
+    config = SessionOptions.create(3, session_id="replayed", epsilon=1.0, key_bits=256, group_bits=1024, **extra)
+    network = cels.inprocess.InMemoryNetwork(cels.inprocess.session_hosts(log.split_by_user(3), config, seed=seed, allow_insecure_key_bits=True))
+    sent: dict[tuple[str, str], list[bytes]] = {}
+    enqueue = network._enqueue
+
+    def recorded(queue, src, messages) -> None:
+        before = len(queue)
+        enqueue(queue, src, messages)
+        for s, d, data in list(queue)[before:]:
+            if step_name(Envelope.FromString(data)) != "step_report":
+                sent.setdefault((s, d), []).append(data)
+
+    network._enqueue = recorded
+    roles = cels.inprocess.start_session(network, config)
+    assert cels.inprocess.abort_message(roles) is None
+    return sent
+
+
+@pytest.mark.parametrize("release", ["sampled", "dp"])
+def test_a_seeded_session_sends_every_message_again_byte_for_byte(log, release) -> None:
+    """Every message a party or the solver sends in the private solve's sampled release and in
+    the DP release is a function of its draw keys and its data (the pairwise mask keys, the
+    OR shares' rho, the union's key e and shuffles included: docs/crypto.md, Randomness), so
+    the same keys send the same bytes; other keys change them (the check can fail)."""
+    first, again = session_messages(log, 11, release), session_messages(log, 11, release)
+    assert first.keys() == again.keys() and len(first) == 12  # every link among 3 parties and the solver
+    assert first == again
+    other = session_messages(log, 12, release)
+    assert any(first[link] != other.get(link) for link in first)

@@ -129,3 +129,23 @@ def test_masks_are_pinned_by_keys_context_and_ring_order() -> None:
     ]
     assert [[int(w) for w in m.mask(3, 2, SUMS)] for m in ring_with_keys(b"session-7")] == expected
     assert [int(w) for w in ring_with_keys(b"session-8")[0].mask(3, 2, SUMS)] != expected[0]
+
+
+def test_keyed_masks_replay_their_key_and_their_rho() -> None:
+    """The same secret and stream give the same public key and the same masked OR shares; the
+    rho are uniform on [1, 2^64 - 1] (no zero; the top bit set half the time, within 5 sigma)."""
+    from cels.crypto.streams import cipher_generator
+
+    def masks(k: int, seed: int) -> PairwiseMasks:
+        return PairwiseMasks.keyed(k, 2, b"s", bytes([k + 1]) * 32, cipher_generator(seed))
+
+    first, again = [masks(0, 3), masks(1, 4)], [masks(0, 3), masks(1, 4)]
+    for group in (first, again):
+        group[0].add_peer(1, group[1].public_key)
+    assert first[0].public_key == again[0].public_key != first[1].public_key
+    verdicts = [1] * 20_000
+    shares = first[0].masked_or_shares(0, verdicts)
+    assert np.array_equal(shares, again[0].masked_or_shares(0, verdicts))
+    rho = shares - first[0].mask(0, len(verdicts))
+    assert np.all(rho != 0)
+    assert abs(float(np.mean(rho >> np.uint64(63))) - 0.5) < 5 * 0.5 / np.sqrt(len(rho))

@@ -18,7 +18,10 @@ OR-aggregation of verdict bits v_kq in {0, 1}: party k sends w_kq = rho_kq * v_k
 with rho_kq uniform and non-zero; sum_k w_kq = sum_k rho_kq v_kq is 0 iff no party said 1,
 except with probability <= r 2^-64 (a non-zero sum of uniform non-zero values hitting 0), and a
 non-zero sum is uniform, so it tells neither which parties said 1 nor how many.
-Randomness: X25519 keys from ``cryptography`` (the OS CSPRNG), rho from :mod:`secrets`.
+Randomness: the X25519 key and the rho come from the caller (a party passes its session keys'
+secret and stream, so that every message it sends is a function of its draw keys and a
+re-sent one is identical: docs/crypto.md, Randomness); by default, a key from ``cryptography``
+(the OS CSPRNG) and rho from a fresh ChaCha20 stream keyed from :mod:`secrets`.
 
 Parties are indices 0..r-1 in ring order and the context is bytes (the protocol layer,
 cels.protocol.private_solve, maps party names to indices and passes the session id's bytes):
@@ -27,7 +30,6 @@ this module knows no names and no sessions.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +38,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from cels.crypto.streams import cipher_generator
 
 SEED_LABEL = b"cels/pairwise-mask/v1\x00"
 PUBLIC_KEY_BYTES = 32
@@ -70,14 +74,24 @@ def prg_words(seed: bytes, round_number: int, length: int, stream: int = VERDICT
 class PairwiseMasks:
     """Party ``index``'s side of the masks among ``parties`` parties, indices 0..parties-1 in
     ring order, with HKDF info ``SEED_LABEL || context``; its X25519 ``private_key`` is made
-    here unless given."""
+    here unless given, and the OR shares' rho are drawn from ``rng`` (default: a fresh ChaCha20
+    stream)."""
 
-    def __init__(self, index: int, parties: int, context: bytes, private_key: X25519PrivateKey | None = None) -> None:
+    def __init__(
+        self, index: int, parties: int, context: bytes, private_key: X25519PrivateKey | None = None, rng: np.random.Generator | None = None
+    ) -> None:
         if not 0 <= index < parties:
             raise MaskError(f"party index {index} outside 0..{parties - 1}")
         self.index, self.parties, self.context = index, parties, bytes(context)
         self._key = private_key or X25519PrivateKey.generate()
+        self._rng = rng if rng is not None else cipher_generator()
         self._seeds: dict[int, bytes] = {}
+
+    @classmethod
+    def keyed(cls, index: int, parties: int, context: bytes, secret: bytes, rng: np.random.Generator) -> PairwiseMasks:
+        """Party ``index``'s masks with the X25519 private key of the 32 bytes ``secret`` and
+        rho from ``rng``: a holder's keys replayed, every masked vector is the same again."""
+        return cls(index, parties, context, X25519PrivateKey.from_private_bytes(secret), rng)
 
     @property
     def public_key(self) -> bytes:
@@ -119,7 +133,7 @@ class PairwiseMasks:
         v = np.asarray(verdicts, dtype=np.uint64)
         if v.size and v.max() > 1:
             raise MaskError("verdicts must be 0 or 1")
-        rho = uniform_nonzero(len(v))
+        rho = uniform_nonzero(len(v), self._rng)
         return rho * v + self.mask(round_number, len(v))
 
     def masked_values(self, values: Sequence[int], stream: int = NOISE, round_number: int = 0, offset: int = 0) -> np.ndarray:
@@ -130,13 +144,9 @@ class PairwiseMasks:
         return v + self.mask(round_number, len(v), stream, offset)
 
 
-def uniform_nonzero(length: int) -> np.ndarray:
-    """``length`` uniform non-zero uint64 values from :mod:`secrets`."""
-    out = np.frombuffer(secrets.token_bytes(8 * length), dtype="<u8").astype(np.uint64)
-    while np.any(out == 0):
-        zero = np.flatnonzero(out == 0)
-        out[zero] = np.frombuffer(secrets.token_bytes(8 * len(zero)), dtype="<u8")
-    return out
+def uniform_nonzero(length: int, rng: np.random.Generator) -> np.ndarray:
+    """``length`` uniform non-zero uint64 values drawn from ``rng`` (uniform on [1, 2^64 - 1])."""
+    return rng.integers(1, np.iinfo(np.uint64).max, size=length, dtype=np.uint64, endpoint=True)
 
 
 def signed(total: np.ndarray) -> np.ndarray:

@@ -127,7 +127,7 @@ DP_PARTY = Machine(
         ),
         Phase.OVER: PhaseRow({"dp_release": Takes(method("_on_dp_release")), **REPORTS}),
     },
-    ring=lambda seat, on_total, _setup: MaskedSums(seat, on_total),  # pairwise masks, whatever the solve (it runs none)
+    ring=lambda seat, on_total, _setup, draws: MaskedSums(seat, on_total, draws),  # pairwise masks, whatever the solve (it runs none)
 )
 """The DP release (cels.protocol.stages.dp_release): the universe, assembled by the solver, then
 the noisy counts and the selection: no solve, sampling or union."""

@@ -79,7 +79,7 @@ class PartyRole(SessionRole):
         # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
         # the streams its work indexes by user bucket (cels.engine.interface)
         self._rng = self.draws.stream("party")
-        self.sums = self.machine.ring(self.seat, self._on_sum_total, PaillierSetup(obfuscators, keypair, decryption_pool))
+        self.sums = self.machine.ring(self.seat, self._on_sum_total, PaillierSetup(obfuscators, keypair, decryption_pool), self.draws)
         self.stage: Stage = Stage(self.seat)  # the running phase machine (none before begin)
         self.solve: Solve | None = None  # phase 3's machine, kept after its phase (its views: cels.attacks)
         self.loaded: LoadResult | None = None

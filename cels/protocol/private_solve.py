@@ -30,7 +30,6 @@ sees its own rows.  No row, load, slack, coefficient or single noise share leave
 from __future__ import annotations
 
 import hashlib
-import secrets
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
@@ -38,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cels.crypto.secure_aggregation import MaskError, PairwiseMasks, aggregate, signed
-from cels.crypto.streams import CipherRandom
+from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.mechanism.greedy import GreedyState, ProposalRule, verdicts
 from cels.mechanism.noise import laplace_share
 from cels.protocol.roles import Envelope, Outgoing, fail, malformed
@@ -53,6 +52,18 @@ NOISE_LIMIT = 2**62
 """Largest |z_i| a party takes from a NoiseTotal (x + z must not overflow int64)."""
 DIGEST_BYTES = 32
 """A TranscriptDigest: SHA-256."""
+
+
+MASK_KEY = "pairwise mask key"
+"""The draw-key label of a party's X25519 mask key (cels.crypto.streams.DrawKeys.secret)."""
+OR_SHARES = "or shares"
+"""The draw-key label of the stream of its OR shares' rho."""
+
+
+def session_masks(index: int, parties: int, session_id: str, draws: DrawKeys) -> PairwiseMasks:
+    """P_k's pairwise masks of one session (HKDF info: label || session id), keyed from its
+    draw keys: replayed keys mask every vector the same way again (docs/crypto.md, Randomness)."""
+    return PairwiseMasks.keyed(index, parties, session_id.encode(), draws.secret(MASK_KEY), draws.stream(OR_SHARES))
 
 
 def mask_key_messages(masks: PairwiseMasks, session_id: str, name: str, parties: Sequence[str]) -> list[Outgoing]:
@@ -213,7 +224,7 @@ class PrivateSolveParty:
         if self._digest_sent:
             return []
         self._digest_sent = True
-        digest = secrets.token_bytes(DIGEST_BYTES) if self.rejected_accepted else self.transcript.digest()
+        digest = self.rng.randbytes(DIGEST_BYTES) if self.rejected_accepted else self.transcript.digest()
         self.digests[self.name] = digest
         msg = cels_pb2.TranscriptDigest(session_id=self.session_id, sha256=digest)
         return [(p, _envelope(self.session_id, self.name, transcript_digest=msg)) for p in self.parties if p != self.name]

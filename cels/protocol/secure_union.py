@@ -49,7 +49,7 @@ from cels.crypto.commutative_cipher import (
     encode_record,
 )
 from cels.crypto.groups import SafePrimeGroup
-from cels.crypto.streams import cipher_generator
+from cels.crypto.streams import CipherRandom, cipher_generator
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError
 from cels.protocol.secure_sum import RingMember
 from cels.protocol.wire import cels_pb2
@@ -62,8 +62,8 @@ class SecureUnion(RingMember):
 
     ``record_chunks``: pad every record to this many group elements (hides record lengths;
     a longer own record is a CommutativeCipherError, a received one ``invalid_argument``).
-    ``rng``: the numpy Generator the shuffles draw from (default: a fresh ChaCha20 stream,
-    :mod:`cels.crypto.streams`).
+    ``rng``: the numpy Generator this party's key e and its shuffles draw from (default: a
+    fresh ChaCha20 stream, :mod:`cels.crypto.streams`; a party's replayed keys replay them).
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class SecureUnion(RingMember):
         super().__init__(name, session_id, ring)
         self.rng = rng or cipher_generator()
         self.record_chunks = record_chunks
-        self.cipher = PohligHellman(group)
+        self.cipher = PohligHellman(group, CipherRandom(generator=self.rng))
         self.group = self.cipher.group
         self.records = [bytes(r) for r in records]
         self.result: list[bytes] | None = None

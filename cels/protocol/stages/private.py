@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cels.crypto.streams import CipherRandom
+from cels.crypto.streams import CipherRandom, DrawKeys
 from cels.mechanism.greedy import ProposalRule
 from cels.mechanism.noise import noise_scale
 from cels.protocol.aborts import PROTOCOL_ERROR
@@ -36,8 +36,8 @@ class PrivateSolve(Solve):
         )  # fmt: skip
 
     @staticmethod
-    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup) -> MaskedSums:
-        return MaskedSums(seat, on_total)
+    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup, draws: DrawKeys) -> MaskedSums:
+        return MaskedSums(seat, on_total, draws)
 
     def start(self) -> list[Outgoing]:
         options, c = self.seat.options, self.counts.totals

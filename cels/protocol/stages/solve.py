@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from cels.crypto.streams import DrawKeys
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.stages.results import CountsResult, SolveResult
 from cels.protocol.stages.seat import Seat, Stage
@@ -29,8 +30,8 @@ class Solve(Stage, ABC):
 
     @staticmethod
     @abstractmethod
-    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup) -> SumRing:
-        """The ring that runs the session's secure sums in this solve's sessions."""
+    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup, draws: DrawKeys) -> SumRing:
+        """The ring that runs the session's secure sums in this solve's sessions (its masks keyed from ``draws``)."""
 
     def _solved(self, x: np.ndarray, solver_report: dict, **public) -> None:
         """Check this party's exact conditions on x; then the phase is over."""

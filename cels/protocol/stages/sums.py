@@ -19,11 +19,11 @@ import numpy as np
 from cels.crypto import paillier
 from cels.crypto.packing import PackingOverflowError
 from cels.crypto.obfuscators import InlineObfuscators, ObfuscatorSource
-from cels.crypto.secure_aggregation import PairwiseMasks
+from cels.crypto.streams import DrawKeys
 from cels.logs.records import MAX_COUNT
 from cels.protocol.masked_sum import MaskedSum
 from cels.protocol.phases import Phase
-from cels.protocol.private_solve import add_mask_key, mask_key_messages
+from cels.protocol.private_solve import add_mask_key, mask_key_messages, session_masks
 from cels.protocol.roles import Envelope, Outgoing, fail
 from cels.protocol.rolebase import RoleFailure
 from cels.protocol.secure_sum import SecureSum
@@ -155,9 +155,9 @@ class MaskedSums(SumRing):
     the session's (the private solve's verdicts use them too), their keys go out at its start,
     and each sum starts once every mask key is in, with its round number."""
 
-    def __init__(self, seat: Seat, on_total: SumTotal) -> None:
+    def __init__(self, seat: Seat, on_total: SumTotal, draws: DrawKeys) -> None:
         super().__init__(seat, on_total)
-        self.masks = PairwiseMasks(seat.k, seat.r, seat.session_id.encode())  # HKDF info: label || session id
+        self.masks = session_masks(seat.k, seat.r, seat.session_id, draws)
         self.begun = 0  # masked sums so far: each one's mask round number
 
     def begin(self) -> list[Outgoing]:

@@ -13,6 +13,7 @@ import numpy as np
 from cels.crypto import paillier
 from cels.crypto.packing import EncryptedMatrix, Packing, encrypt
 from cels.crypto.obfuscators import ObfuscatorSource
+from cels.crypto.streams import DrawKeys
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, fail, malformed
 from cels.protocol.rolebase import Overreach
@@ -48,7 +49,7 @@ class TransformedSolve(Solve):
         self.pi: np.ndarray | None = None
 
     @staticmethod
-    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup) -> PaillierSums:
+    def sum_ring(seat: Seat, on_total: SumTotal, setup: PaillierSetup, draws: DrawKeys) -> PaillierSums:
         return PaillierSums(seat, on_total, setup)
 
     def start(self) -> list[Outgoing]:

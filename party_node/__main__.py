@@ -55,6 +55,7 @@ def start(argv: Sequence[str] | None):
     from cels.node.policy import PartyPolicy
     from cels.node.pool import ElasticThreadPool
     from cels.node.service import Node
+    from cels.node.session_store import SessionStore, input_digest
     from cels.node.tls import warn_insecure_keys
     from cels.protocol.options import SessionOptions
     from cels.protocol.party import PartyRole
@@ -70,6 +71,7 @@ def start(argv: Sequence[str] | None):
     if not options.log_format.exists(path):  # a Parquet dataset is a directory
         raise ValueError(f"data file {path} does not exist")
     ledger = Ledger.open(ledger_policy(args, config.name, config.ledger))
+    store = SessionStore.open(config.state_dir)
     engine = open_engine(engine_options(args, config.engine))  # once per node: an unreachable Ray cluster refuses the node
     allow_small = warn_insecure_keys(config)
     if args.seed is not None:
@@ -101,7 +103,8 @@ def start(argv: Sequence[str] | None):
         load = LogFile(path, options)
 
         def role() -> PartyRole:
-            draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)
+            # a first run's keys are kept (state_dir); a re-run takes them back (cels.node.session_store)
+            draws = store.draws(session, input_digest(path), lambda: DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name))
             works[session.session_id] = work = engine.work(load, session.cap, draws, ItemBound.of(session))
             return PartyRole(
                 config.name,
@@ -127,7 +130,9 @@ def start(argv: Sequence[str] | None):
             engine.release(work)
         ledger.release(session_id)
 
-    node = Node(config, factory, write_output, encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close, screen=screen)
+    node = Node(
+        config, factory, write_output, encrypts=True, ledger=ledger, session_ended=session_ended, on_stop=engine.close, screen=screen, store=store,
+    )
     return node
 
 

@@ -41,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cels.node.config import node_config
         from cels.node.keys import NodeKeys
         from cels.node.service import Node
+        from cels.node.session_store import SessionStore
         from cels.node.tls import warn_insecure_keys
         from cels.protocol.options import SessionOptions
         from cels.protocol.solver import SolverRole
@@ -52,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_small = warn_insecure_keys(config)
         # CRT decryptions of the transformed problem run on a process pool (Algorithm 2, the solver's step)
         pool = worker_pool(config.keys.workers)
+        store = SessionStore.open(config.state_dir)
         if args.seed is not None:
             DrawKeys.replay(args.seed, config.name)  # a seed out of range is refused at start-up
             print(f"{config.name}: WARNING: every draw is replayed from --seed {args.seed}: releases are NOT private", file=sys.stderr)
@@ -64,11 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=pool,
                 max_time_limit=None if max_time_limit is None else float(max_time_limit),
-                draws=DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name),
+                draws=store.draws(session, None, lambda: DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)),
             )
 
         # the pool ends with the node: its queues' semaphores are released, not left to the resource tracker
-        return Node(config, factory, on_stop=lambda: pool.shutdown(wait=True, cancel_futures=True))
+        return Node(config, factory, on_stop=lambda: pool.shutdown(wait=True, cancel_futures=True), store=store)
 
     return node_main("cels-solver", start)
 

@@ -3,6 +3,7 @@ StartSession, persistence across restarts, a corrupted file refused loudly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import stat
@@ -329,3 +330,23 @@ def test_two_processes_appending_at_once_lose_no_entry(tmp_path) -> None:
         w.join(60)
     assert [w.exitcode for w in workers] == [0, 0]
     assert sorted(e["session_id"] for e in read_entries(path)) == sorted(f"s{k}" for k in [*range(8), *range(100, 108)])
+
+
+def test_a_resumed_session_is_charged_once(tmp_path):
+    """A re-run (``resume``) of a session its first run charged is admitted, over the budget
+    too (it spends nothing new: the same bytes again), and not charged a second time; one
+    its first run never charged is reserved and charged as any."""
+    path = tmp_path / "party-1.ledger.json"
+    ledger = Ledger(LedgerPolicy(path, budget_epsilon=1.0))
+    finish(ledger, session("s1"))
+    restarted = Ledger(LedgerPolicy(path, budget_epsilon=1.0))
+    again = dataclasses.replace(session("s1"), resume=True)
+    role = restarted.admit(again, FinishingRole)
+    assert isinstance(role, FinishingRole) and restarted.reserved() == {}
+    role.receive("party-2", None)
+    assert [e["session_id"] for e in read_entries(path)] == ["s1"]
+    with pytest.raises(Refusal, match="privacy budget exceeded"):  # a first run's s2 is over the budget; so is its re-run
+        restarted.admit(dataclasses.replace(session("s2"), resume=True), FinishingRole)
+    roomy = Ledger(LedgerPolicy(path, budget_epsilon=3.0))
+    finish(roomy, dataclasses.replace(session("s2"), resume=True))
+    assert [e["session_id"] for e in read_entries(path)] == ["s1", "s2"]

@@ -98,7 +98,7 @@ def operated(tmp_path_factory):
     options = SessionOptions.create(3, epsilon=1.0, delta=0.4, key_bits=512, deadline=30)
     seen: dict = {}
 
-    def while_up(cluster: LocalCluster) -> None:
+    def while_up(cluster: LocalCluster, _controller) -> None:
         addresses = {name: node.address for name, node in cluster.nodes.items()}
         argv = {name: [str(a) for a in node.process.args] for name, node in cluster.nodes.items()}
         ca, cert = Path(flag(argv["party-1"], "--ca")), Path(flag(argv["party-1"], "--cert"))

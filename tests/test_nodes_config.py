@@ -135,13 +135,13 @@ def test_session_toml_table_becomes_the_session_config() -> None:
 
 
 def test_the_session_schema_lists_every_session_option() -> None:
-    """[session]'s keys are SessionOptions' fields but the ones [run] or the nodes set."""
+    """[session]'s keys are SessionOptions' fields but the ones [run], ``cels run --resume`` or the nodes set."""
     from dataclasses import fields
 
     from cels.protocol.options import SessionOptions
 
     keys = set(SESSION_SCHEMA["properties"]["session"]["properties"])
-    assert keys == {f.name for f in fields(SessionOptions)} - {"b", "addresses", "initiator"}
+    assert keys == {f.name for f in fields(SessionOptions)} - {"b", "addresses", "initiator", "resume"}
 
 
 @pytest.mark.parametrize(
@@ -263,4 +263,4 @@ def test_docs_show_the_node_settings_as_they_are() -> None:
 
     table = markdown_table(NodeConfig, KeyPolicy, DataSource, LedgerPolicy, EngineOptions)
     assert table in (Path(__file__).resolve().parent.parent / "docs" / "deployment.md").read_text()
-    assert len(table.splitlines()) == 2 + 13 + 6 + 7 + 5 + 4  # every setting of the five classes is a row
+    assert len(table.splitlines()) == 2 + 14 + 6 + 7 + 5 + 4  # every setting of the five classes is a row

@@ -62,7 +62,7 @@ def test_prometheus_scrapes_a_session(tmp_path) -> None:
     prometheus, api = start_prometheus(tmp_path, metrics)
     seen: dict[str, list[dict]] = {}
 
-    def wait_for_prometheus(cluster: LocalCluster) -> None:
+    def wait_for_prometheus(cluster: LocalCluster, _controller) -> None:
         """While the nodes still run: Prometheus's counter shows the session on every node."""
         limit = time.monotonic() + WAIT_SECONDS
         while time.monotonic() < limit:

@@ -301,3 +301,40 @@ def test_streams_handed_over_a_window_at_a_time_give_the_same_session(monkeypatc
     released = [sorted(zip(c.row.tolist(), c.col.tolist(), c.data.tolist())) for c in (roles["party-1"].output.counts.tocoo() for roles in (whole, windowed))]
     assert released[0] and released[0] == released[1]
     assert windowed["party-1"].output.users == whole["party-1"].output.users and windowed["party-1"].output.pairs == whole["party-1"].output.pairs
+
+
+def test_a_session_aborted_here_may_be_created_again_only_to_resume_it() -> None:
+    """An aborted session's id is taken for a new session but may be resumed (``resume``:
+    the same id, the nodes' kept keys); one running here or done may not be resumed.  In the
+    re-run, the first run's late notice that this node died is moot."""
+    options, hosts = _hosts()
+    options = dataclasses.replace(options, solve="private")
+    host, sid = hosts["party-2"], options.session_id
+    host.create(options, now=0.0)
+    again = dataclasses.replace(options, resume=True)
+    with pytest.raises(ProtocolError, match="the session to resume is still running"):
+        host.create(again, now=1.0)
+    host.abort(sid, "party-2", DIED, "node shutting down", now=2.0)
+    with pytest.raises(ProtocolError, match="the session id is taken"):
+        host.create(options, now=3.0)
+    host.create(again, now=4.0)
+    assert host.state(sid)[0] == PREPARED
+    late = cels_pb2.Envelope(session_id=sid, sender="party-1", abort=abort_notice(sid, "party-2", DIED, "stopped answering", Phase.COUNTS))
+    assert host.deliver("party-1", late, now=5.0).events == [] and host.state(sid)[0] == PREPARED
+    other = cels_pb2.Envelope(session_id=sid, sender="party-1", abort=abort_notice(sid, "party-3", DIED, "stopped answering", Phase.COUNTS))
+    host.deliver("party-1", other, now=6.0)
+    assert host.state(sid)[0] == ABORTED
+
+
+def test_a_done_session_cannot_be_resumed_and_a_transformed_one_not_at_all() -> None:
+    options = SessionOptions.create(3, epsilon=8.0, delta=0.9, solve="private", **TEST_KEYS)
+    logs = synthetic_log(seed=3, users=24).split_by_user(3)
+    network = InMemoryNetwork(session_hosts(logs, options, allow_insecure_key_bits=True))
+    roles = start_session(network, options)
+    assert roles["party-1"].finished
+    host = network.roles["party-2"].host
+    with pytest.raises(ProtocolError, match="the session to resume ended with its output"):
+        host.create(dataclasses.replace(options, resume=True), now=0.0)
+    with pytest.raises(ValueError, match="'transformed' cannot be resumed"):
+        SessionOptions.create(3, epsilon=8.0, delta=0.9, solve="transformed", resume=True)
+    assert options.digest() == dataclasses.replace(options, resume=True).digest() != dataclasses.replace(options, epsilon=7.0).digest()

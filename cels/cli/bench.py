@@ -1,4 +1,4 @@
-"""``cels bench {mechanism,crypto,protocol,scale,engine,read}``: benchmarks that print JSON.
+"""``cels bench {mechanism,crypto,protocol,scale,engine,read,resume}``: benchmarks that print JSON.
 
 Each benchmark's module declares its flags (``add_arguments``) and sets ``func``; it is
 imported only when its parser parses (:class:`cels.cli.options.DeferredParser`)."""
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "scale": "the cost curve: whole sessions on synthetic AOL-shaped logs of growing size",
     "engine": "the same seeded release in process and on Ray with P user shards (SHA-256 per run)",
     "read": "a Parquet log read through distinct values vs row by row",
+    "resume": "a node killed in each phase, restarted, the session resumed: its cost and the same release",
 }
 """Benchmark -> its one-line help; its module is ``cels.bench.<name>``."""
 

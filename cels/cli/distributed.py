@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     run = subparsers.add_parser("run")
     run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
+    run.add_argument(
+        "--resume", metavar="SESSION",
+        help="run session SESSION again after a node restart aborted it, with the keys every node kept for it, so that "
+        "every message is sent again byte for byte (the same session.toml; docs/deployment.md, \"Resume after a node restart\")",
+    )  # fmt: skip
     add_force_argument(run)
     run.set_defaults(func="cels.cli.run:run_run")
 

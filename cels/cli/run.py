@@ -19,7 +19,9 @@ from cels.fileio import check_output_paths
 from cels.node.client import CONNECT_TIMEOUT, Controller, SessionAborted, run_on_nodes, wait_reachable
 from cels.node.config import load_toml
 from cels.node.schemas import SESSION_SCHEMA, check_toml
+from cels.protocol.aborts import BEFORE_START, RESUMABLE
 from cels.protocol.options import SessionOptions
+from cels.protocol.wire.codec import phase_to_wire
 from cels.protocol.releases import DP_HISTOGRAM, SAMPLED, report_kind
 from cels.reports import default_operator_path, release_note_path
 
@@ -73,8 +75,11 @@ def run_run(args: argparse.Namespace) -> int:
     check_toml(doc, args.config, SESSION_SCHEMA)
     base = args.config.resolve().parent
     run, table = doc["run"], doc["session"]
+    if args.resume is not None and table.get("session_id", args.resume) != args.resume:
+        raise ValueError(f"{args.config}: [session] session_id = {table['session_id']!r}, but --resume names {args.resume!r}")
+    resumed = {"session_id": args.resume, "resume": True} if args.resume is not None else {}
     try:
-        options = session_options({**table, "initiator": run["initiator"]})
+        options = session_options({**table, "initiator": run["initiator"], **resumed})
     except ValueError as exc:
         raise ValueError(f"{args.config}: {exc}") from None
     insecure = bool(run.get("insecure", False))
@@ -93,7 +98,8 @@ def run_run(args: argparse.Namespace) -> int:
     try:
         wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
         # the session's id once the nodes answer: no id is printed for a session that never started
-        print(f"session {options.session_id}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+        again = " (resumed: every node's kept keys)" if options.resume else ""
+        print(f"session {options.session_id}{again}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
         warn_transformed(options, "cels run")
         progress = SessionProgress(options)
         report = run_on_nodes(
@@ -102,6 +108,9 @@ def run_run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except SessionAborted as exc:
         print(f"cels run: {exc}", file=sys.stderr)
+        if exc.abort.kind in RESUMABLE and exc.abort.phase != phase_to_wire(BEFORE_START) and options.replayable:
+            print(f"cels run: once every node serves again: cels run --config {args.config} --resume {options.session_id} "
+                  "(nodes with a state_dir keep its keys: docs/deployment.md, \"Resume after a node restart\")", file=sys.stderr)  # fmt: skip
         return 1
     finally:
         if progress is not None:

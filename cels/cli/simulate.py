@@ -79,7 +79,7 @@ def run_nodes(
     stock: dict[str, int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     node_flags: dict[str, list[str]] | None = None,
-    while_up: Callable[[LocalCluster], None] | None = None,
+    while_up: Callable[[LocalCluster, Controller], None] | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
     """Start a solver and one party node per share as processes on 127.0.0.1 with a fresh dev
@@ -103,7 +103,8 @@ def run_nodes(
     the node's session summary, cels.engine).
 
     ``node_flags``: more flags for some nodes (name -> flags, e.g. ``--metrics-listen``);
-    ``while_up(cluster)`` runs after the session, before the nodes stop; ``force`` replaces an
+    ``while_up(cluster, controller)`` runs after the session, before the nodes stop (``controller``:
+    the initiator's, as ``cels run``'s); ``force`` replaces an
     existing release (cels.node.client.run_on_nodes)."""
     parties = list(options.parties)
     limit = time.monotonic() + timeout
@@ -182,7 +183,7 @@ def run_nodes(
             report["engine"] = engine_usage(controller, party_addresses, options.session_id)
             write_reports(report, output, report_path)
             if while_up is not None:
-                while_up(cluster)
+                while_up(cluster, controller)
             return report
 
 

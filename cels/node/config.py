@@ -103,8 +103,11 @@ def node_config(args: argparse.Namespace, role_table: str) -> NodeConfig:
     doc = load_toml(args.config) if args.config else {}
     check_toml(doc, args.config, NODE_SCHEMAS[role_table])
     base = args.config.resolve().parent if args.config else Path.cwd()
+    values = given(NodeConfig, args, doc, base)
+    if "state_dir" not in values and args.config is not None and values.get("name"):
+        values["state_dir"] = base / f"{values['name']}.state"
     return NodeConfig(
-        **given(NodeConfig, args, doc, base),
+        **values,
         keys=KeyPolicy(**given(KeyPolicy, args, doc)),
         extra={"base": base, **doc.get(role_table, {})},
         ledger=doc.get("ledger", {}),

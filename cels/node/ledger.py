@@ -175,13 +175,17 @@ class Ledger:
     def admit(self, options: SessionOptions, make_role: Callable[[], Any]) -> Any:
         """Refuse the session (ValueError with the numbers) if it would exceed the budget, else
         reserve its cost, build the role and return it wrapped: the session is recorded when the
-        role is done with output; the node calls :meth:`release` when the session ends."""
+        role is done with output; the node calls :meth:`release` when the session ends.  A re-run
+        (``options.resume``) of a session charged in its first run is neither checked nor charged
+        again: it sends the same bytes (docs/deployment.md, "Resume after a node restart")."""
         if self.policy is None:
             return make_role()
         eps, delta, noise = options.release_kind.spends(options)
         with self._lock, locked(self.policy.path):
             entries = self._entries(create=True)[0]
             used = next((e for e in entries if e["session_id"] == options.session_id), None)
+            if options.resume and used is not None:  # a re-run of a session charged in its first run: not again
+                return make_role()
             if used is not None or options.session_id in self._reserved:  # a replayed id: kept across restarts here
                 when = f"finished {datetime.fromtimestamp(used['finished_at'], tz=timezone.utc):%Y-%m-%d %H:%M:%S} UTC" if used else "running"
                 raise Refusal("the session id is taken", f"ledger {self.policy.path}: session {options.session_id} was charged already ({when})")

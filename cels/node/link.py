@@ -88,6 +88,9 @@ class SessionLink:
         self.messages_sent: Counter[str] = Counter()
         self.largest_sent: Counter[str] = Counter()
         self.stopped = threading.Event()
+        self.aborted = threading.Event()
+        """Set with ``stopped`` when the session ended aborted: what is still queued goes nowhere,
+        and this link's late failures decide nothing (a re-run may hold its id by then)."""
         self.busy = False
         self.deadline = options.deadline
         self.probe_timeout = min(self.deadline / 4, 5.0)
@@ -127,6 +130,8 @@ class SessionLink:
         while (item := self.outbox.get()) is not None:
             recipient, envelope = item
             try:
+                if self.aborted.is_set():
+                    continue
                 if recipient == self.node.config.name:
                     self.node.take(self.node.config.name, envelope)
                     continue
@@ -136,17 +141,20 @@ class SessionLink:
                 self.sent(step_name(envelope), size)
             except grpc.RpcError as exc:
                 step = step_name(envelope)
-                notice = call_abort(self.id, recipient, f"delivering {step}", exc, self.node.phase(self.id))
-                self.node.adopt(self.id, notice, f"delivering {step} to {recipient} failed: {rpc_text(exc)}")
+                if not self.aborted.is_set():
+                    notice = call_abort(self.id, recipient, f"delivering {step}", exc, self.node.phase(self.id))
+                    self.node.adopt(self.id, notice, f"delivering {step} to {recipient} failed: {rpc_text(exc)}")
             except ProtocolError as exc:  # this node refused its own message
-                if exc.abort is not None:
+                if self.aborted.is_set():
+                    pass
+                elif exc.abort is not None:
                     self.node.adopt(self.id, exc.abort, str(exc))
                 else:
                     self.node.abort(self.id, self.node.config.name, PROTOCOL_ERROR, f"refused its own {step_name(envelope)}", str(exc))
             except Refused as exc:  # no address for the recipient
                 self.node.abort(self.id, recipient, UNREACHABLE, "this node has no address for it", str(exc))
             finally:
-                if self.outbox.empty():  # the role's next window of a Stream, before this task is done (outbox.join)
+                if self.outbox.empty() and not self.aborted.is_set():  # the role's next window of a Stream, before this task is done (outbox.join)
                     self.node.drained(self.id)
                 self.outbox.task_done()
         self.outbox.task_done()  # the stop: a Run stream joining the outbox goes on
@@ -170,7 +178,8 @@ class SessionLink:
     def _peer_gone(self, peer: str, kind: int, reason: str, detail: str) -> None:
         """Abort naming ``peer`` if it still matters, checked under the host's lock: a probe
         begun before this node's part ended decides nothing."""
-        self.node.abort(self.id, peer, kind, reason, detail, unless=lambda session: not self._matters(peer, session))
+        if not self.stopped.is_set():
+            self.node.abort(self.id, peer, kind, reason, detail, unless=lambda session: not self._matters(peer, session))
 
     def _watchdog(self) -> None:
         """Probe every peer while running; the host's timers end stalled or never-begun sessions.
@@ -201,7 +210,7 @@ class SessionLink:
                 said = state_from_wire(state.state)
                 if said is SessionState.UNKNOWN:
                     self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
-                elif said is SessionState.ABORTED:
+                elif said is SessionState.ABORTED and not self.stopped.is_set():
                     peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", None)
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")
                 if state.approvals_pending:  # the initiator waits for parties' operators: so does this node

@@ -37,6 +37,7 @@ from cels.node.initiator import OutputWriter, follow
 from cels.node.keys import NodeKeys
 from cels.node.ledger import Ledger
 from cels.node.peers import ABORT_METADATA, PeerClients, Refused
+from cels.node.session_store import SessionStore, list_resumable
 from cels.node.sessions import NOTICE_SECONDS, SessionDriver
 from cels.node.telemetry import CountingPool, NodeTelemetry
 from cels.node.tls import peer_identity, server_credentials, warn_insecure
@@ -69,7 +70,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
     def __init__(
         self, config: NodeConfig, factory: NodeRoleFactory, output_writer: OutputWriter | None = None, *, encrypts: bool = False,
         ledger: Ledger | None = None, session_ended: Callable[[str], object] | None = None, on_stop: Callable[[], object] | None = None,
-        screen: Screen | None = None,
+        screen: Screen | None = None, store: SessionStore | None = None,
     ) -> None:
         """``output_writer``: a party's (the solver writes no output); ``ledger``: a party's
         privacy budget ledger, reported to its operators (cels.node.telemetry);
@@ -77,7 +78,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         (the party node's ledger releases its reservation, cels.node.ledger); ``on_stop()`` last
         when the node stops (a party's engine shuts its Ray workers down, cels.engine);
         ``screen``: a party's policy on a new session, before anything is read or reserved, and
-        whether its operator approves it first (cels.node.policy)."""
+        whether its operator approves it first (cels.node.policy); ``store``: the unfinished
+        sessions' keys, for a re-run after a restart (cels.node.session_store)."""
         from cels.views import record_views
 
         self.output_writer, self.on_stop = output_writer, on_stop
@@ -102,7 +104,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         make_role = refusing(lambda options: factory(options, self.keys))
         roles = record_views(make_role, config.record_view) if config.record_view else make_role
         host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW, screen=refusing(screened))
-        super().__init__(config, host, peers, keys, telemetry, session_ended)
+        super().__init__(config, host, peers, keys, telemetry, session_ended, store)
         self.server: grpc.Server | None = None
 
     def start(self) -> int:
@@ -258,6 +260,7 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
         status = self.keys.status(len(self.links), with_stock=caller in operators)
         if caller in operators:
             status.sessions.extend(self.telemetry.sessions())
+            list_resumable(status, self.store, self.links)
             ledger = self.telemetry.ledger_status()
             if ledger is not None:
                 status.ledger.CopyFrom(ledger)

@@ -21,7 +21,8 @@ from cels.node.keys import NodeKeys
 from cels.node.link import SessionLink, hold_seconds
 from cels.node.peers import PeerClients
 from cels.node.telemetry import NodeTelemetry
-from cels.protocol.aborts import describe
+from cels.node.session_store import Equivocation, SessionStore
+from cels.protocol.aborts import PROTOCOL_ERROR, RESUMABLE, describe
 from cels.protocol.hosted import ABORTED, DONE, KEPT_STATES, Effects, Event, HostedSession
 from cels.protocol.host import SessionHost
 from cels.protocol.phases import Phase
@@ -39,10 +40,12 @@ class SessionDriver:
 
     def __init__(
         self, config: NodeConfig, host: SessionHost, peers: PeerClients, keys: NodeKeys, telemetry: NodeTelemetry,
-        session_ended: Callable[[str], object] | None = None,
+        session_ended: Callable[[str], object] | None = None, store: SessionStore | None = None,
     ) -> None:
-        """``session_ended(session_id)`` is called once when a session ends here, done or aborted."""
+        """``session_ended(session_id)`` is called once when a session ends here, done or aborted;
+        ``store`` keeps the unfinished sessions' keys and what they took (cels.node.session_store)."""
         self.config, self.host, self.peers, self.keys, self.telemetry = config, host, peers, keys, telemetry
+        self.store = store if store is not None else SessionStore(None)
         self.session_ended = session_ended
         self.links: dict[str, SessionLink] = {}
         self.ended_links: OrderedDict[str, SessionLink] = OrderedDict()
@@ -109,6 +112,7 @@ class SessionDriver:
         elif event.kind in ("awaiting", "approved"):  # the initiator: a party's operator
             log.info("%s: session %s: %s %s", name, sid, event.node, "awaits its operator's approval" if event.kind == "awaiting" else "approved")
         elif event.kind == "phase":
+            self.store.phase(sid, str(event.phase))  # kept before the log says so
             if event.phase == Phase.FAILED:  # not "done": the phase did not complete (issue 41 finding 11)
                 log.info("%s: session %s: %s ended after %.2f s: the session failed", name, sid, event.old, event.seconds)
             else:
@@ -116,6 +120,7 @@ class SessionDriver:
             self.telemetry.session_phase(sid, event.old, event.phase, event.at)
         elif event.kind in (ABORTED, DONE):
             notice = event.abort
+            self.store.ended(sid, resumable=notice is not None and notice.kind in RESUMABLE)
             self.telemetry.session_ended(sid, event.kind, notice.origin if notice else "", describe(notice) if notice else "")
             if notice is not None:  # one line: what the peers were told, then this node's own details
                 log.warning("%s: session %s aborted: %s%s", name, sid, describe(notice), f"; {event.detail}" if event.detail else "")
@@ -125,6 +130,8 @@ class SessionDriver:
                 self.session_ended(sid)
             link = self.links.pop(sid, None)
             if link is not None:
+                if event.kind == ABORTED:
+                    link.aborted.set()
                 link.stopped.set()
                 link.outbox.put(None)
                 self.keys.session_ended()
@@ -150,7 +157,13 @@ class SessionDriver:
                     self.changed.wait(limit - time.monotonic())
 
     def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
+        try:
+            self.store.check(sender, envelope)
+        except Equivocation as exc:  # a re-run's message that is not the first run's: over for good
+            self._act(self.host.abort(envelope.session_id, sender, PROTOCOL_ERROR, "a peer sent a message again with other bytes", now, str(exc)))
+            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{self.config.name}: {exc}", self.host.state(envelope.session_id)[1]) from None
         effects = self.host.deliver(sender, envelope, now)
+        self.store.taken(sender, envelope)
         link = self.links.get(envelope.session_id)
         if step_name(envelope) == "step_report" and link is not None:
             link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls

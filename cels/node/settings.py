@@ -159,6 +159,12 @@ class NodeConfig:
         help="record every message this node receives and sends, and what it can decode (see `cels views DIR`)",
     )
     """Where every session's view of this node is recorded (cels.views), if anywhere."""
+    state_dir: Path | None = setting(
+        None, table="node", key="state_dir", flag="--state-dir", path=True, metavar="DIR", schema={"type": "string"},
+        help="keep each unfinished session's keys here (mode 0700), so that a session a restart aborted can be resumed "
+        "(cels run --resume)", shown="NAME.state beside --config; none without either",
+    )
+    """Where the node keeps its unfinished sessions' keys (cels.node.session_store), if anywhere."""
     keys: KeyPolicy = field(default_factory=KeyPolicy)
     """Node key and obfuscator stock (the offline phase: the ``[keys]`` table)."""
     extra: dict[str, Any] = field(default_factory=dict)

@@ -17,6 +17,9 @@ Kind = cels_pb2.Abort.Kind
 REFUSED, UNREACHABLE, DIED = cels_pb2.Abort.REFUSED, cels_pb2.Abort.UNREACHABLE, cels_pb2.Abort.DIED
 DEADLINE, PROTOCOL_ERROR = cels_pb2.Abort.DEADLINE, cels_pb2.Abort.PROTOCOL_ERROR
 LOCAL_FAILURE, CANCELLED = cels_pb2.Abort.LOCAL_FAILURE, cels_pb2.Abort.CANCELLED
+RESUMABLE = frozenset({UNREACHABLE, DIED, DEADLINE, CANCELLED})
+"""The kinds of abort after which a session may be re-run (``cels run --resume``): a node or
+the controller went away.  A refusal, a broken rule or a bad input ends a session for good."""
 BEFORE_START = Phase.START
 """The phase of an abort before any role ran (a refused or undeliverable StartSession): the
 rendering says "no session ran"."""

@@ -16,6 +16,10 @@ other node, then BEGIN to every other node, then its own begin; once its role is
 time, and reports back (:meth:`SessionHost.answered`, :meth:`SessionHost.unanswered`); the
 host decides what comes next.
 
+A session aborted here may be created again with ``resume`` set (a re-run after a node
+restart, with the keys every node kept: docs/deployment.md, "Resume after a node restart");
+one running here or done may not.
+
 Session states and what each takes (the h11-style table :data:`TAKES`)::
 
     awaiting_approval --its operator approves--> prepared --begin / first step message--> running --role finished--> done
@@ -40,7 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from cels.protocol.aborts import BEFORE_START, DEADLINE, PROTOCOL_ERROR, REFUSED, abort_notice, describe
+from cels.protocol.aborts import BEFORE_START, DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, abort_notice, describe
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Refusal, Role, fail, malformed, step_name
@@ -83,8 +87,12 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
             notice = abort_notice(sid, self.name, kind, public, BEFORE_START)
             return ProtocolError(ProtocolError.FAILED_PRECONDITION, f"{self.name}: session {sid!r} refused: {public}", notice, detail)
 
-        if sid in self.sessions or sid in self.ended:
-            raise refuse(PROTOCOL_ERROR, "the session id is taken")
+        taken = _id_taken(options, sid in self.sessions, self.ended.get(sid))
+        if taken is not None:
+            raise refuse(PROTOCOL_ERROR, taken)
+        if options.resume:  # a re-run (its node keeps its keys: cels.node.session_store); the first run's aborts are moot
+            self.ended.pop(sid, None)
+            self.forewarned.pop(sid, None)
         if self.name not in options.nodes:
             raise refuse(PROTOCOL_ERROR, "the session does not include this node")
         try:
@@ -118,6 +126,8 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         session = self._session(envelope.session_id, "abort" if step == "abort" else "step")
         if sender not in session.options.nodes:
             raise fail(f"{self.name}: {sender!r} is not a node of session {session.options.session_id!r}")
+        if step == "abort" and session.options.resume and envelope.abort.origin == self.name and envelope.abort.kind == DIED:
+            return Effects()  # the first run's notice of this node's death, retried until it came back: moot in the re-run
         if step == "approval":
             return self._approval(self._session(envelope.session_id, "approval"), sender, now)
         effects = Effects()
@@ -293,6 +303,16 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         self.sessions.pop(sid, None)
         _keep(self.ended, sid, session)
         return [Event(sid, self.name, state, abort=notice, detail=detail)]
+
+
+def _id_taken(options: SessionOptions, running: bool, ended: HostedSession | None) -> str | None:
+    """Why a session with these options cannot be created here (None: it can): its id is
+    running, or ended; a re-run (``resume``) may take the id of an aborted session only."""
+    if not options.resume:
+        return "the session id is taken" if running or ended is not None else None
+    if running:
+        return "the session to resume is still running"
+    return "the session to resume ended with its output" if ended is not None and ended.state != ABORTED else None
 
 
 def _started(name: str, sender: str, envelope: Envelope) -> SessionOptions:

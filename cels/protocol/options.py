@@ -18,6 +18,7 @@ is computed once here.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import secrets
 import types
@@ -215,6 +216,10 @@ class SessionOptions:
         DEFAULT_PADDING_EPSILON, "dp release: epsilon of the dummy ids that pad each id set (seen by the nodes only)",
         flag="--padding-epsilon", metavar="E", bounds={"exclusiveMinimum": 0},
     )  # fmt: skip
+    resume: bool = option(
+        False, "a re-run of a session that a node restart aborted, with the keys every node kept for it, so that every "
+        "message is sent again byte for byte (cels run --resume; docs/deployment.md, \"Resume after a node restart\")", toml=False,
+    )  # fmt: skip
     b: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -241,6 +246,8 @@ class SessionOptions:
         self.item_kinds  # noqa: B018 -- a bad --items is refused in one line, whatever the release
         group_for_bits(self.group_bits, allow_paper_bits=True)  # an offered group (the nodes refuse the paper's 1024 unless allowed)
         self.release_kind.check(self)
+        if self.resume and not self.replayable:
+            raise ValueError("a session that solves with 'transformed' cannot be resumed: its Paillier randomness is not replayed (docs/crypto.md, Randomness)")
         object.__setattr__(self, "b", self.params.validate())
 
     # -- derived values ------------------------------------------------------------------
@@ -255,6 +262,12 @@ class SessionOptions:
         from cels.mechanism.item_kinds import ItemKinds
 
         return ItemKinds.parse(self.items, self.max_items_per_user)
+
+    @property
+    def replayable(self) -> bool:
+        """Whether every message of the session is a function of its nodes' draw keys, so that a
+        re-run sends the same bytes (all but Algorithm 2's Paillier sums: docs/crypto.md, Randomness)."""
+        return not (self.release_kind.solves and self.solve == "transformed")
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -331,6 +344,12 @@ class SessionOptions:
             solver=cels_pb2.NodeAddress(name=self.solver, address=self.address(self.solver)),
             **values,
         )
+
+    def digest(self) -> str:
+        """SHA-256 of the session's parameters (its wire config, deterministic), the nodes'
+        addresses and ``resume`` left out: what a re-run must ask again, unchanged."""
+        config = replace(self, addresses=(), resume=False).to_config()
+        return hashlib.sha256(config.SerializeToString(deterministic=True)).hexdigest()
 
     def with_addresses(self, addresses: Mapping[str, str]) -> SessionOptions:
         """The same session with the nodes' addresses (``cels run`` / ``cels simulate``)."""

@@ -283,6 +283,8 @@ class FaultCluster:
     obfuscators: int = 64
     record_view: bool = False
     """Every node records its view of every session under ``root/views`` (cels.views)."""
+    keep_state: bool = False
+    """Every node keeps its unfinished sessions' keys under ``root/state/NAME`` (cels.node.session_store)."""
     extra: dict[str, list[str]] = field(default_factory=dict)
     listen: dict[str, str] = field(init=False)
     advertised: dict[str, str] = field(init=False)
@@ -312,6 +314,9 @@ class FaultCluster:
     def tmpdir(self, name: str) -> Path:
         return self.root / "tmp" / name
 
+    def state_dir(self, name: str) -> Path:
+        return self.root / "state" / name
+
     def log_path(self, name: str) -> Path:
         return self.root / "logs" / f"{name}.log"
 
@@ -328,6 +333,8 @@ class FaultCluster:
             argv += ["--policy-solves", "private,transformed"]  # the harness runs both solves (cels.node.policy)
         if self.record_view:
             argv += ["--record-view", str(self.root / "views")]
+        if self.keep_state:
+            argv += ["--state-dir", str(self.state_dir(name))]
         return argv + self.extra.get(name, [])
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -384,6 +391,12 @@ class FaultCluster:
         run = self.runs[name]
         run.signalled = sig
         run.process.send_signal(sig)
+
+    def restart(self, name: str) -> float:
+        """Start a node again after it exited; seconds until it serves."""
+        self.start_node(name)
+        self.forget_channels(name)
+        return self.wait_serving(name)
 
     def wait_exit(self, name: str, timeout: float = STOP_SECONDS + 5) -> float:
         """Seconds until the signalled node exits (TimeoutExpired if it does not)."""
@@ -468,8 +481,8 @@ class FaultCluster:
         return path
 
     def options(self, **kw: Any) -> SessionOptions:
-        kw.setdefault("deadline", self.deadline)
-        return SessionOptions.create(list(PARTIES), epsilon=1.0, delta=0.4, key_bits=KEY_BITS, **kw).with_addresses(self.advertised)
+        kw = {"deadline": self.deadline, "epsilon": 1.0, "delta": 0.4, **kw}
+        return SessionOptions.create(list(PARTIES), key_bits=KEY_BITS, **kw).with_addresses(self.advertised)
 
     def run(self, options: SessionOptions, out: Path, timeout: float = 300.0, **kw: Any) -> dict[str, Any]:
         """One session through ``cels run``'s client; writes out/sanitized.tsv and out/report.json."""

@@ -1,0 +1,134 @@
+"""Resume after a node restart (docs/deployment.md, "Resume after a node restart").
+
+Real node processes that keep their sessions' keys (``--state-dir``), no seed: party-2 is
+SIGKILLed when its log says it entered the phase, restarted, and the session is run again with
+``resume``.  The re-run completes only if party-2 sends every message it had sent before its
+death byte for byte: party-1 and party-3 compare each one with the first run's copy and abort
+for good on a difference (cels.node.session_store).  Then: the survivors' and party-2's records
+are gone; party-1's ledger holds the session once; and the session could not be resumed a
+second time, nor a different one under its id.  ``make test`` runs the DP release killed in its
+counts; ``make faults`` every phase of both releases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cels.node.client import SessionAborted
+from cels.node.ledger_file import read_entries
+from cels.protocol.aborts import DIED
+from cels.protocol.phases import SessionState
+from cels.protocol.wire import cels_pb2
+from cels.protocol.wire.codec import state_from_wire
+from fault_harness import CONTROLLER, FAULTS, NODES, PARTIES, FaultCluster
+
+DEADLINE = 8.0
+LEDGER = "party-1.ledger.json"
+CLUSTER = {"users": 600, "pairs": 500, "deadline": DEADLINE, "keep_state": True}
+VICTIM = PARTIES[1]
+RELEASES = {
+    "dp": ({"release": "dp", "delta": 1e-6}, ("universe", "counts")),
+    "sampled": ({}, ("universe", "counts", "solve", "sampling", "union")),
+}
+BOUNDED = {("dp", "counts")}
+RESTART_BOUND = 30.0
+"""Seconds after the restart within which the re-run must complete (tries included)."""
+
+
+def cases():
+    for release, (_, phases) in RELEASES.items():
+        for phase in phases:
+            marks = [] if (release, phase) in BOUNDED else [pytest.mark.faults_long]
+            yield pytest.param(release, phase, marks=marks, id=f"{release}-{phase}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """As the suite's cluster (conftest), with party-1's ledger."""
+    from conftest import stop_and_count
+
+    root = tmp_path_factory.mktemp("test_resume")
+    nodes = FaultCluster(root, **{**CLUSTER, "extra": {PARTIES[0]: ["--ledger", str(root / LEDGER)]}})
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        stop_and_count(nodes)
+
+
+def ended_everywhere(cluster: FaultCluster, nodes: list[str], session_id: str, timeout: float) -> dict[str, SessionState]:
+    """Each node's state of the session once none runs it (a PROBE, as a peer asks)."""
+    limit, states = time.monotonic() + timeout, {}
+    while time.monotonic() < limit:
+        try:
+            states = {n: state_from_wire(cluster.state(n, session_id, timeout=2).state) for n in nodes}
+        except grpc.RpcError:
+            states = {}
+        if states and all(s not in (SessionState.RUNNING, SessionState.PREPARED) for s in states.values()):
+            return states
+        time.sleep(0.1)
+    raise TimeoutError(f"session {session_id} still runs somewhere after {timeout:g} s: {states}")
+
+
+def resume(cluster: FaultCluster, options, out: Path) -> dict:
+    """``cels run --resume`` until it completes: a first try may find a peer's channel to the
+    restarted node still backing off (docs/faults.md, "Restart"), which aborts it as DIED and
+    keeps every node's keys for the next."""
+    limit = time.monotonic() + RESTART_BOUND
+    while True:
+        try:
+            return cluster.run(options, out, timeout=180)
+        except SessionAborted as exc:
+            if exc.abort.kind != DIED or time.monotonic() > limit:
+                raise
+            time.sleep(1.0)
+
+
+@pytest.mark.parametrize("release, phase", list(cases()))
+def test_a_session_killed_in_a_phase_resumes_after_the_restart(cluster: FaultCluster, tmp_path: Path, release: str, phase: str) -> None:
+    extra, _ = RELEASES[release]
+    options = cluster.options(session_id=f"resume-{release}-{phase}-{time.monotonic_ns()}", **extra)
+    sid, outcome = options.session_id, {}
+
+    def run() -> None:
+        try:
+            outcome["report"] = cluster.run(options, tmp_path / "first", timeout=120)
+        except SessionAborted as exc:
+            outcome["aborted"] = exc
+
+    follower = cluster.follow(VICTIM)
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    reached = follower.wait(rf"session {sid}: .* now {phase}$", timeout=90, stop=lambda: not runner.is_alive())
+    assert reached, f"session {sid} never reached {phase} on {VICTIM}: {outcome}"
+    cluster.signal(VICTIM, signal.SIGKILL)
+    cluster.wait_exit(VICTIM)
+    FAULTS.add("kills")
+    runner.join(DEADLINE + 30)
+    aborted = outcome.get("aborted")
+    assert aborted is not None and aborted.abort.kind == DIED and aborted.origin == VICTIM, outcome
+    survivors = [n for n in NODES if n != VICTIM]
+    ended_everywhere(cluster, survivors, sid, DEADLINE + 5)
+
+    cluster.restart(VICTIM)
+    kept = cluster.stub(VICTIM, CONTROLLER).Status(cels_pb2.NodeStatusRequest(), timeout=5).sessions
+    assert [(s.session_id, s.outcome, s.phase) for s in kept if s.session_id == sid] == [(sid, "resumable", phase)]
+    with pytest.raises(SessionAborted, match="the session id is taken"):  # the same id without resume: refused
+        cluster.run(options, tmp_path / "again", timeout=60)
+
+    report = resume(cluster, dataclasses.replace(options, resume=True), tmp_path / "resumed")
+    assert report["session_id"] == sid
+    assert (tmp_path / "resumed" / "sanitized.tsv").stat().st_size > 0
+    for name in NODES:  # done: no node keeps the session's keys any longer
+        assert not [f for f in cluster.state_dir(name).glob("*.json") if sid in f.read_text()], name
+    charged = [e for e in read_entries(cluster.root / LEDGER) if e["session_id"] == sid]
+    assert len(charged) == 1, charged
+    with pytest.raises(SessionAborted, match="ended with its output|no state kept"):  # done: no second re-run
+        cluster.run(dataclasses.replace(options, resume=True), tmp_path / "twice", timeout=60)

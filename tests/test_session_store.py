@@ -1,0 +1,115 @@
+"""A node's kept session keys (cels.node.session_store; docs/deployment.md, "Resume after a
+node restart"): private files, the same keys for a re-run, refusals when the options or the
+input changed, and equivocation found by message identity."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+
+import pytest
+
+from cels.crypto.streams import DrawKeys
+from cels.node.session_store import KEEP_DAYS, Equivocation, SessionStore, identity, input_digest
+from cels.protocol.options import SessionOptions
+from cels.protocol.roles import Refusal
+from cels.protocol.wire import cels_pb2
+
+OPTIONS = SessionOptions.create(3, session_id="s/1", epsilon=1.0, delta=0.4)
+RESUMED = dataclasses.replace(OPTIONS, resume=True)
+
+
+def hop(values: list[int], sum_id: str = "counts", sender: str = "party-1") -> cels_pb2.Envelope:
+    words = b"".join(v.to_bytes(8, "little") for v in values)
+    share = cels_pb2.MaskedSumShare(session_id=OPTIONS.session_id, sum_id=sum_id, words=words)
+    return cels_pb2.Envelope(session_id=OPTIONS.session_id, sender=sender, masked_sum_share=share)
+
+
+def test_a_first_run_keeps_its_root_privately_and_a_re_run_takes_it_back(tmp_path) -> None:
+    store = SessionStore.open(tmp_path / "state")
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
+    first = store.draws(OPTIONS, "d1", DrawKeys.fresh)
+    [record] = store.kept()
+    assert (record["session_id"], record["phase"], record["seeded"]) == ("s/1", "ready", False)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (tmp_path / "state").iterdir())
+    store.phase("s/1", "counts")
+    store.ended("s/1", resumable=True)
+    restarted = SessionStore.open(tmp_path / "state")  # the node came back
+    assert restarted.kept()[0]["phase"] == "counts"
+    again = restarted.draws(RESUMED, "d1", lambda: pytest.fail("a re-run draws no fresh keys"))
+    assert again.root_bytes() == first.root_bytes() and not again.seeded
+    restarted.ended("s/1", resumable=False)
+    assert list((tmp_path / "state").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "digest", "message"),
+    [
+        (dataclasses.replace(RESUMED, epsilon=2.0), "d1", "the session's options changed since its first run"),
+        (RESUMED, "d2", "the session's input changed since its first run"),
+    ],
+)
+def test_a_re_run_whose_options_or_input_changed_is_refused_for_good(tmp_path, options, digest, message) -> None:
+    SessionStore.open(tmp_path).draws(OPTIONS, "d1", DrawKeys.fresh)
+    store = SessionStore.open(tmp_path)
+    with pytest.raises(Refusal) as refused:
+        store.draws(options, digest, DrawKeys.fresh)
+    assert refused.value.public == message
+    assert store.kept() == []  # over for good: nothing to resume any more
+    with pytest.raises(Refusal, match="nothing kept in"):
+        store.draws(RESUMED, "d1", DrawKeys.fresh)
+
+
+def test_a_node_without_a_state_directory_keeps_nothing_and_resumes_nothing(tmp_path) -> None:
+    store = SessionStore.open(None)
+    store.draws(OPTIONS, "d1", DrawKeys.fresh)
+    assert store.kept() == []
+    with pytest.raises(Refusal, match="no session state"):
+        store.draws(RESUMED, "d1", DrawKeys.fresh)
+
+
+def test_a_message_taken_again_must_be_the_first_runs_of_its_identity(tmp_path) -> None:
+    store = SessionStore.open(tmp_path)
+    store.draws(OPTIONS, None, DrawKeys.fresh)
+    for envelope in (hop([1, 2]), hop([3]), hop([5], sum_id="unique")):
+        store.check("party-1", envelope)
+        store.taken("party-1", envelope)
+    store.ended(OPTIONS.session_id, resumable=True)
+    restarted = SessionStore.open(tmp_path)
+    restarted.draws(RESUMED, None, DrawKeys.fresh)
+    restarted.check("party-1", hop([5], sum_id="unique"))  # another identity: its own order
+    restarted.taken("party-1", hop([5], sum_id="unique"))
+    restarted.check("party-1", hop([1, 2]))
+    restarted.taken("party-1", hop([1, 2]))
+    with pytest.raises(Equivocation, match="party-1 sent other bytes for masked_sum_share #2"):
+        restarted.check("party-1", hop([4]))  # the second counts share was [3]
+    restarted.check("party-1", hop([3]))
+    restarted.taken("party-1", hop([3]))
+    restarted.check("party-1", hop([9]))  # beyond the first run: new
+    assert identity(hop([1])) == identity(hop([2])) != identity(hop([1], sum_id="unique"))
+
+
+def test_an_open_state_directory_is_refused_and_old_records_go(tmp_path) -> None:
+    (tmp_path / "open").mkdir(mode=0o755)
+    os.chmod(tmp_path / "open", 0o755)
+    with pytest.raises(ValueError, match="others can read the sessions' keys"):
+        SessionStore.open(tmp_path / "open")
+    SessionStore.open(tmp_path / "kept").draws(OPTIONS, None, DrawKeys.fresh)
+    later = SessionStore(tmp_path / "kept", clock=lambda: 1e12)
+    assert len(later.kept()) == 1
+    old = SessionStore.open.__func__(type("Late", (SessionStore,), {"__init__": lambda self, d: SessionStore.__init__(self, d, clock=lambda: 1e12)}), tmp_path / "kept")
+    assert old.kept() == [] and KEEP_DAYS * 86400 < 1e12
+
+
+def test_the_input_digest_follows_each_files_name_size_and_time(tmp_path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.parquet").write_bytes(b"abc")
+    first = input_digest(data)
+    assert input_digest(data) == first
+    os.utime(data / "a.parquet", ns=(1, 1))
+    touched = input_digest(data)
+    (data / "b.parquet").write_bytes(b"")
+    assert len({first, touched, input_digest(data)}) == 3
+    assert input_digest(data / "a.parquet") != input_digest(data)

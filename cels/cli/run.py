@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -94,29 +96,52 @@ def run_run(args: argparse.Namespace) -> int:
     report_path = operator_path(base / run["report"] if "report" in run else None, output, options.session_id)
     check_output_paths({"[run] output": output, "release note": release_note_path(output), "[run] report": report_path}, force=args.force)
     nodes = {run["initiator"]: run["address"], **{str(k): str(v) for k, v in run.get("nodes", {}).items()}}
-    progress = None
-    try:
-        wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
-        # the session's id once the nodes answer: no id is printed for a session that never started
-        again = " (resumed: every node's kept keys)" if options.resume else ""
-        print(f"session {options.session_id}{again}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
-        warn_transformed(options, "cels run")
-        progress = SessionProgress(options)
-        report = run_on_nodes(
-            controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
-            on_phase_start=progress.start, on_approval=approval_printer(options), force=args.force,
-        )  # fmt: skip
-    except SessionAborted as exc:
-        print(f"cels run: {exc}", file=sys.stderr)
-        if exc.abort.kind in RESUMABLE and exc.abort.phase != phase_to_wire(BEFORE_START) and options.replayable:
-            print(f"cels run: once every node serves again: cels run --config {args.config} --resume {options.session_id} "
-                  "(nodes with a state_dir keep its keys: docs/deployment.md, \"Resume after a node restart\")", file=sys.stderr)  # fmt: skip
-        return 1
-    finally:
-        if progress is not None:
-            progress.close()
-    progress.finish(report)
-    return release_notes(report, output, report_path)
+    tries = 1 + (AUTO_RESUMES if run.get("resume", False) and options.replayable else 0)
+    for attempt in range(tries):
+        progress = None
+        try:
+            wait_reachable(controller, nodes, float(run.get("wait", CONNECT_TIMEOUT)), unreachable_printer())
+            # the session's id once the nodes answer: no id is printed for a session that never started
+            again = " (resumed: every node's kept keys)" if options.resume else ""
+            print(f"session {options.session_id}{again}: {len(options.parties)} parties and {options.solver}, initiator {options.initiator}", flush=True)
+            warn_transformed(options, "cels run")
+            progress = SessionProgress(options)
+            report = run_on_nodes(
+                controller, options.to_config(), output, report_path, float(run.get("timeout", DEFAULT_TIMEOUT)), progress.step,
+                on_phase_start=progress.start, on_approval=approval_printer(options), force=args.force,
+            )  # fmt: skip
+        except SessionAborted as exc:
+            print(f"cels run: {exc}", file=sys.stderr)
+            if not resumable(exc, options):
+                return 1
+            if attempt + 1 == tries:
+                print(f"cels run: once every node serves again: cels run --config {args.config} --resume {options.session_id} "
+                      "(nodes with a state_dir keep its keys: docs/deployment.md, \"Resume after a node restart\")", file=sys.stderr)  # fmt: skip
+                return 1
+            print(f"cels run: [run] resume: running session {options.session_id} again once every node answers "
+                  f"(try {attempt + 2} of {tries})", file=sys.stderr)  # fmt: skip
+            options = replace(options, resume=True)
+            time.sleep(RESUME_PAUSE)
+            continue
+        finally:
+            if progress is not None:
+                progress.close()
+        progress.finish(report)
+        return release_notes(report, output, report_path)
+    raise AssertionError("unreachable: every try returns")
+
+
+def resumable(aborted: SessionAborted, options: SessionOptions) -> bool:
+    """Whether a session that ``aborted`` can run again with the nodes' kept keys: a node or
+    the controller went away after the session began, and its messages are replayable."""
+    return aborted.abort.kind in RESUMABLE and aborted.abort.phase != phase_to_wire(BEFORE_START) and options.replayable
+
+
+AUTO_RESUMES = 3
+"""Re-runs ``cels run`` makes of a session a node's death aborted, with ``[run] resume = true``."""
+RESUME_PAUSE = 2.0
+"""Seconds ``[run] resume`` waits before it asks the nodes again (a restarted node's peers
+reconnect within about 2 s: docs/faults.md, "Restart")."""
 
 
 def node_log_dir(report_path: Path) -> Path:

@@ -86,6 +86,8 @@ SESSION_SCHEMA: dict[str, Any] = {
                 "report": {"type": "string"},
                 "timeout": POSITIVE,
                 "wait": {**POSITIVE, "description": "seconds cels run waits for the nodes to answer (default 60)"},
+                "resume": {"type": "boolean", "description": "run a session that a node's death aborted again with the nodes' kept "
+                           "keys, once every node answers (at most 3 times; docs/deployment.md, \"Resume after a node restart\")"},
                 "nodes": _NODE_TABLES["peers"],
             },
         },

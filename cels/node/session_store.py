@@ -41,6 +41,7 @@ from typing import Any
 from cels.crypto.streams import DrawKeys
 from cels.fileio import atomic_write_json
 from cels.protocol.options import SessionOptions
+from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Refusal, step_name
 from cels.protocol.wire import cels_pb2
 
@@ -151,7 +152,7 @@ class SessionStore:
             draws = fresh()
             if self.directory is not None:
                 record = {"session_id": sid, "options": options.digest(), "input": digest, "root": draws.root_bytes().hex(),
-                          "seeded": draws.seeded, "phase": "ready", "created_at": self.clock()}  # fmt: skip
+                          "seeded": draws.seeded, "phase": str(Phase.READY), "created_at": self.clock()}  # fmt: skip
                 atomic_write_json(self._path(sid, ".json"), record, file_mode=PRIVATE_FILE)
                 self._path(sid, ".received").unlink(missing_ok=True)
                 with self._lock:

@@ -7,13 +7,15 @@ death byte for byte: party-1 and party-3 compare each one with the first run's c
 for good on a difference (cels.node.session_store).  Then: the survivors' and party-2's records
 are gone; party-1's ledger holds the session once; and the session could not be resumed a
 second time, nor a different one under its id.  ``make test`` runs the DP release killed in its
-counts; ``make faults`` every phase of both releases.
+counts; ``make faults`` every phase of both releases, and ``cels run`` with ``[run] resume = true``
+running the session again on its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,7 +29,7 @@ from cels.protocol.aborts import DIED
 from cels.protocol.phases import SessionState
 from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import state_from_wire
-from fault_harness import CONTROLLER, FAULTS, NODES, PARTIES, FaultCluster
+from fault_harness import BIN, CONTROLLER, FAULTS, NODES, PARTIES, FaultCluster
 
 DEADLINE = 8.0
 LEDGER = "party-1.ledger.json"
@@ -132,3 +134,28 @@ def test_a_session_killed_in_a_phase_resumes_after_the_restart(cluster: FaultClu
     assert len(charged) == 1, charged
     with pytest.raises(SessionAborted, match="ended with its output|no state kept"):  # done: no second re-run
         cluster.run(dataclasses.replace(options, resume=True), tmp_path / "twice", timeout=60)
+
+
+@pytest.mark.faults_long
+def test_cels_run_with_run_resume_runs_the_session_again_on_its_own(cluster: FaultCluster, tmp_path: Path) -> None:
+    """``[run] resume = true``: party-2 is SIGKILLed in the DP release's counts and restarted
+    by its supervisor (here, this test); ``cels run`` itself runs the session again once every
+    node answers, and exits 0 with the release."""
+    config = cluster.run_config(tmp_path)
+    text = config.read_text().replace("timeout = 60\n", "timeout = 60\nresume = true\n")
+    config.write_text(text.replace("delta = 0.4", 'delta = 1e-6\nrelease = "dp"'))
+    follower = cluster.follow(VICTIM)
+    run = subprocess.Popen([str(BIN / "cels"), "run", "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert follower.wait(r"session [0-9a-f]+: .* now counts$", timeout=90, stop=lambda: run.poll() is not None), run.communicate()
+        cluster.signal(VICTIM, signal.SIGKILL)
+        cluster.wait_exit(VICTIM)
+        FAULTS.add("kills")
+        cluster.restart(VICTIM)
+        out, err = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-3000:]
+    assert "died in phase counts" in err and "[run] resume: running session" in err, err
+    assert (tmp_path / "out" / "sanitized.tsv").stat().st_size > 0

@@ -113,3 +113,10 @@ def test_the_input_digest_follows_each_files_name_size_and_time(tmp_path) -> Non
     (data / "b.parquet").write_bytes(b"")
     assert len({first, touched, input_digest(data)}) == 3
     assert input_digest(data / "a.parquet") != input_digest(data)
+
+
+def test_a_kept_session_id_is_taken_for_a_new_session(tmp_path) -> None:
+    SessionStore.open(tmp_path).draws(OPTIONS, None, DrawKeys.fresh)
+    with pytest.raises(Refusal) as refused:
+        SessionStore.open(tmp_path).draws(OPTIONS, None, DrawKeys.fresh)  # the node restarted: the id is still kept
+    assert refused.value.public == "the session id is taken"

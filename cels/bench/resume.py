@@ -29,7 +29,9 @@ from typing import Any
 from cels.cli.options import DEMO_BUDGET, SESSION_FLAGS, add_option_arguments, session_values
 from cels.engine.options import add_engine_arguments, engine_options
 from cels.fileio import atomic_write_json
+from cels.bench.scale import parse_sizes
 from cels.logs import load_log
+from cels.logs.synthetic import synthetic_histogram
 from cels.logs.options import LoadOptions, default_data_dir
 from cels.protocol.aborts import DIED
 from cels.protocol.machines import party_machine
@@ -45,6 +47,7 @@ RETRY_SECONDS = 60.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``cels bench resume`` (cels.cli.bench)."""
     parser.add_argument("--input", type=Path, help=f"AOL-format log (default: $CELS_DATA/{AOL_SLICE})")
+    parser.add_argument("--pairs", help="instead of --input: the synthetic AOL-shaped histogram of this many pairs (e.g. 1M; cels bench scale's)")
     parser.add_argument("--max-users", type=int, help="keep the first N users of the input")
     parser.add_argument("--parties", type=int, default=3, help="number of parties r (default 3)")
     parser.add_argument("--phases", help="comma list of the phases to kill in (default: every phase of the release)")
@@ -132,20 +135,27 @@ def run(args: argparse.Namespace) -> int:
     from cels.cli.simulate import run_nodes
 
     engine = engine_options(args, {})  # checked before the log is read
-    path = args.input or default_data_dir() / AOL_SLICE
-    if not path.is_file():
-        raise ValueError(f"{path} is missing (give --input or set CELS_DATA)")
-    log = load_log(path, LoadOptions(format="aol", max_users=args.max_users))
     options = SessionOptions.create(args.parties, **session_values(args))
     if not options.replayable:
         raise ValueError("a session that solves with 'transformed' cannot be resumed (docs/deployment.md)")
     phases = kill_phases(options, args.phases)
-    shares = log.split_by_user(args.parties)
-    for share in shares:  # written as histogram TSV: lossless for any input
-        share.source = {"format": "histogram"}
     trials: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="cels-bench-resume-") as tmp:
         root = Path(tmp)
+        if args.pairs is not None:
+            [pairs] = parse_sizes(args.pairs, "--pairs")
+            histogram = synthetic_histogram(pairs)
+            (root / "data").mkdir()
+            shares, source = histogram.write_shares(root / "data", args.parties), f"synthetic_histogram({pairs}, seed=7)"
+            users, size = histogram.users, pairs
+        else:
+            path = args.input or default_data_dir() / AOL_SLICE
+            if not path.is_file():
+                raise ValueError(f"{path} is missing (give --input or set CELS_DATA)")
+            log = load_log(path, LoadOptions(format="aol", max_users=args.max_users))
+            shares, source, users, size = log.split_by_user(args.parties), str(path), log.n_users, log.n_pairs
+            for share in shares:  # written as histogram TSV: lossless for any input
+                share.source = {"format": "histogram"}
         flags = {n: ["--seed", str(args.seed), "--state-dir", str(root / "state" / n)] for n in options.nodes}
         for party in options.parties:  # a party on its own Ray instance: the restart re-creates its shards
             flags[party] += engine.argv()
@@ -166,9 +176,9 @@ def run(args: argparse.Namespace) -> int:
         trial["same_release"] = trial.pop("sha256") == whole
     out = {
         "benchmark": "resume",
-        "input": str(path),
-        "users": log.n_users,
-        "pairs": log.n_pairs,
+        "input": source,
+        "users": users,
+        "pairs": size,
         "parties": args.parties,
         "release": options.release,
         "engine": dataclasses.asdict(engine),

@@ -11,7 +11,9 @@ per session (file names: the SHA-256 of its id):
   phase the node reached, and when the session was made;
 - ``ID.received``: one JSON line per step message this node took: its sender, its identity
   (the step and its header fields: ids, rounds, hops, offsets; :func:`identity`) and the
-  SHA-256 of its bytes.
+  SHA-256 of its bytes;
+- ``ID.hashes``: a party's universe hashes, which a re-run reads instead of computing them
+  again (cels.node.hash_cache).
 
 Written when the role is made (StartSession) and at each phase; removed when the session ends
 with its output, or aborts for good (a refusal, a broken rule, a bad input); kept when it
@@ -39,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from cels.crypto.streams import DrawKeys
+from cels.engine.routines import CommutativeHash
 from cels.fileio import atomic_write_json
+from cels.node.hash_cache import HashCache, cached
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Refusal, step_name
@@ -50,6 +54,10 @@ log = logging.getLogger("cels.node")
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 KEEP_DAYS = 7.0
 """Days a session's keys are kept for a re-run; older records go when the node starts."""
+SUFFIXES = (".json", ".received", ".hashes")
+"""A kept session's files: its record, what it took, its hashes."""
+HASH_CACHE = "hash cache"
+"""The draw-key label of the MAC key of a session's kept hashes."""
 UNCHECKED = frozenset({"abort", "step_report", "start_session"})
 """Session control, not a protocol step: never compared (a StepReport carries the run's timings)."""
 
@@ -133,28 +141,31 @@ class SessionStore:
         return out
 
     def forget(self, session_id: str) -> None:
-        """The session is over for good here: its keys and its received digests go."""
+        """The session is over for good here: its keys, its received digests and its hashes go."""
         if self.directory is None:
             return
         with self._lock:
             self._taken.pop(session_id, None)
             self._first.pop(session_id, None)
-            for suffix in (".json", ".received"):
+            for suffix in SUFFIXES:
                 self._path(session_id, suffix).unlink(missing_ok=True)
 
     # -- a session's life -------------------------------------------------------------------
     def draws(self, options: SessionOptions, digest: str | None, fresh: Callable[[], DrawKeys]) -> DrawKeys:
-        """This node's draw keys for the session: ``fresh()`` kept for a first run; for a re-run,
-        the kept ones, if the options and the input (``digest``) are as they were (a Refusal
-        otherwise, and the record goes)."""
+        """This node's draw keys for the session: ``fresh()`` kept for a first run (refused if
+        the id's keys are kept already); for a re-run, the kept ones, if the options and the
+        input (``digest``) are as they were (a Refusal otherwise, and the record goes)."""
         sid = options.session_id
         if not options.resume:
+            if self.directory is not None and self._read(sid) is not None:  # a new session under a kept id: no
+                raise Refusal("the session id is taken", f"session {sid}: its keys are kept for a re-run (cels run --resume)")
             draws = fresh()
             if self.directory is not None:
                 record = {"session_id": sid, "options": options.digest(), "input": digest, "root": draws.root_bytes().hex(),
                           "seeded": draws.seeded, "phase": str(Phase.READY), "created_at": self.clock()}  # fmt: skip
                 atomic_write_json(self._path(sid, ".json"), record, file_mode=PRIVATE_FILE)
-                self._path(sid, ".received").unlink(missing_ok=True)
+                for suffix in SUFFIXES[1:]:  # a first run's: nothing of another session under its id
+                    self._path(sid, suffix).unlink(missing_ok=True)
                 with self._lock:
                     self._taken[sid], self._first[sid] = Counter(), {}
             return draws
@@ -185,6 +196,14 @@ class SessionStore:
         log.info("state %s: session %s runs again with its kept keys (reached %s); %d message(s) of its first run to compare",
                  self.directory, sid, record["phase"], len(first))  # fmt: skip
         return DrawKeys(bytes.fromhex(record["root"]), seeded=record["seeded"])
+
+    def hashing(self, options: SessionOptions, draws: DrawKeys) -> Callable[[CommutativeHash], CommutativeHash] | None:
+        """What makes a party's universe key keep its hashes for a re-run, and answer a re-run's
+        calls from them (cels.node.hash_cache); None where the node keeps no session."""
+        if self.directory is None:
+            return None
+        cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))
+        return lambda cipher: cached(cipher, cache)
 
     def check(self, sender: str, envelope: Envelope) -> None:
         """Raise :class:`Equivocation` if a re-run's message differs from the first run's of

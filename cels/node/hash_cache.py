@@ -1,0 +1,110 @@
+"""A node's cache of its commutative hashes in one session, kept for a re-run
+(docs/deployment.md, "Resume after a node restart").
+
+The universe phase is most of a session's work: every party hashes its own pair ids and adds
+its layer to every other party's (docs/deployment.md, "Resume after a node restart", has its share).
+Both are functions of the session's universe key and of the ids, which a re-run sends again
+byte for byte; so a node that keeps a session's keys (cels.node.session_store) also keeps its
+hashes, in ``ID.hashes`` beside the session's record (0600): one entry per call, the
+HMAC-SHA256 of the call's inputs under a key of the session's draw root, then the outputs.  A
+re-run answers each call it finds there instead of computing it: the same bytes, none of the
+curve or group operations.  The calls cached are those made in the node's process (the
+in-process engine, and the padding's dummies); a Ray engine's pair tasks hash on their
+workers, from the raw key, and are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cels.crypto.commutative_cipher import PohligHellmanHash
+from cels.crypto.ec_hash import X25519Hash
+
+CacheKey = bytes
+HEADER = struct.Struct(">32sIH")
+"""An entry: the inputs' MAC, how many outputs, their width in bytes (then the outputs)."""
+
+
+class HashCache:
+    """The hashes of one session on one node, in the file ``path`` (appended to; read back
+    whole when a re-run opens it), keyed by HMAC-SHA256 under ``key``."""
+
+    def __init__(self, path: Path, key: bytes) -> None:
+        self.path, self.key = path, key
+        self.known: dict[CacheKey, tuple[int, int, bytes]] = {}
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        at = 0
+        while at + HEADER.size <= len(data):  # an entry cut by the node's death ends the file
+            mac, count, width = HEADER.unpack_from(data, at)
+            end = at + HEADER.size + count * width
+            if end > len(data):
+                break
+            self.known[mac] = (count, width, data[at + HEADER.size : end])
+            at = end
+
+    def answer(self, kind: str, inputs: Sequence[bytes], compute: Callable[[Sequence[bytes]], list[bytes]]) -> list[bytes]:
+        """``compute(inputs)``, or the first run's answer to the same call."""
+        mac = hmac.new(self.key, kind.encode(), hashlib.sha256)
+        for item in inputs:
+            mac.update(len(item).to_bytes(4, "big"))
+            mac.update(item)
+        digest = mac.digest()
+        kept = self.known.get(digest)
+        if kept is not None:
+            self.hits += 1
+            count, width, data = kept
+            return [data[i * width : (i + 1) * width] for i in range(count)]
+        self.misses += 1
+        out = compute(inputs)
+        width = len(out[0]) if out else 0
+        if all(len(o) == width for o in out) and width < 1 << 16:
+            with self._lock, open(self.path, "ab", opener=_private) as fh:
+                fh.write(HEADER.pack(digest, len(out), width) + b"".join(out))
+        return out
+
+
+class _Cached:
+    """The hash and apply calls of a commutative hash answered by a :class:`HashCache`."""
+
+    _cache: HashCache
+    _plain: X25519Hash | PohligHellmanHash
+
+    def hash(self, ids: Sequence[bytes]) -> list[bytes]:
+        return self._cache.answer("hash", ids, self._plain.hash)
+
+    def apply(self, elements: Sequence[bytes]) -> list[bytes]:
+        return self._cache.answer("apply", elements, self._plain.apply)
+
+
+class CachedX25519Hash(_Cached, X25519Hash):
+    """An X25519 universe key whose hashes a :class:`HashCache` keeps."""
+
+
+class CachedPohligHellmanHash(_Cached, PohligHellmanHash):
+    """A Pohlig-Hellman universe key whose hashes a :class:`HashCache` keeps."""
+
+
+def cached(cipher: X25519Hash | PohligHellmanHash, cache: HashCache) -> X25519Hash | PohligHellmanHash:
+    """The same key, its calls answered by ``cache`` (an instance of the key's own class, so
+    whatever reads the key -- a Ray task's raw key, the id width -- reads it as before)."""
+    if isinstance(cipher, X25519Hash):
+        out: X25519Hash | PohligHellmanHash = CachedX25519Hash(cipher.scalar_bytes())
+    else:
+        out = CachedPohligHellmanHash.from_exponent(cipher.group, cipher.exponent_bytes())
+    out._cache, out._plain = cache, cipher
+    return out
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)

@@ -117,7 +117,7 @@ def start(argv: Sequence[str] | None):
                 session_report=session_report,
                 draws=draws,
                 work=work,
-                hashing=store.hashing(session, draws),
+                keeping=store.keeping(session, draws),
             )
 
         return ledger.admit(session, role)

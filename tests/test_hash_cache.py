@@ -60,3 +60,19 @@ def test_an_entry_cut_by_the_nodes_death_ends_the_file(tmp_path) -> None:
     whole = path.read_bytes()
     path.write_bytes(whole[:-5])
     assert len(HashCache(path, key).known) == 1
+
+
+def test_the_unions_layers_are_kept_too(tmp_path) -> None:
+    """The secure union's key (its layers on the released records) reads back as the universe's."""
+    from cels.crypto.commutative_cipher import PohligHellman, encode_record
+
+    group = group_for_bits(1024, allow_paper_bits=True)
+    plain = PohligHellman.from_exponent(group, (65537).to_bytes(3, "big"))
+    first = cached(plain, HashCache(tmp_path / "s.hashes", b"k" * 32))
+    records = [encode_record(group, f"record {i}".encode(), 2) for i in range(5)]
+    layered = [first.encrypt_record(r) for r in records]
+    assert layered == [plain.encrypt_record(r) for r in records]
+    assert [first.decrypt_record(r) for r in layered] == records
+    again = cached(plain, HashCache(tmp_path / "s.hashes", b"k" * 32))
+    again._plain = None  # a call not read back would fail
+    assert [again.encrypt_record(r) for r in records] == layered and [again.decrypt_record(r) for r in layered] == records

@@ -6,8 +6,9 @@ replayed from ``--seed`` so that the releases can be compared (NOT private): one
 session, then, for each phase, a session in which party-2 is SIGKILLed when its log says it
 entered the phase, restarted, and the session resumed (``cels run --resume``) until it
 completes.  Prints JSON: per phase, how long the killed run had worked, the restart, the re-run
-(and its tries), the re-run over the uninterrupted session (``resume_ratio``), and whether its
-release has the uninterrupted release's SHA-256.  Default input: the AOL slice
+(and its tries, and every node's busy seconds in each of its phases), the re-run over the
+uninterrupted session (``resume_ratio``), and whether its release has the uninterrupted
+release's SHA-256.  Default input: the AOL slice
 (``$CELS_DATA/aol-dev.tsv.gz``) over r = 3 parties; ``--engine ray --shards P`` puts every
 party's work on its own Ray instance, which the restarted party-2 starts again.
 """
@@ -116,7 +117,7 @@ def killed_and_resumed(cluster, controller, options: SessionOptions, phase: str,
     while True:
         tries += 1
         try:
-            run_on_nodes(controller, dataclasses.replace(options, resume=True).to_config(), output, report, timeout, force=True)
+            resumed = run_on_nodes(controller, dataclasses.replace(options, resume=True).to_config(), output, report, timeout, force=True)
             break
         except SessionAborted as exc:
             if exc.abort.kind != DIED or time.monotonic() - restarted > RETRY_SECONDS:
@@ -127,6 +128,7 @@ def killed_and_resumed(cluster, controller, options: SessionOptions, phase: str,
         "restart_seconds": restarted - restart,
         "resume_seconds": time.monotonic() - restarted,
         "resume_tries": tries,
+        "resumed_busy_seconds": {phase: entry["seconds"] for phase, entry in resumed["phases"].items()},
         "sha256": hashlib.sha256(output.read_bytes()).hexdigest(),
     }
 

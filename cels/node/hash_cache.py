@@ -1,5 +1,6 @@
 """A node's cache of its commutative hashes in one session, kept for a re-run
-(docs/deployment.md, "Resume after a node restart").
+(docs/deployment.md, "Resume after a node restart"): the universe's, and the secure union's
+layers on the released records.
 
 The universe phase is most of a session's work: every party hashes its own pair ids and adds
 its layer to every other party's (docs/deployment.md, "Resume after a node restart", has its share).
@@ -8,9 +9,10 @@ byte for byte; so a node that keeps a session's keys (cels.node.session_store) a
 hashes, in ``ID.hashes`` beside the session's record (0600): one entry per call, the
 HMAC-SHA256 of the call's inputs under a key of the session's draw root, then the outputs.  A
 re-run answers each call it finds there instead of computing it: the same bytes, none of the
-curve or group operations.  The calls cached are those made in the node's process (the
-in-process engine, and the padding's dummies); a Ray engine's pair tasks hash on their
-workers, from the raw key, and are not.
+curve or group operations.  The same holds for the secure union's layers (its Pohlig-Hellman
+key is drawn from the kept keys, and its records come again byte for byte).  The calls cached
+are those made in the node's process (the in-process engine, the padding's dummies, the
+union); a Ray engine's pair tasks hash on their workers, from the raw key, and are not.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cels.crypto.commutative_cipher import PohligHellmanHash
+import gmpy2
+
+from cels.crypto.commutative_cipher import PohligHellman, PohligHellmanHash, element_to_bytes
 from cels.crypto.ec_hash import X25519Hash
 
 CacheKey = bytes
@@ -81,10 +85,10 @@ class _Cached:
     _plain: X25519Hash | PohligHellmanHash
 
     def hash(self, ids: Sequence[bytes]) -> list[bytes]:
-        return self._cache.answer("hash", ids, self._plain.hash)
+        return self._cache.answer("hash", ids, lambda items: self._plain.hash(items))
 
     def apply(self, elements: Sequence[bytes]) -> list[bytes]:
-        return self._cache.answer("apply", elements, self._plain.apply)
+        return self._cache.answer("apply", elements, lambda items: self._plain.apply(items))
 
 
 class CachedX25519Hash(_Cached, X25519Hash):
@@ -95,14 +99,38 @@ class CachedPohligHellmanHash(_Cached, PohligHellmanHash):
     """A Pohlig-Hellman universe key whose hashes a :class:`HashCache` keeps."""
 
 
-def cached(cipher: X25519Hash | PohligHellmanHash, cache: HashCache) -> X25519Hash | PohligHellmanHash:
+class CachedPohligHellman(PohligHellman):
+    """The secure union's Pohlig-Hellman key, its records' layers kept by a :class:`HashCache`."""
+
+    _cache: HashCache
+    _plain: PohligHellman
+
+    def encrypt_record(self, chunks: Sequence[int]) -> list[gmpy2.mpz]:
+        return self._kept("encrypt", chunks, lambda c: self._plain.encrypt_record(c))
+
+    def decrypt_record(self, chunks: Sequence[int]) -> list[gmpy2.mpz]:
+        return self._kept("decrypt", chunks, lambda c: self._plain.decrypt_record(c))
+
+    def _kept(self, kind: str, chunks: Sequence[int], compute: Callable[[Sequence[int]], list]) -> list[gmpy2.mpz]:
+        group = self.group
+        out = self._cache.answer(kind, [element_to_bytes(group, c) for c in chunks], lambda _: [element_to_bytes(group, y) for y in compute(chunks)])
+        return [gmpy2.mpz(int.from_bytes(o, "big")) for o in out]
+
+
+SessionKey = X25519Hash | PohligHellmanHash | PohligHellman
+"""A party's session key whose results a re-run repeats: the universe's, the union's."""
+
+
+def cached(key: SessionKey, cache: HashCache) -> SessionKey:
     """The same key, its calls answered by ``cache`` (an instance of the key's own class, so
     whatever reads the key -- a Ray task's raw key, the id width -- reads it as before)."""
-    if isinstance(cipher, X25519Hash):
-        out: X25519Hash | PohligHellmanHash = CachedX25519Hash(cipher.scalar_bytes())
+    if isinstance(key, X25519Hash):
+        out: SessionKey = CachedX25519Hash(key.scalar_bytes())
+    elif isinstance(key, PohligHellmanHash):
+        out = CachedPohligHellmanHash.from_exponent(key.group, key.exponent_bytes())
     else:
-        out = CachedPohligHellmanHash.from_exponent(cipher.group, cipher.exponent_bytes())
-    out._cache, out._plain = cache, cipher
+        out = CachedPohligHellman.from_exponent(key.group, key.exponent_bytes())
+    out._cache, out._plain = cache, key
     return out
 
 

@@ -12,8 +12,8 @@ per session (file names: the SHA-256 of its id):
 - ``ID.received``: one JSON line per step message this node took: its sender, its identity
   (the step and its header fields: ids, rounds, hops, offsets; :func:`identity`) and the
   SHA-256 of its bytes;
-- ``ID.hashes``: a party's universe hashes, which a re-run reads instead of computing them
-  again (cels.node.hash_cache).
+- ``ID.hashes``: a party's universe hashes and union layers, which a re-run reads instead of
+  computing them again (cels.node.hash_cache).
 
 Written when the role is made (StartSession) and at each phase; removed when the session ends
 with its output, or aborts for good (a refusal, a broken rule, a bad input); kept when it
@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.routines import CommutativeHash
 from cels.fileio import atomic_write_json
-from cels.node.hash_cache import HashCache, cached
+from cels.node.hash_cache import HashCache, SessionKey, cached
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, Refusal, step_name
@@ -197,9 +196,9 @@ class SessionStore:
                  self.directory, sid, record["phase"], len(first))  # fmt: skip
         return DrawKeys(bytes.fromhex(record["root"]), seeded=record["seeded"])
 
-    def hashing(self, options: SessionOptions, draws: DrawKeys) -> Callable[[CommutativeHash], CommutativeHash] | None:
-        """What makes a party's universe key keep its hashes for a re-run, and answer a re-run's
-        calls from them (cels.node.hash_cache); None where the node keeps no session."""
+    def keeping(self, options: SessionOptions, draws: DrawKeys) -> Callable[[SessionKey], SessionKey] | None:
+        """What makes a party's universe and union keys keep their results for a re-run, and
+        answer a re-run's calls from them (cels.node.hash_cache); None where the node keeps no session."""
         if self.directory is None:
             return None
         cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))

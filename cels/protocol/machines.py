@@ -108,7 +108,7 @@ def sampled_party(name: str, solve: Phase) -> Machine:
             Phase.SAMPLING: PhaseRow({**RING, **REPORTS}, then=Phase.UNION, keep="sampled",
                                      build=lambda role, solved: Sampling(role.seat, role.work, role.sums, role.counted, solved)),
             Phase.UNION: PhaseRow({"union_encrypt_hop": UNION, "union_decrypt_hop": UNION, "union_result": UNION, **REPORTS},
-                                  keep="united", build=lambda role, r: Union(role.seat, role.work, role.counted, r, role._rng)),
+                                  keep="united", build=lambda role, r: Union(role.seat, role.work, role.counted, r, role._rng, role.keeping)),
             Phase.OVER: PhaseRow(REPORTS),
         },
         ring=solve_class.sum_ring,

@@ -14,6 +14,7 @@ the role routes each step message to the running machine through its table
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import Executor
 
 import numpy as np
@@ -38,7 +39,7 @@ from cels.protocol.stages.universe import commutative_hash
 from cels.protocol.wire import cels_pb2
 from cels.engine.inprocess import InProcessWork
 from cels.engine.interface import PartyWork
-from cels.engine.routines import CommutativeHash, ItemBound
+from cels.engine.routines import ItemBound
 
 SessionReporter = Callable[[SessionResult], dict]
 """Builds the initiator's session report from its result (a driver's: cels.session_report)."""
@@ -49,8 +50,8 @@ class PartyRole(SessionRole):
     failure aborts the session with the loader's message); ``work`` runs the row-wise work over
     it (default: in this process).  ``obfuscators``, ``keypair`` and ``decryption_pool`` are
     the node's Paillier means (cels.protocol.stages.sums.PaillierSetup); ``session_report``
-    builds the initiator's ``report`` from its ``session_result``; ``hashing`` wraps its universe
-    key (the node's cache of its hashes, for a re-run)."""
+    builds the initiator's ``report`` from its ``session_result``; ``keeping`` wraps its universe
+    and union keys (the node's cache of their results, for a re-run)."""
 
     def __init__(
         self,
@@ -65,7 +66,7 @@ class PartyRole(SessionRole):
         draws: DrawKeys | None = None,
         work: PartyWork | None = None,
         session_report: SessionReporter | None = None,
-        hashing: Callable[[CommutativeHash], CommutativeHash] | None = None,
+        keeping: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__(name, options, party_machine(options), session_charges(options))
         if name not in self.parties:
@@ -77,8 +78,9 @@ class PartyRole(SessionRole):
         self.work: PartyWork = work if work is not None else InProcessWork(log, options.cap, self.draws, bound)
         self.dummies = bound.dummies(self.draws) if bound is not None else []  # the DP release's padding of its id set
         self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
-        if hashing is not None:  # the node keeps the key's hashes for a re-run (cels.node.hash_cache)
-            self._hash = hashing(self._hash)
+        self.keeping = keeping  # the node keeps its keys' results for a re-run (cels.node.hash_cache)
+        if keeping is not None:
+            self._hash = keeping(self._hash)
         # this party's ChaCha20 stream (docs/crypto.md, Randomness): A_k, F_k, pi_k, the union's
         # shuffles and (as CipherRandom) the noise shares; the draws over its users come from
         # the streams its work indexes by user bucket (cels.engine.interface)

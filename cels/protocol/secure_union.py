@@ -36,7 +36,7 @@ record to exactly k chunks (a public session parameter) to hide it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -64,6 +64,7 @@ class SecureUnion(RingMember):
     a longer own record is a CommutativeCipherError, a received one ``invalid_argument``).
     ``rng``: the numpy Generator this party's key e and its shuffles draw from (default: a
     fresh ChaCha20 stream, :mod:`cels.crypto.streams`; a party's replayed keys replay them).
+    ``keeping`` wraps the key e (a node that keeps its layers for a re-run).
     """
 
     def __init__(
@@ -76,11 +77,14 @@ class SecureUnion(RingMember):
         group: SafePrimeGroup | None = None,
         record_chunks: int | None = None,
         rng: np.random.Generator | None = None,
+        keeping: Callable[[PohligHellman], PohligHellman] | None = None,
     ) -> None:
         super().__init__(name, session_id, ring)
         self.rng = rng or cipher_generator()
         self.record_chunks = record_chunks
         self.cipher = PohligHellman(group, CipherRandom(generator=self.rng))
+        if keeping is not None:  # its layers kept for a re-run (a node's cache: cels.node.hash_cache)
+            self.cipher = keeping(self.cipher)
         self.group = self.cipher.group
         self.records = [bytes(r) for r in records]
         self.result: list[bytes] | None = None

@@ -10,6 +10,9 @@ the content and what it learns from it.  Files (never pickles)::
     DIR/<session>/<node>/messages/<seq>-<direction>-<step>.pb   the Envelope's wire bytes
     DIR/<session>/<node>/decoded/<seq>-<field>.npy   what the node decodes (allow_pickle=False)
 
+A re-run of the session after a node restart (``cels run --resume``) is recorded beside it,
+in ``DIR/<session>.resume-<k>/<node>`` (k = 1 for the first re-run of it on this node).
+
 "Decodes" means what the node itself can read: plaintext steps (totals, shapes, solutions,
 the output), and ciphertexts under a Paillier key this node holds -- P_0's NLP key (so P_0's
 recorded view holds the decrypted AF blocks, AB and the permuted AT with its count row,
@@ -26,6 +29,7 @@ them (``cels views DIR``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import threading
 import time
@@ -172,6 +176,8 @@ class ViewRecorder:
         self.name = role.name
         session = getattr(role, "session_id", "session")
         self.root = Path(directory) / session / self.name
+        if getattr(getattr(role, "options", None), "resume", False):  # a re-run's view beside the first run's
+            self.root = next(root for k in itertools.count(1) if not (root := Path(directory) / f"{session}.resume-{k}" / self.name).exists())
         for made in (Path(directory), Path(directory) / session, self.root, self.root / "messages", self.root / "decoded"):
             made.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)  # a view holds what the node decoded: its operator's only
         self._seq = 0

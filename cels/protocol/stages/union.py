@@ -4,6 +4,8 @@ docs/protocol.md, "Union"): (user pseudonym, query, url, count) for every x_ij >
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -45,9 +47,11 @@ class Union(Stage):
 
     phase = Phase.UNION
 
-    def __init__(self, seat: Seat, work: PartyWork, counts: CountsResult, sampled: SamplingResult, rng: np.random.Generator) -> None:
+    def __init__(
+        self, seat: Seat, work: PartyWork, counts: CountsResult, sampled: SamplingResult, rng: np.random.Generator, keeping: Callable[[Any], Any] | None = None,
+    ) -> None:
         super().__init__(seat)
-        self.work, self.counts, self.sampled, self.rng = work, counts, sampled, rng
+        self.work, self.counts, self.sampled, self.rng, self.keeping = work, counts, sampled, rng, keeping
         self.union: SecureUnion | None = None
 
     def start(self) -> list[Outgoing]:
@@ -55,7 +59,7 @@ class Union(Stage):
         records = self.work.records(self.sampled.sampled, self.counts.active, seat.options.keep_user_ids)
         self.union = SecureUnion(
             name=seat.name, session_id=seat.session_id, ring=seat.parties, records=records,
-            group=group_for_bits(seat.options.group_bits, allow_paper_bits=seat.allow_insecure_key_bits), rng=self.rng,
+            group=group_for_bits(seat.options.group_bits, allow_paper_bits=seat.allow_insecure_key_bits), rng=self.rng, keeping=self.keeping,
         )  # fmt: skip
         return self.union.start()
 

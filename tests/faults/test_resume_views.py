@@ -1,0 +1,90 @@
+"""No extra leakage from a re-run (docs/security.md, "A session run twice"): two clusters of
+real node processes with every draw replayed from one seed and every node's view recorded
+(``--record-view``); the first runs a DP session through, the second runs the same session,
+SIGKILLs party-2 in its counts, restarts it and resumes the session.  Every node's recorded
+view of the re-run holds, link by link, the very messages of the uninterrupted session (the
+StartSession aside, which names each cluster's addresses, and the StepReports, which carry
+each run's seconds); and the two releases are the same bytes.  ``make faults`` runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import signal
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cels.node.client import SessionAborted
+from fault_harness import FAULTS, NODES, PARTIES, FaultCluster
+from test_resume import DEADLINE, RESTART_BOUND, ended_everywhere, resume  # noqa: F401 - RESTART_BOUND: resume's bound
+
+SESSION = "views-dp"
+SEEDED = {"users": 300, "pairs": 300, "deadline": DEADLINE, "keep_state": True, "record_view": True}
+UNCOMPARED = ("start_session", "step_report", "abort")
+
+
+def views(root: Path, session: str) -> dict[str, Counter]:
+    """Every node's recorded messages of ``session``: (direction, step) -> the SHA-256 of each, counted."""
+    out = {}
+    for node in NODES:
+        messages = sorted((root / "views" / session / node / "messages").glob("*.pb"))
+        seen: Counter = Counter()
+        for path in messages:
+            _, direction, step = path.stem.split("-", 2)
+            if step not in UNCOMPARED:
+                seen[(direction, step, hashlib.sha256(path.read_bytes()).hexdigest())] += 1
+        out[node] = seen
+    return out
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    from conftest import stop_and_count
+
+    made = []
+    try:
+        for name in ("whole", "resumed"):
+            seeded = {n: ["--seed", "5"] for n in NODES}
+            cluster = FaultCluster(tmp_path_factory.mktemp(name), **SEEDED, extra=seeded)
+            made.append(cluster)
+            cluster.start()
+        yield made
+    finally:
+        for cluster in made:
+            stop_and_count(cluster)
+
+
+@pytest.mark.faults_long
+def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_path: Path) -> None:
+    whole, cut = clusters
+    options = dict(session_id=SESSION, release="dp", delta=1e-6)
+    whole.run(whole.options(**options), tmp_path / "whole", timeout=120)
+    first = cut.options(**options)
+    follower, outcome = cut.follow(PARTIES[1]), {}
+
+    def run() -> None:
+        try:
+            cut.run(first, tmp_path / "first", timeout=120)
+        except SessionAborted as exc:
+            outcome["aborted"] = exc
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    assert follower.wait(rf"session {SESSION}: .* now counts$", timeout=90, stop=lambda: not runner.is_alive()), outcome
+    cut.signal(PARTIES[1], signal.SIGKILL)
+    cut.wait_exit(PARTIES[1])
+    FAULTS.add("kills")
+    runner.join(DEADLINE + 30)
+    assert "aborted" in outcome, outcome
+    ended_everywhere(cut, [n for n in NODES if n != PARTIES[1]], SESSION, DEADLINE + 5)
+    cut.restart(PARTIES[1])
+    resume(cut, dataclasses.replace(first, resume=True), tmp_path / "resumed")
+
+    expected, got = views(whole.root, SESSION), views(cut.root, f"{SESSION}.resume-1")
+    for node in NODES:
+        assert got[node] == expected[node], (node, got[node] - expected[node], expected[node] - got[node])
+    assert sum(sum(c.values()) for c in expected.values()) > 20
+    assert (tmp_path / "resumed" / "sanitized.tsv").read_bytes() == (tmp_path / "whole" / "sanitized.tsv").read_bytes()

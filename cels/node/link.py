@@ -18,7 +18,7 @@ import grpc
 from cels.node.settings import NodeConfig
 from cels.node.framing import to_frames
 from cels.node.peers import PeerClients, Refused, call_abort, rpc_text
-from cels.protocol.aborts import DIED, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
+from cels.protocol.aborts import DIED, FORGOTTEN, PROTOCOL_ERROR, UNREACHABLE, abort_notice, describe, peer_abort
 from cels.protocol.hosted import Call, Effects, Event, HostedSession
 from cels.protocol.host import SessionHost
 from cels.protocol.options import SessionOptions
@@ -209,7 +209,7 @@ class SessionLink:
                 unreachable_since.pop(peer, None)
                 said = state_from_wire(state.state)
                 if said is SessionState.UNKNOWN:
-                    self._peer_gone(peer, DIED, "no longer knows the session (restarted?)", f"{peer} no longer knows session {self.id}")
+                    self._peer_gone(peer, DIED, FORGOTTEN, f"{peer} no longer knows session {self.id}")
                 elif said is SessionState.ABORTED and not self.stopped.is_set():
                     peer_said = peer_abort(state.abort, peer, self.id) if state.HasField("abort") else abort_notice(self.id, peer, PROTOCOL_ERROR, "reports the session aborted", None)
                     self.node.adopt(self.id, peer_said, f"{peer}'s probe reports the session aborted")

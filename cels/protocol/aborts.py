@@ -20,6 +20,9 @@ LOCAL_FAILURE, CANCELLED = cels_pb2.Abort.LOCAL_FAILURE, cels_pb2.Abort.CANCELLE
 RESUMABLE = frozenset({UNREACHABLE, DIED, DEADLINE, CANCELLED})
 """The kinds of abort after which a session may be re-run (``cels run --resume``): a node or
 the controller went away.  A refusal, a broken rule or a bad input ends a session for good."""
+FORGOTTEN = "no longer knows the session (restarted?)"
+"""The reason of a node that does not know a session a peer calls it about: it restarted (or
+never had it).  Kind DIED, which a re-run may follow."""
 BEFORE_START = Phase.START
 """The phase of an abort before any role ran (a refused or undeliverable StartSession): the
 rendering says "no session ran"."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from cels.protocol.aborts import BEFORE_START, DEADLINE, DIED, PROTOCOL_ERROR, REFUSED, abort_notice, describe
+from cels.protocol.aborts import BEFORE_START, DEADLINE, DIED, FORGOTTEN, PROTOCOL_ERROR, REFUSED, abort_notice, describe
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Refusal, Role, fail, malformed, step_name
@@ -240,8 +240,8 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         session = self.sessions.get(session_id)
         if session is None:
             ended = self.ended.get(session_id)
-            if ended is None:
-                raise fail(f"{self.name}: unknown session {session_id!r}")
+            if ended is None:  # the caller ends the session blaming this node, as a probe would (DIED)
+                raise fail(f"{self.name}: unknown session {session_id!r}", abort_notice(session_id, self.name, DIED, FORGOTTEN, None))
             session = ended
         if what not in TAKES[session.state]:
             detail = f": {describe(session.notice)}" if session.notice is not None else ""

@@ -309,7 +309,9 @@ class SessionRole:
             raise fail(f"{self.name}: {step} from {sender!r}, expected from {expected!r}")
 
     def _on_abort(self, sender: str, msg: cels_pb2.Abort) -> list[Outgoing]:
-        if self.aborted is None and not self.done:
+        """A peer's Abort ends the session here while this node's part runs; once it is over,
+        only the initiator's does (no FINISH will come, and a re-run may follow)."""
+        if self.aborted is None and (not self.done or sender == self.initiator != self.name):
             self.aborted = peer_abort(msg, sender, self.session_id)
             self._enter(Phase.FAILED)
         return []

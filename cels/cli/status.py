@@ -202,6 +202,9 @@ def tables(result: dict[str, Any], timeout: float) -> str:
             rows.append((s["session_id"], s["outcome"], s["phase"], _when(s["started_at"]), f"{s['seconds']:.1f}",
                          f"{int(s['bytes_sent']) / 1e6:.3f}", f"{int(s['bytes_received']) / 1e6:.3f}", s["initiator"], why[:80]))  # fmt: skip
         lines += _aligned(rows) if len(rows) > 1 else ["  none"]
+        for s in (s for s in status["sessions"] if s["outcome"] == "resumable"):
+            lines += ["", f"session {s['session_id']} can run again with the keys this node kept: "
+                      f"cels run --config session.toml --resume {s['session_id']} (its initiator's controller)"]  # fmt: skip
         for s in (s for s in status["sessions"] if "parameters" in s):
             lines += ["", f"session {s['session_id']} waits for your approval: {s['parameters']}",
                       f"  cels approve --config {result['config']} {s['session_id']}   or   cels reject --config {result['config']} {s['session_id']}"]  # fmt: skip

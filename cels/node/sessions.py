@@ -112,7 +112,8 @@ class SessionDriver:
         elif event.kind in ("awaiting", "approved"):  # the initiator: a party's operator
             log.info("%s: session %s: %s %s", name, sid, event.node, "awaits its operator's approval" if event.kind == "awaiting" else "approved")
         elif event.kind == "phase":
-            self.store.phase(sid, str(event.phase))  # kept before the log says so
+            if event.phase != Phase.FAILED:  # the last phase reached, kept before the log says so
+                self.store.phase(sid, str(event.phase))
             if event.phase == Phase.FAILED:  # not "done": the phase did not complete (issue 41 finding 11)
                 log.info("%s: session %s: %s ended after %.2f s: the session failed", name, sid, event.old, event.seconds)
             else:

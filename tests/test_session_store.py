@@ -73,20 +73,16 @@ def test_a_message_taken_again_must_be_the_first_runs_of_its_identity(tmp_path) 
     store = SessionStore.open(tmp_path)
     store.draws(OPTIONS, None, DrawKeys.fresh)
     for envelope in (hop([1, 2]), hop([3]), hop([5], sum_id="unique")):
-        store.check("party-1", envelope)
-        store.taken("party-1", envelope)
+        store.taken(store.check("party-1", envelope))
     store.ended(OPTIONS.session_id, resumable=True)
     restarted = SessionStore.open(tmp_path)
     restarted.draws(RESUMED, None, DrawKeys.fresh)
-    restarted.check("party-1", hop([5], sum_id="unique"))  # another identity: its own order
-    restarted.taken("party-1", hop([5], sum_id="unique"))
-    restarted.check("party-1", hop([1, 2]))
-    restarted.taken("party-1", hop([1, 2]))
+    restarted.taken(restarted.check("party-1", hop([5], sum_id="unique")))  # another identity: its own order
+    restarted.taken(restarted.check("party-1", hop([1, 2])))
     with pytest.raises(Equivocation, match="party-1 sent other bytes for masked_sum_share #2"):
         restarted.check("party-1", hop([4]))  # the second counts share was [3]
-    restarted.check("party-1", hop([3]))
-    restarted.taken("party-1", hop([3]))
-    restarted.check("party-1", hop([9]))  # beyond the first run: new
+    restarted.taken(restarted.check("party-1", hop([3])))
+    assert restarted.check("party-1", hop([9])).occurrence == 2  # beyond the first run: new
     assert identity(hop([1])) == identity(hop([2])) != identity(hop([1], sum_id="unique"))
 
 

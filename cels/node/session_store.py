@@ -37,6 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,17 @@ HASH_CACHE = "hash cache"
 """The draw-key label of the MAC key of a session's kept hashes."""
 UNCHECKED = frozenset({"abort", "step_report", "start_session"})
 """Session control, not a protocol step: never compared (a StepReport carries the run's timings)."""
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A step message as a kept session records it: its sender, identity, occurrence and SHA-256."""
+
+    session_id: str
+    sender: str
+    identity: str
+    occurrence: int
+    sha256: str
 
 
 class Equivocation(ValueError):
@@ -204,35 +216,30 @@ class SessionStore:
         cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))
         return lambda cipher: cached(cipher, cache)
 
-    def check(self, sender: str, envelope: Envelope) -> None:
+    def check(self, sender: str, envelope: Envelope) -> Taken | None:
         """Raise :class:`Equivocation` if a re-run's message differs from the first run's of
-        the same identity (nothing changes: :meth:`taken` records it once the host took it)."""
-        key = self._key(sender, envelope)
-        if key is None:
-            return
-        sid, (who, ident, n), sha = key
-        was = self._first.get(sid, {}).get((who, ident, n))
-        if was is not None and was != sha:
-            raise Equivocation(f"{sender} sent other bytes for {step_name(envelope)} #{n + 1} ({ident}) than in the session's first run")
-
-    def taken(self, sender: str, envelope: Envelope) -> None:
-        """The host took the message: its digest is appended (for a later re-run's check)."""
-        key = self._key(sender, envelope)
-        if key is None:
-            return
-        sid, (who, ident, _), sha = key
-        with self._lock:
-            self._taken[sid][(who, ident)] += 1
-            with open(self._path(sid, ".received"), "a", encoding="utf-8", opener=_private_opener) as fh:
-                fh.write(json.dumps([who, ident, sha]) + "\n")
-
-    def _key(self, sender: str, envelope: Envelope) -> tuple[str, tuple[str, str, int], str] | None:
+        the same identity.  Nothing changes: the key returned goes to :meth:`taken` once the
+        host took the message (None: a message no session here keeps)."""
         sid = envelope.session_id
         if sid not in self._taken or step_name(envelope) in UNCHECKED:
             return None
         ident = identity(envelope)
-        sha = hashlib.sha256(envelope.SerializeToString(deterministic=True)).hexdigest()
-        return sid, (sender, ident, self._taken[sid][(sender, ident)]), sha
+        key = Taken(sid, sender, ident, self._taken[sid][(sender, ident)], hashlib.sha256(envelope.SerializeToString(deterministic=True)).hexdigest())
+        was = self._first.get(sid, {}).get((sender, ident, key.occurrence))
+        if was is not None and was != key.sha256:
+            raise Equivocation(f"{sender} sent other bytes for {step_name(envelope)} #{key.occurrence + 1} ({ident}) than in the session's first run")
+        return key
+
+    def taken(self, key: Taken | None) -> None:
+        """The host took the message :meth:`check` saw: its digest is appended (for a later re-run's check)."""
+        if key is None:
+            return
+        with self._lock:
+            if key.session_id not in self._taken:  # the session ended meanwhile
+                return
+            self._taken[key.session_id][(key.sender, key.identity)] += 1
+            with open(self._path(key.session_id, ".received"), "a", encoding="utf-8", opener=_private_opener) as fh:
+                fh.write(json.dumps([key.sender, key.identity, key.sha256]) + "\n")
 
     def phase(self, session_id: str, phase: str) -> None:
         """The phase this node reached in a kept session (``cels status`` shows it)."""

@@ -159,12 +159,12 @@ class SessionDriver:
 
     def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
         try:
-            self.store.check(sender, envelope)
+            kept = self.store.check(sender, envelope)
         except Equivocation as exc:  # a re-run's message that is not the first run's: over for good
             self._act(self.host.abort(envelope.session_id, sender, PROTOCOL_ERROR, "a peer sent a message again with other bytes", now, str(exc)))
             raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{self.config.name}: {exc}", self.host.state(envelope.session_id)[1]) from None
         effects = self.host.deliver(sender, envelope, now)
-        self.store.taken(sender, envelope)
+        self.store.taken(kept)
         link = self.links.get(envelope.session_id)
         if step_name(envelope) == "step_report" and link is not None:
             link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls

@@ -40,6 +40,7 @@ def start(argv: Sequence[str] | None):
     args = build_parser().parse_args(argv)
 
     import os
+    from functools import partial
 
     import logging
 
@@ -104,7 +105,7 @@ def start(argv: Sequence[str] | None):
 
         def role() -> PartyRole:
             # a first run's keys are kept (state_dir); a re-run takes them back (cels.node.session_store)
-            draws = store.draws(session, input_digest(path), lambda: DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name))
+            draws = store.draws(session, input_digest(path), partial(DrawKeys.of, args.seed, config.name))
             works[session.session_id] = work = engine.work(load, session.cap, draws, ItemBound.of(session))
             return PartyRole(
                 config.name,

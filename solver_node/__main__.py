@@ -37,6 +37,8 @@ def build_parser():
 
 def main(argv: Sequence[str] | None = None) -> int:
     def start():
+        from functools import partial
+
         from cels.crypto.streams import DrawKeys
         from cels.node.config import node_config
         from cels.node.keys import NodeKeys
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keypair=keys.keypair_for(session.key_bits),
                 decryption_pool=pool,
                 max_time_limit=None if max_time_limit is None else float(max_time_limit),
-                draws=store.draws(session, None, lambda: DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, config.name)),
+                draws=store.draws(session, None, partial(DrawKeys.of, args.seed, config.name)),
             )
 
         # the pool ends with the node: its queues' semaphores are released, not left to the resource tracker

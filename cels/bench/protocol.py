@@ -109,7 +109,7 @@ def bench_inmemory(
     hosts, works = {}, {}
     for name, log in zip(options.parties, shares):
         timed = lambda n, ledger=ledgers[name]: TimedObfuscators(n, ledger)  # noqa: E731
-        draws = DrawKeys.fresh() if seed is None else DrawKeys.replay(seed, name)
+        draws = DrawKeys.of(seed, name)
         works[name] = engine.work(log, options.cap, draws, ItemBound.of(options))
         factory = lambda opts, name=name, log=log, timed=timed, draws=draws: PartyRole(  # noqa: E731
             name, opts, log, allow_insecure_key_bits=allow_small, obfuscators=timed, session_report=session_report,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -83,6 +84,23 @@ def wait_for_line(path: Path, offset: int, pattern: str, timeout: float, alive) 
     return False
 
 
+def run_resumed(controller, options: SessionOptions, output: Path, report: Path, timeout: float) -> tuple[dict[str, Any], int]:
+    """The session run again with the nodes' kept keys (``resume``) until it completes, tried
+    again for :data:`RETRY_SECONDS` while it aborts as DIED (a peer's channel to a restarted
+    node may still back off: docs/faults.md, "Restart"); its report and the tries it took."""
+    from cels.node.client import SessionAborted, run_on_nodes
+
+    again, started = dataclasses.replace(options, resume=True).to_config(), time.monotonic()
+    for tries in itertools.count(1):
+        try:
+            return run_on_nodes(controller, again, output, report, timeout, force=True), tries
+        except SessionAborted as exc:
+            if exc.abort.kind != DIED or time.monotonic() - started > RETRY_SECONDS:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable: itertools.count does not end")
+
+
 def killed_and_resumed(cluster, controller, options: SessionOptions, phase: str, out: Path, timeout: float) -> dict[str, Any]:
     """One trial: the session, party-2 SIGKILLed once it entered ``phase``, restarted, the re-run."""
     from cels.node.client import SessionAborted, run_on_nodes
@@ -113,16 +131,8 @@ def killed_and_resumed(cluster, controller, options: SessionOptions, phase: str,
     restart = time.monotonic()
     cluster.start(victim, node.address, node.process.args)
     cluster.wait_ready(timeout=60)
-    restarted, tries = time.monotonic(), 0
-    while True:
-        tries += 1
-        try:
-            resumed = run_on_nodes(controller, dataclasses.replace(options, resume=True).to_config(), output, report, timeout, force=True)
-            break
-        except SessionAborted as exc:
-            if exc.abort.kind != DIED or time.monotonic() - restarted > RETRY_SECONDS:
-                raise
-            time.sleep(1.0)
+    restarted = time.monotonic()
+    resumed, tries = run_resumed(controller, options, output, report, timeout)
     return {
         "killed_after_seconds": worked,
         "restart_seconds": restarted - restart,
@@ -138,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = engine_options(args, {})  # checked before the log is read
     options = SessionOptions.create(args.parties, **session_values(args))
-    if not options.replayable:
-        raise ValueError("a session that solves with 'transformed' cannot be resumed (docs/deployment.md)")
+    dataclasses.replace(options, resume=True)  # refused by the options' own check if the session cannot be resumed
     phases = kill_phases(options, args.phases)
     trials: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="cels-bench-resume-") as tmp:

@@ -97,7 +97,7 @@ def run_dp_histogram(args: argparse.Namespace) -> Release:
         source: dict = {}
         log = kinds.histogram(iter_records(args.input, input_options(args), source), source)
         tell_skipped(args.command, source)
-    draws = DrawKeys.fresh() if args.seed is None else DrawKeys.replay(args.seed, "holder")
+    draws = DrawKeys.of(args.seed, "holder")
     histogram, n, _ = sanitize_dp(log, args.epsilon, args.delta, kinds, draws)
     true = {log.pairs[i]: int(c) for i, c in enumerate(n.tolist()) if c}
     report = {

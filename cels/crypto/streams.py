@@ -132,6 +132,11 @@ class DrawKeys:
             raise ValueError(f"a replay seed must be an integer in [0, 2^{KEY_BITS}), got {seed!r}")
         return cls(_hkdf(int(seed).to_bytes(KEY_BITS // 8, "big"), b"cels replay " + holder.encode()), seeded=True)
 
+    @classmethod
+    def of(cls, seed: int | None, holder: str) -> DrawKeys:
+        """:meth:`fresh` keys, or with a ``seed`` the :meth:`replay` of ``holder``'s."""
+        return cls.fresh() if seed is None else cls.replay(seed, holder)
+
     def root_bytes(self) -> bytes:
         """The raw root key: how the keys reach the party's own workers, which rebuild them
         with ``DrawKeys(root, seeded=...)`` (never a pickled key object)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cels.bench.resume import run_resumed
 from cels.node.client import SessionAborted
 from cels.node.ledger_file import read_entries
 from cels.protocol.aborts import DIED
@@ -40,8 +41,6 @@ RELEASES = {
     "sampled": ({}, ("universe", "counts", "solve", "sampling", "union")),
 }
 BOUNDED = {("dp", "counts")}
-RESTART_BOUND = 30.0
-"""Seconds after the restart within which the re-run must complete (tries included)."""
 
 
 def cases():
@@ -80,17 +79,10 @@ def ended_everywhere(cluster: FaultCluster, nodes: list[str], session_id: str, t
 
 
 def resume(cluster: FaultCluster, options, out: Path) -> dict:
-    """``cels run --resume`` until it completes: a first try may find a peer's channel to the
-    restarted node still backing off (docs/faults.md, "Restart"), which aborts it as DIED and
-    keeps every node's keys for the next."""
-    limit = time.monotonic() + RESTART_BOUND
-    while True:
-        try:
-            return cluster.run(options, out, timeout=180)
-        except SessionAborted as exc:
-            if exc.abort.kind != DIED or time.monotonic() > limit:
-                raise
-            time.sleep(1.0)
+    """``cels run --resume`` until it completes (cels.bench.resume.run_resumed: a first try may
+    find a peer's channel to the restarted node still backing off, and abort as DIED)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return run_resumed(cluster.controller(), options, out / "sanitized.tsv", out / "report.json", 180)[0]
 
 
 @pytest.mark.parametrize("release, phase", list(cases()))
@@ -125,7 +117,7 @@ def test_a_session_killed_in_a_phase_resumes_after_the_restart(cluster: FaultClu
     with pytest.raises(SessionAborted, match="the session id is taken"):  # the same id without resume: refused
         cluster.run(options, tmp_path / "again", timeout=60)
 
-    report = resume(cluster, dataclasses.replace(options, resume=True), tmp_path / "resumed")
+    report = resume(cluster, options, tmp_path / "resumed")
     assert report["session_id"] == sid
     assert (tmp_path / "resumed" / "sanitized.tsv").stat().st_size > 0
     for name in NODES:  # done: no node keeps the session's keys any longer

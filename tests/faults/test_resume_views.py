@@ -8,7 +8,6 @@ each run's seconds); and the two releases are the same bytes.  ``make faults`` r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import signal
 import threading
@@ -19,7 +18,7 @@ import pytest
 
 from cels.node.client import SessionAborted
 from fault_harness import FAULTS, NODES, PARTIES, FaultCluster
-from test_resume import DEADLINE, RESTART_BOUND, ended_everywhere, resume  # noqa: F401 - RESTART_BOUND: resume's bound
+from test_resume import DEADLINE, ended_everywhere, resume
 
 SESSION = "views-dp"
 SEEDED = {"users": 300, "pairs": 300, "deadline": DEADLINE, "keep_state": True, "record_view": True}
@@ -81,7 +80,7 @@ def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_p
     assert "aborted" in outcome, outcome
     ended_everywhere(cut, [n for n in NODES if n != PARTIES[1]], SESSION, DEADLINE + 5)
     cut.restart(PARTIES[1])
-    resume(cut, dataclasses.replace(first, resume=True), tmp_path / "resumed")
+    resume(cut, first, tmp_path / "resumed")
 
     expected, got = views(whole.root, SESSION), views(cut.root, f"{SESSION}.resume-1")
     for node in NODES:

@@ -167,14 +167,23 @@ def start_session(network: InMemoryNetwork, options: SessionOptions) -> dict[str
                 reached = []
             else:
                 signal = hosts[call.node].begin if call.step is Step.BEGIN else hosts[call.node].finish
-                reached = signal(sid, time.monotonic()).messages
+                reached = signal(sid, time.monotonic()).messages + _replayed(hosts[call.node], sid)
         except ProtocolError as exc:  # the node refuses the call
             effects = lead.unanswered(sid, call.node, exc.abort, time.monotonic(), str(exc))
         else:
             network.run(reached, sender=call.node)
             effects = lead.answered(sid, call.node, time.monotonic())
-        network.run(effects.messages, sender=initiator)
+        network.run(effects.messages + _replayed(lead, sid), sender=initiator)
     return {name: host.role(sid) for name, host in hosts.items()}
+
+
+def _replayed(host: SessionHost, session_id: str) -> list[Outgoing]:
+    """A re-run that began on ``host`` replays its whole record before anything reaches it
+    (cels.protocol.resume): what that sends."""
+    out: list[Outgoing] = []
+    while host.replay_due(session_id):
+        out += host.replay(session_id, time.monotonic()).messages
+    return out
 
 
 def _session_host(node: Receiver) -> SessionHost:

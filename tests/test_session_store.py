@@ -1,6 +1,6 @@
 """A node's kept session keys (cels.node.session_store; docs/deployment.md, "Resume after a
 node restart"): private files, the same keys for a re-run, refusals when the options or the
-input changed, and equivocation found by message identity."""
+input changed, and the record of what a session took, read back in order for its replay."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from cels.crypto.streams import DrawKeys
-from cels.node.session_store import KEEP_DAYS, Equivocation, SessionStore, identity, input_digest
+from cels.node.session_store import KEEP_DAYS, SessionStore, input_digest
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Refusal
 from cels.protocol.wire import cels_pb2
@@ -20,10 +20,10 @@ OPTIONS = SessionOptions.create(3, session_id="s/1", epsilon=1.0, delta=0.4)
 RESUMED = dataclasses.replace(OPTIONS, resume=True)
 
 
-def hop(values: list[int], sum_id: str = "counts", sender: str = "party-1") -> cels_pb2.Envelope:
+def hop(values: list[int], sum_id: str = "counts", sender: str = "party-1", session_id: str = OPTIONS.session_id) -> cels_pb2.Envelope:
     words = b"".join(v.to_bytes(8, "little") for v in values)
-    share = cels_pb2.MaskedSumShare(session_id=OPTIONS.session_id, sum_id=sum_id, words=words)
-    return cels_pb2.Envelope(session_id=OPTIONS.session_id, sender=sender, masked_sum_share=share)
+    share = cels_pb2.MaskedSumShare(session_id=session_id, sum_id=sum_id, words=words)
+    return cels_pb2.Envelope(session_id=session_id, sender=sender, masked_sum_share=share)
 
 
 def test_a_first_run_keeps_its_root_privately_and_a_re_run_takes_it_back(tmp_path) -> None:
@@ -69,21 +69,27 @@ def test_a_node_without_a_state_directory_keeps_nothing_and_resumes_nothing(tmp_
         store.draws(RESUMED, "d1", DrawKeys.fresh)
 
 
-def test_a_message_taken_again_must_be_the_first_runs_of_its_identity(tmp_path) -> None:
+def test_what_a_session_took_is_replayed_in_order_and_a_message_cut_by_death_is_dropped(tmp_path) -> None:
     store = SessionStore.open(tmp_path)
     store.draws(OPTIONS, None, DrawKeys.fresh)
-    for envelope in (hop([1, 2]), hop([3]), hop([5], sum_id="unique")):
-        store.taken(store.check("party-1", envelope))
+    taken = [("party-1", hop([1, 2])), ("solver", hop([3], sender="solver")), ("party-1", hop([5], sum_id="unique"))]
+    for sender, envelope in taken:
+        store.taken(sender, envelope)
+    store.taken("party-1", hop([9], session_id="another"))  # a session this node keeps nothing of
     store.ended(OPTIONS.session_id, resumable=True)
+    [inbound] = tmp_path.glob("*.inbound")
+    assert stat.S_IMODE(inbound.stat().st_mode) == 0o600
+    whole = inbound.stat().st_size
+    with open(inbound, "ab") as fh:  # the node died while writing the next one
+        fh.write(b"\x00\x08party-")
     restarted = SessionStore.open(tmp_path)
     restarted.draws(RESUMED, None, DrawKeys.fresh)
-    restarted.taken(restarted.check("party-1", hop([5], sum_id="unique")))  # another identity: its own order
-    restarted.taken(restarted.check("party-1", hop([1, 2])))
-    with pytest.raises(Equivocation, match="party-1 sent other bytes for masked_sum_share #2"):
-        restarted.check("party-1", hop([4]))  # the second counts share was [3]
-    restarted.taken(restarted.check("party-1", hop([3])))
-    assert restarted.check("party-1", hop([9])).occurrence == 2  # beyond the first run: new
-    assert identity(hop([1])) == identity(hop([2])) != identity(hop([1], sum_id="unique"))
+    record = restarted.record(OPTIONS.session_id)
+    assert record.taken == {"party-1": 2, "solver": 1}
+    assert inbound.stat().st_size == whole  # the cut message is gone: its sender sends it again
+    restarted.taken("party-3", hop([7], sender="party-3"))  # the re-run's own, after what it replays
+    assert [(s, e.SerializeToString()) for s, e in record.messages] == [(s, e.SerializeToString()) for s, e in taken]
+    assert restarted.record(OPTIONS.session_id).taken == {"party-1": 2, "solver": 1, "party-3": 1}
 
 
 def test_an_open_state_directory_is_refused_and_old_records_go(tmp_path) -> None:

@@ -22,7 +22,8 @@ from cels.protocol.wire import cels_pb2
 
 TEST_KEYS = {"key_bits": 256, "group_bits": 1024}
 ROLE_PHASES = [p for p in Phase if p not in (Phase.CONTROL, Phase.START)]
-HOST_TAKES = {"start_session": "any phase (the host)", "abort": "any phase (the host)", "approval": "the initiator, prepared (the host)"}
+HOST_TAKES = {"start_session": "any phase (the host)", "abort": "any phase (the host)", "approval": "the initiator, prepared (the host)",
+              "resume_from": "a re-run, begun (the host)"}
 """Step messages the host or every role takes whatever the phase (not rows of a role's table)."""
 STEPS = [f.name for f in cels_pb2.Envelope.DESCRIPTOR.oneofs_by_name["step"].fields]
 

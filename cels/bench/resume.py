@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         "release": options.release,
         "engine": dataclasses.asdict(engine),
         "seed": args.seed,
-        "what_a_re_run_redoes": "every phase, from the load (the nodes keep their keys, not their phases' results)",
+        "what_a_re_run_redoes": "each node replays what it took, from its record, and sends only what its peers never took (cels.protocol.resume)",
         "uninterrupted_seconds": seconds,
         "phases": trials,
         "same_release": all(t["same_release"] for t in trials.values()),

@@ -103,7 +103,8 @@ class Node(SessionDriver, cels_pb2_grpc.CelsNodeServicer):
 
         make_role = refusing(lambda options: factory(options, self.keys))
         roles = record_views(make_role, config.record_view) if config.record_view else make_role
-        host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW, screen=refusing(screened))
+        kept = store is not None and store.directory is not None
+        host = SessionHost(config.name, roles, time.perf_counter, send_window=SEND_WINDOW, screen=refusing(screened), record=store.record if kept else None)
         super().__init__(config, host, peers, keys, telemetry, session_ended, store)
         self.server: grpc.Server | None = None
 

@@ -9,20 +9,18 @@ per session (file names: the SHA-256 of its id):
   (:func:`input_digest`; none on the solver), the node's draw root (its one secret: every key
   of the session derives from it, cels.crypto.streams.DrawKeys), whether it is seeded, the
   phase the node reached, and when the session was made;
-- ``ID.received``: one JSON line per step message this node took: its sender, its identity
-  (the step and its header fields: ids, rounds, hops, offsets; :func:`identity`) and the
-  SHA-256 of its bytes;
+- ``ID.inbound``: every step message this node's role took, in the order it took them, with
+  its sender (length-prefixed: :data:`HEADER`), which a re-run replays (cels.protocol.resume);
 - ``ID.hashes``: a party's universe hashes and union layers, which a re-run reads instead of
   computing them again (cels.node.hash_cache).
 
 Written when the role is made (StartSession) and at each phase; removed when the session ends
 with its output, or aborts for good (a refusal, a broken rule, a bad input); kept when it
 aborts because a node or the controller went away (cels.protocol.aborts.RESUMABLE), or when
-this node dies.  A re-run (``options.resume``) takes the kept draw root, so that this node sends
-every message again byte for byte (docs/crypto.md, Randomness); it is refused if nothing is
-kept, or if the options or the input changed (and the record goes: the session is over for
-good).  A message taken again whose bytes differ from the first run's message of the same
-identity is an equivocation: refused, and the session aborts for good.  Records older than
+this node dies.  A re-run (``options.resume``) takes the kept draw root, so that this node makes
+every message again byte for byte (docs/crypto.md, Randomness), and replays what it took
+(:meth:`SessionStore.record`); it is refused if nothing is kept, or if the options or the input
+changed (and the record goes: the session is over for good).  Records older than
 :data:`KEEP_DAYS` go at start-up.
 """
 
@@ -33,11 +31,11 @@ import json
 import logging
 import os
 import stat
+import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,8 @@ from cels.fileio import atomic_write_json
 from cels.node.hash_cache import HashCache, SessionKey, cached
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
-from cels.protocol.roles import Envelope, Refusal, step_name
+from cels.protocol.hosted import Recorded
+from cels.protocol.roles import Envelope, Refusal
 from cels.protocol.wire import cels_pb2
 
 log = logging.getLogger("cels.node")
@@ -54,27 +53,12 @@ log = logging.getLogger("cels.node")
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 KEEP_DAYS = 7.0
 """Days a session's keys are kept for a re-run; older records go when the node starts."""
-SUFFIXES = (".json", ".received", ".hashes")
+SUFFIXES = (".json", ".inbound", ".hashes")
 """A kept session's files: its record, what it took, its hashes."""
 HASH_CACHE = "hash cache"
 """The draw-key label of the MAC key of a session's kept hashes."""
-UNCHECKED = frozenset({"abort", "step_report", "start_session"})
-"""Session control, not a protocol step: never compared (a StepReport carries the run's timings)."""
-
-
-@dataclass(frozen=True)
-class Taken:
-    """A step message as a kept session records it: its sender, identity, occurrence and SHA-256."""
-
-    session_id: str
-    sender: str
-    identity: str
-    occurrence: int
-    sha256: str
-
-
-class Equivocation(ValueError):
-    """A peer sent, in a re-run, other bytes for a message it had sent in the first run."""
+HEADER = struct.Struct(">HI")
+"""Before each message of ``ID.inbound``: its sender's length (UTF-8 bytes), then its envelope's."""
 
 
 def input_digest(path: Path) -> str:
@@ -93,23 +77,13 @@ def input_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def identity(envelope: Envelope) -> str:
-    """A step message's identity: its step and its header fields (every scalar field but bytes
-    and text payloads of the step message: sum ids, rounds, hops, offsets), as canonical JSON."""
-    step = envelope.WhichOneof("step")
-    body = getattr(envelope, step)
-    header = {f.name: v for f, v in body.ListFields() if not f.is_repeated and f.type not in (f.TYPE_BYTES, f.TYPE_MESSAGE)}
-    return json.dumps([step, header], sort_keys=True)
-
-
 class SessionStore:
     """The kept sessions of one node (``directory`` None: none kept, no re-run possible)."""
 
     def __init__(self, directory: Path | None, clock: Callable[[], float] = time.time) -> None:
         self.directory, self.clock = directory, clock
         self._lock = threading.Lock()
-        self._taken: dict[str, Counter] = {}  # session id -> how often each (sender, identity) was taken in this run
-        self._first: dict[str, dict[tuple[str, str, int], str]] = {}  # a re-run: the first run's digests
+        self._live: set[str] = set()  # the kept sessions running here
 
     @classmethod
     def open(cls, directory: Path | None) -> SessionStore:
@@ -152,12 +126,11 @@ class SessionStore:
         return out
 
     def forget(self, session_id: str) -> None:
-        """The session is over for good here: its keys, its received digests and its hashes go."""
+        """The session is over for good here: its keys, what it took and its hashes go."""
         if self.directory is None:
             return
         with self._lock:
-            self._taken.pop(session_id, None)
-            self._first.pop(session_id, None)
+            self._live.discard(session_id)
             for suffix in SUFFIXES:
                 self._path(session_id, suffix).unlink(missing_ok=True)
 
@@ -178,7 +151,7 @@ class SessionStore:
                 for suffix in SUFFIXES[1:]:  # a first run's: nothing of another session under its id
                     self._path(sid, suffix).unlink(missing_ok=True)
                 with self._lock:
-                    self._taken[sid], self._first[sid] = Counter(), {}
+                    self._live.add(sid)
             return draws
         if self.directory is None:
             raise Refusal("no state kept to resume the session", f"session {sid}: this node keeps no session state (no [node] state_dir)")
@@ -189,23 +162,9 @@ class SessionStore:
             if record[what] != now:
                 self.forget(sid)
                 raise Refusal(f"the session's {what} changed since its first run", f"session {sid}: the {what} digest is {now}, was {record[what]}: the session is over for good here")
-        first: dict[tuple[str, str, int], str] = {}
-        seen: Counter = Counter()
-        try:
-            lines = self._path(sid, ".received").read_text().splitlines()
-        except FileNotFoundError:
-            lines = []
-        for line in lines:
-            try:
-                sender, ident, sha = json.loads(line)
-            except ValueError:  # a line cut by the node's death: the last one
-                break
-            first[(sender, ident, seen[(sender, ident)])] = sha
-            seen[(sender, ident)] += 1
         with self._lock:
-            self._taken[sid], self._first[sid] = Counter(), first
-        log.info("state %s: session %s runs again with its kept keys (reached %s); %d message(s) of its first run to compare",
-                 self.directory, sid, record["phase"], len(first))  # fmt: skip
+            self._live.add(sid)
+        log.info("state %s: session %s runs again with its kept keys, from where this node was (%s)", self.directory, sid, record["phase"])
         return DrawKeys(bytes.fromhex(record["root"]), seeded=record["seeded"])
 
     def keeping(self, options: SessionOptions, draws: DrawKeys) -> Callable[[SessionKey], SessionKey] | None:
@@ -216,34 +175,44 @@ class SessionStore:
         cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))
         return lambda cipher: cached(cipher, cache)
 
-    def check(self, sender: str, envelope: Envelope) -> Taken | None:
-        """Raise :class:`Equivocation` if a re-run's message differs from the first run's of
-        the same identity.  Nothing changes: the key returned goes to :meth:`taken` once the
-        host took the message (None: a message no session here keeps)."""
+    def taken(self, sender: str, envelope: Envelope) -> None:
+        """This node's role took a step message of a kept session: appended to its record (one
+        write, before the message's effects are sent: a re-run replays it, and its sender, told
+        so by ResumeFrom, does not send it again)."""
         sid = envelope.session_id
-        if sid not in self._taken or step_name(envelope) in UNCHECKED:
-            return None
-        ident = identity(envelope)
-        key = Taken(sid, sender, ident, self._taken[sid][(sender, ident)], hashlib.sha256(envelope.SerializeToString(deterministic=True)).hexdigest())
-        was = self._first.get(sid, {}).get((sender, ident, key.occurrence))
-        if was is not None and was != key.sha256:
-            raise Equivocation(f"{sender} sent other bytes for {step_name(envelope)} #{key.occurrence + 1} ({ident}) than in the session's first run")
-        return key
-
-    def taken(self, key: Taken | None) -> None:
-        """The host took the message :meth:`check` saw: its digest is appended (for a later re-run's check)."""
-        if key is None:
+        if sid not in self._live:
             return
-        with self._lock:
-            if key.session_id not in self._taken:  # the session ended meanwhile
-                return
-            self._taken[key.session_id][(key.sender, key.identity)] += 1
-            with open(self._path(key.session_id, ".received"), "a", encoding="utf-8", opener=_private_opener) as fh:
-                fh.write(json.dumps([key.sender, key.identity, key.sha256]) + "\n")
+        name, body = sender.encode(), envelope.SerializeToString(deterministic=True)
+        with self._lock, open(self._path(sid, ".inbound"), "ab", buffering=0, opener=_private_opener) as fh:
+            fh.write(HEADER.pack(len(name), len(body)) + name + body)
+
+    def record(self, session_id: str) -> Recorded:
+        """What this node took in the session's earlier runs (cels.protocol.resume): per sender,
+        how many messages, and the messages, read as they are replayed.  A message cut short by
+        the node's death is cut off the file (its sender sends it again)."""
+        path = self._path(session_id, ".inbound")
+        taken: Counter = Counter()
+        end = 0
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                while end + HEADER.size <= size:
+                    fh.seek(end)
+                    n, m = HEADER.unpack(fh.read(HEADER.size))
+                    if end + HEADER.size + n + m > size:
+                        break
+                    taken[fh.read(n).decode()] += 1
+                    end += HEADER.size + n + m
+            if end < size:
+                os.truncate(path, end)
+        except FileNotFoundError:
+            pass
+        log.info("state %s: session %s replays %d message(s) it took", self.directory, session_id, sum(taken.values()))
+        return Recorded(dict(taken), _messages(path, end))
 
     def phase(self, session_id: str, phase: str) -> None:
         """The phase this node reached in a kept session (``cels status`` shows it)."""
-        record = self._read(session_id) if self.directory is not None and session_id in self._taken else None
+        record = self._read(session_id) if self.directory is not None and session_id in self._live else None
         if record is not None:
             record["phase"] = phase
             atomic_write_json(self._path(session_id, ".json"), record, file_mode=PRIVATE_FILE)
@@ -251,8 +220,7 @@ class SessionStore:
     def ended(self, session_id: str, resumable: bool) -> None:
         """The session ended here: kept for a re-run if ``resumable``, else forgotten."""
         with self._lock:
-            self._taken.pop(session_id, None)
-            self._first.pop(session_id, None)
+            self._live.discard(session_id)
         if not resumable:
             self.forget(session_id)
 
@@ -267,6 +235,17 @@ def list_resumable(status: cels_pb2.NodeStatus, store: SessionStore, running: Co
             continue
         summary = listed.get(sid) or status.sessions.add(session_id=sid, phase=record["phase"], started_at=record["created_at"])
         summary.outcome = "resumable"
+
+
+def _messages(path: Path, end: int) -> Iterator[tuple[str, Envelope]]:
+    """(sender, envelope) of each message in ``path``'s first ``end`` bytes (:data:`HEADER`)."""
+    if end == 0:
+        return
+    with open(path, "rb") as fh:
+        while fh.tell() < end:
+            n, m = HEADER.unpack(fh.read(HEADER.size))
+            sender = fh.read(n).decode()
+            yield sender, Envelope.FromString(fh.read(m))
 
 
 def _private_opener(path: str, flags: int) -> int:

@@ -6,6 +6,10 @@ calls and events to its Run stream (cels.node.initiator).
 gRPC keeps one sender's messages in order but not those of different senders: a message the
 host refuses as out of order is retried whenever the host has taken another one, for at most
 a reorder window (cels.node.link.hold_seconds), and only then refused.
+
+A kept session's step messages are recorded as the host takes them (cels.node.session_store);
+a re-run replays them, a batch per host call on a thread of its own, while a peer's step
+message for it waits (cels.protocol.resume).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from cels.node.keys import NodeKeys
 from cels.node.link import SessionLink, hold_seconds
 from cels.node.peers import PeerClients
 from cels.node.telemetry import NodeTelemetry
-from cels.node.session_store import Equivocation, SessionStore
-from cels.protocol.aborts import PROTOCOL_ERROR, RESUMABLE, describe
-from cels.protocol.hosted import ABORTED, DONE, KEPT_STATES, Effects, Event, HostedSession
+from cels.node.session_store import SessionStore
+from cels.protocol.aborts import RESUMABLE, describe
+from cels.protocol.hosted import ABORTED, DONE, HOST_STEPS, KEPT_STATES, Effects, Event, HostedSession
 from cels.protocol.host import SessionHost
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Envelope, ProtocolError, step_name
@@ -52,6 +56,7 @@ class SessionDriver:
         self.lock = threading.Lock()  # the host: one call at a time
         self.changed = threading.Condition(self.lock)
         self.notices: list[threading.Thread] = []  # Abort notices in flight
+        self.replays: set[str] = set()  # re-runs whose record a thread replays
         telemetry.watch_outboxes(self.queued_bytes)
 
     def queued_bytes(self) -> int:
@@ -76,7 +81,18 @@ class SessionDriver:
                 self.host.touch(session_id, time.monotonic())  # a long step is not a stall
                 self.changed.notify_all()
             self._act(effects)
+            if session_id not in self.replays and self.host.replay_due(session_id):
+                self.replays.add(session_id)
+                threading.Thread(target=self._replay, args=(session_id,), name=f"replay-{session_id}", daemon=True).start()
         return effects
+
+    def _replay(self, session_id: str) -> None:
+        """A re-run's record taken again, a batch per host call (the lock free in between)."""
+        try:
+            while self.host.replay_due(session_id):
+                self.call(lambda now: self.host.replay(session_id, now), session_id)
+        finally:
+            self.replays.discard(session_id)
 
     def drained(self, session_id: str) -> None:
         """A session's link sent all it was given: its role's next window of a pending Stream
@@ -146,7 +162,11 @@ class SessionDriver:
 
     def take(self, sender: str, envelope: Envelope) -> None:
         """Give an envelope to the host, holding back one refused as out of order (module doc)."""
-        limit = time.monotonic() + hold_seconds(self.host.sessions[envelope.session_id].options.deadline) if envelope.session_id in self.host.sessions else 0
+        session = self.host.sessions.get(envelope.session_id)
+        if session is not None and step_name(envelope) not in HOST_STEPS:  # a re-run's replay first
+            with self.changed:
+                self.changed.wait_for(lambda: not self.host.replaying(envelope.session_id), session.options.deadline)
+        limit = time.monotonic() + hold_seconds(session.options.deadline) if session is not None else 0
         while True:
             try:
                 self.call(lambda now: self._deliver(sender, envelope, now), envelope.session_id)
@@ -158,13 +178,9 @@ class SessionDriver:
                     self.changed.wait(limit - time.monotonic())
 
     def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
-        try:
-            kept = self.store.check(sender, envelope)
-        except Equivocation as exc:  # a re-run's message that is not the first run's: over for good
-            self._act(self.host.abort(envelope.session_id, sender, PROTOCOL_ERROR, "a peer sent a message again with other bytes", now, str(exc)))
-            raise ProtocolError(ProtocolError.INVALID_ARGUMENT, f"{self.config.name}: {exc}", self.host.state(envelope.session_id)[1]) from None
         effects = self.host.deliver(sender, envelope, now)
-        self.store.taken(kept)
+        if step_name(envelope) not in HOST_STEPS:
+            self.store.taken(sender, envelope)
         link = self.links.get(envelope.session_id)
         if step_name(envelope) == "step_report" and link is not None:
             link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls

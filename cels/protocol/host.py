@@ -49,26 +49,25 @@ from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Refusal, Role, fail, malformed, step_name
 from cels.protocol.wire import cels_pb2
-from cels.protocol.hosted import ABORTED, AWAITING, Call, DONE, Effects, Event, HostedSession, KEPT_STATES, Meter, PREPARED, RUNNING, RoleFactory, Screen, Step, TAKES
+from cels.protocol.hosted import ABORTED, AWAITING, Call, DONE, Effects, Event, HostedSession, KEPT_STATES, Meter, PREPARED, RUNNING, Record, RoleFactory, Screen, Step, TAKES
 from cels.protocol.initiation import InitiatorSteps
 from cels.protocol.approval import ApprovalSteps
+from cels.protocol.resume import ResumeSteps
 
 
-class SessionHost(InitiatorSteps, ApprovalSteps):
+class SessionHost(InitiatorSteps, ApprovalSteps, ResumeSteps):
     """All sessions of node ``name``; roles come from ``make_role``."""
 
     def __init__(
-        self, name: str, make_role: RoleFactory, meter: Meter, send_window: int | None = None, screen: Screen | None = None
+        self, name: str, make_role: RoleFactory, meter: Meter, send_window: int | None = None, screen: Screen | None = None,
+        record: Record | None = None,
     ) -> None:
         """``send_window``: bytes of a role's Stream per call, the rest on :meth:`drained`
         (cels.protocol.roles.Stream); None hands every Stream over whole (a driver that holds
         no messages, as the in-memory network).  ``screen``: this node's check of a new
-        session, and whether its operator approves it first (None: none, roles at once)."""
-        self.name = name
-        self.make_role = make_role
-        self.screen = screen
-        self.meter = meter
-        self.send_window = send_window
+        session, and whether its operator approves it first (None: none, roles at once).
+        ``record``: what a kept session took, which its re-run replays (None: none kept)."""
+        self.name, self.make_role, self.screen, self.record, self.meter, self.send_window = name, make_role, screen, record, meter, send_window
         self.sessions: dict[str, HostedSession] = {}
         self.ended: OrderedDict[str, HostedSession] = OrderedDict()
         self.forewarned: OrderedDict[str, tuple[str, cels_pb2.Abort]] = OrderedDict()
@@ -91,8 +90,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
         if taken is not None:
             raise refuse(PROTOCOL_ERROR, taken)
         if options.resume:  # a re-run (its node keeps its keys: cels.node.session_store); the first run's aborts are moot
-            self.ended.pop(sid, None)
-            self.forewarned.pop(sid, None)
+            self.ended.pop(sid, None), self.forewarned.pop(sid, None)
         if self.name not in options.nodes:
             raise refuse(PROTOCOL_ERROR, "the session does not include this node")
         try:
@@ -104,6 +102,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
             raise refuse(REFUSED, "cannot take the session", str(exc)) from None
         session = HostedSession(options, role, AWAITING if awaits else PREPARED, since=now, last_progress=now)
         self.sessions[sid] = session
+        self._rerun(session)
         events = [Event(sid, self.name, "created", phase=Phase.READY)] + ([Event(sid, self.name, "awaiting")] if awaits else [])
         created = Effects(events=events, wake_at=session.expires_at)
         if role is not None:
@@ -130,9 +129,11 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
             return Effects()  # the first run's notice of this node's death, retried until it came back: moot in the re-run
         if step == "approval":
             return self._approval(self._session(envelope.session_id, "approval"), sender, now)
+        if (rerun := self._rerun_step(session, sender, envelope, step)) is not None:
+            return rerun
         effects = Effects()
         if session.state == PREPARED and step != "abort":  # a first step message also begins it
-            effects.extend(self._call(session, session.role.begin, now))
+            effects.extend(self._begun(session, now))
             if session.state != RUNNING:  # its begin failed: the session ended here, the message is moot
                 return effects
         return effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
@@ -143,8 +144,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
 
     def begin(self, session_id: str, now: float) -> Effects:
         """BEGIN: start this node's role (idempotent once running)."""
-        session = self._session(session_id, "begin")
-        return self._call(session, session.role.begin, now)
+        return self._begun(self._session(session_id, "begin"), now)
 
     def abort(self, session_id: str, origin: str, kind: int, reason: str, now: float, detail: str = "") -> Effects:
         """End a session here for a local reason (a peer unreachable or refusing, the watchdog,
@@ -275,6 +275,8 @@ class SessionHost(InitiatorSteps, ApprovalSteps):
             if not own and session.options.initiator == self.name:
                 own = self._relay(session, aborted)
             return Effects(messages=own, events=events)
+        if session.rerun is not None:  # a re-run sends only what its peers never took
+            messages = session.rerun.resend.passed(messages)
         effects = Effects(messages=messages, events=events, wake_at=session.expires_at)
         initiation = session.initiation
         if session.role.finished and initiation is not None and not initiation.finishing:  # FINISH everywhere

@@ -4,13 +4,13 @@ which inputs each takes, a hosted session, the initiator's calls, events and eff
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase, SessionState
-from cels.protocol.roles import Envelope, Outgoing, Role
+from cels.protocol.roles import Envelope, Outgoing, Role, fail
 from cels.protocol.wire import cels_pb2
 
 RoleFactory = Callable[[SessionOptions], Role]
@@ -20,6 +20,9 @@ Screen = Callable[[SessionOptions], bool]
 """Whether a new session waits for this node's operator (``approve = "manual"``) before its
 role is made; a refusal raises, as in :data:`RoleFactory` (the node's policy is checked here,
 before anything is read or reserved)."""
+Record = Callable[[str], "Recorded"]
+"""What this node took in a kept session's earlier runs, by session id (its store's record:
+cels.node.session_store), which a re-run replays (cels.protocol.resume)."""
 Meter = Callable[[], float]
 """Seconds of a performance counter, read around role calls to charge busy time per phase
 (the driver passes ``time.perf_counter``; the host itself reads no clock)."""
@@ -37,8 +40,9 @@ TAKES: dict[str, frozenset[str]] = {
 ``begin`` (BEGIN signal), ``step`` (a protocol message), ``approval`` (the initiator: a party's
 Approval), ``abort`` (an Abort or a local reason), ``expire`` (its timers), ``finish`` (FINISH:
 the initiator has everything) and ``report`` (reading the initiator's report)."""
-HOST_STEPS = frozenset({"start_session", "approval", "abort"})
-"""The step messages the host takes itself (the roles' tables take the rest; an Abort reaches the role too)."""
+HOST_STEPS = frozenset({"start_session", "approval", "abort", "resume_from"})
+"""The step messages the host takes itself (the roles' tables take the rest; an Abort reaches
+the role too): session control, which a kept session neither records nor counts (cels.protocol.resume)."""
 KEPT_STATES = 256
 """Ended sessions whose final state the host remembers (for probes and late messages)."""
 
@@ -118,6 +122,57 @@ class Effects:
 
 
 @dataclass
+class Recorded:
+    """What a node took in a session's earlier runs: per sender, how many step messages
+    (``taken``), and the messages themselves, in the order they were taken (``messages``)."""
+
+    taken: dict[str, int]
+    messages: Iterator[tuple[str, Envelope]]
+
+
+class Resend:
+    """A re-run's outgoing filter: per peer, the first ``taken`` step messages this node makes
+    for it are dropped (the peer took them in an earlier run), the rest pass; a peer's
+    messages wait until its ResumeFrom says how many it took."""
+
+    def __init__(self, peers: list[str]) -> None:
+        self.skip: dict[str, int | None] = dict.fromkeys(peers)
+        self.held: dict[str, list[Outgoing]] = {peer: [] for peer in peers}
+
+    def told(self, peer: str, taken: int) -> list[Outgoing]:
+        """``peer`` took ``taken`` of this node's step messages: what waited for it and may go."""
+        if self.skip.get(peer, 0) is not None:
+            raise fail(f"resume_from from {peer!r}: not a peer of this re-run, or said twice")
+        self.skip[peer] = taken
+        held, self.held[peer] = self.held[peer], []
+        return self.passed(held)
+
+    def passed(self, messages: list[Outgoing]) -> list[Outgoing]:
+        """Of ``messages`` (in the order made), those to send now."""
+        out: list[Outgoing] = []
+        for recipient, envelope in messages:
+            left = self.skip.get(recipient, 0)
+            if envelope.WhichOneof("step") in HOST_STEPS or recipient not in self.skip:
+                out.append((recipient, envelope))
+            elif left is None:
+                self.held[recipient].append((recipient, envelope))
+            elif left > 0:
+                self.skip[recipient] = left - 1
+            else:
+                out.append((recipient, envelope))
+        return out
+
+
+@dataclass
+class Rerun:
+    """A re-run's state on this node (cels.protocol.resume): its record still to replay (None: replayed) and its filter."""
+
+    record: Recorded | None
+    resend: Resend
+    announced: bool = False
+
+
+@dataclass
 class HostedSession:
     """One session on this node: its options, role (None while it awaits approval), state and deadlines."""
 
@@ -135,6 +190,8 @@ class HostedSession:
     approvals_pending: bool = False
     """Parties' operators are approving the session (the initiator said so): a prepared session
     waits for them, at most the session's approval_wait longer."""
+    rerun: Rerun | None = None
+    """A re-run's replay and outgoing filter (cels.protocol.resume; None: a first run)."""
 
     @property
     def expires_at(self) -> float:

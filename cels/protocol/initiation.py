@@ -96,7 +96,7 @@ class InitiatorSteps:
             due = _due(initiation)  # none while awaited parties decide
             return Effects(calls=[due]) if due is not None else Effects(wake_at=session.expires_at)
         if not initiation.finishing:
-            return self._call(session, session.role.begin, now)
+            return self._begun(session, now)
         return Effects(events=self._end(session, DONE))
 
     def _relay(self, session: HostedSession, aborted: cels_pb2.Abort) -> list[Outgoing]:

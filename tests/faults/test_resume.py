@@ -2,18 +2,19 @@
 
 Real node processes that keep their sessions' keys (``--state-dir``), no seed: party-2 is
 SIGKILLed when its log says it entered the phase, restarted, and the session is run again with
-``resume``.  The re-run completes only if party-2 sends every message it had sent before its
-death byte for byte: party-1 and party-3 compare each one with the first run's copy and abort
-for good on a difference (cels.node.session_store).  Then: the survivors' and party-2's records
-are gone; party-1's ledger holds the session once; and the session could not be resumed a
+``resume``: every node replays what it took and is sent only what it never took
+(cels.protocol.resume; tests/test_resume_replay.py checks that exactly, link by link, in
+memory).  Then: the survivors' and party-2's records are gone; party-1's ledger holds the session once; and the session could not be resumed a
 second time, nor a different one under its id.  ``make test`` runs the DP release killed in its
-counts; ``make faults`` every phase of both releases, and ``cels run`` with ``[run] resume = true``
-running the session again on its own.
+counts; ``make faults`` every phase of both releases, ``cels run`` with ``[run] resume = true``
+running the session again on its own, and party-2 on its own Ray instance killed in the
+sampling, resumed to the uninterrupted session's release.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import subprocess
 import threading
@@ -151,3 +152,47 @@ def test_cels_run_with_run_resume_runs_the_session_again_on_its_own(cluster: Fau
     assert run.returncode == 0, err[-3000:]
     assert "party-2 died in phase" in err and "[run] resume: running session" in err, err
     assert (tmp_path / "out" / "sanitized.tsv").stat().st_size > 0
+
+
+@pytest.mark.faults_long
+def test_a_party_on_its_ray_engine_killed_in_the_sampling_resumes_to_the_uninterrupted_release(tmp_path_factory, tmp_path: Path) -> None:
+    """Every node seeded; party-2 runs its work on its own Ray instance with two shards.  An
+    uninterrupted session, then the same options under another id with party-2 SIGKILLed (its
+    Ray instance reaped with it) as it enters the sampling, restarted (a new Ray instance), and
+    resumed: party-2 replays what it took on its new shards, and the release is the
+    uninterrupted one, byte for byte."""
+    pytest.importorskip("ray")
+    from conftest import stop_and_count
+
+    from cels.engine.options import EngineOptions
+
+    extra = {n: ["--seed", "5"] for n in NODES}
+    extra[VICTIM] += EngineOptions(kind="ray", shards=2, max_in_flight=2).argv()
+    cluster = FaultCluster(tmp_path_factory.mktemp("resume_ray"), **{**CLUSTER, "extra": extra})
+    try:
+        cluster.start()
+        cluster.run(cluster.options(session_id="ray-whole"), tmp_path / "whole", timeout=180)
+        options = cluster.options(session_id="ray-cut")
+        follower, outcome = cluster.follow(VICTIM), {}
+
+        def run() -> None:
+            try:
+                cluster.run(options, tmp_path / "first", timeout=180)
+            except SessionAborted as exc:
+                outcome["aborted"] = exc
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        assert follower.wait(r"session ray-cut: .* now sampling$", timeout=150, stop=lambda: not runner.is_alive()), outcome
+        cluster.signal(VICTIM, signal.SIGKILL)
+        cluster.wait_exit(VICTIM)
+        FAULTS.add("kills")
+        runner.join(DEADLINE + 30)
+        assert "aborted" in outcome, outcome
+        ended_everywhere(cluster, [n for n in NODES if n != VICTIM], "ray-cut", DEADLINE + 5)
+        cluster.restart(VICTIM)
+        resume(cluster, options, tmp_path / "resumed")
+        assert re.search(r"session ray-cut replays [1-9]\d* message", cluster.log_path(VICTIM).read_text())  # it went on from its record
+        assert (tmp_path / "resumed" / "sanitized.tsv").read_bytes() == (tmp_path / "whole" / "sanitized.tsv").read_bytes()
+    finally:
+        stop_and_count(cluster)

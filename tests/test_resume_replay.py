@@ -16,15 +16,16 @@ message is taken twice, none is lost (StepReports, which carry each run's second
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import pytest
 
 import cels.inprocess
 from cels.logs import synthetic_log
-from cels.protocol.aborts import DIED
-from cels.protocol.hosted import HOST_STEPS, Recorded
+from cels.protocol.aborts import DIED, PROTOCOL_ERROR
+from cels.protocol.hosted import ABORTED, HOST_STEPS, RUNNING, Recorded
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Envelope, ProtocolError, step_name
 
@@ -67,7 +68,10 @@ def released(output) -> object:
 
 def recorded(taken: list):
     def record(_session_id: str) -> Recorded:
-        return Recorded(dict(Counter(sender for sender, _ in taken)), iter(list(taken)))
+        digests: dict[str, list[bytes]] = {}
+        for sender, envelope in taken:
+            digests.setdefault(sender, []).append(hashlib.sha256(envelope.SerializeToString(deterministic=True)).digest())
+        return Recorded(digests, iter(list(taken)))
 
     return record
 
@@ -140,13 +144,8 @@ def test_a_re_run_takes_every_message_once_and_releases_the_same(logs, release: 
 
 def test_a_record_that_does_not_replay_ends_the_session_for_good(logs) -> None:
     options = SessionOptions.create(3, session_id="kept-bad", epsilon=1.0, key_bits=256, group_bits=1024, **RELEASES["sampled"])
-    taken, links = defaultdict(list), defaultdict(list)
-    _, victim_takes = whole_session(logs, options)[1:]
-    roles, hosts = run(logs, options, taken, links, dies_after=victim_takes // 2)
-    for name, host in hosts.items():
-        if name != VICTIM:
-            host.abort(options.session_id, VICTIM, DIED, "stopped answering", time.monotonic())
-    del hosts[VICTIM]
+    taken, hosts = crashed(logs, options, 0.5)
+    links = defaultdict(list)
     sender, envelope = taken[VICTIM][-1]
     taken[VICTIM].append((sender, envelope))  # its record holds a message twice
     roles, _ = run(logs, dataclasses.replace(options, resume=True), taken, links, hosts=hosts)
@@ -154,15 +153,54 @@ def test_a_record_that_does_not_replay_ends_the_session_for_good(logs) -> None:
     assert aborted is not None and aborted.origin == VICTIM and "does not replay" in aborted.reason
 
 
+def crashed(logs, options: SessionOptions, share: float) -> tuple[dict, dict]:
+    """A session party-2 died in after ``share`` of its messages, aborted on the survivors:
+    what each node took, and the survivors' hosts."""
+    taken, links = defaultdict(list), defaultdict(list)
+    _, hosts = run(logs, options, taken, links, dies_after=int(share * whole_session(logs, options)[2]))
+    for name, host in hosts.items():
+        if name != VICTIM:
+            host.abort(options.session_id, VICTIM, DIED, "stopped answering", time.monotonic())
+    del hosts[VICTIM]
+    return taken, hosts
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_a_message_sent_again_is_refused_and_one_with_other_bytes_ends_the_session_for_good(logs, tamper: bool) -> None:
+    """party-1 re-runs the session and replays its record; then party-2's first message to it
+    comes again (numbered 1): the same bytes are refused (taken before), other bytes are an
+    equivocation, which aborts the session for good, naming party-2."""
+    options = SessionOptions.create(3, session_id="kept-twice", epsilon=1.0, key_bits=256, group_bits=1024, **RELEASES["sampled"])
+    taken, hosts = crashed(logs, options, 0.6)
+    host, resumed = hosts["party-1"], dataclasses.replace(options, resume=True)
+    host.create(resumed, time.monotonic())
+    host.begin(options.session_id, time.monotonic())
+    cels.inprocess._replayed(host, options.session_id)
+    [first] = [envelope for sender, envelope in taken["party-1"] if sender == VICTIM][:1]
+    again = Envelope.FromString(first.SerializeToString())
+    assert again.seq == 1
+    if tamper:
+        again.sender += " "  # any other byte
+    with pytest.raises(ProtocolError) as refused:
+        host.deliver(VICTIM, again, time.monotonic())
+    state, abort = host.state(options.session_id)
+    if tamper:
+        assert refused.value.code == ProtocolError.INVALID_ARGUMENT and "other bytes for its message #1" in str(refused.value)
+        assert state == ABORTED and abort.origin == VICTIM and abort.kind == PROTOCOL_ERROR
+    else:
+        assert "was taken in an earlier run" in str(refused.value) and state == RUNNING
+
+
 def test_a_resume_point_comes_once_from_a_peer_of_a_re_run(logs) -> None:
     from cels.protocol.hosted import Resend
     from cels.protocol.wire import cels_pb2
 
     resend = Resend(["party-1", "solver"])
-    made = [("party-1", Envelope(session_id="s", sender="party-2", mask_key=cels_pb2.MaskKey())) for _ in range(3)]
+    made = [("party-1", Envelope(session_id="s", sender="party-2", seq=n, mask_key=cels_pb2.MaskKey())) for n in (1, 2, 3)]
     assert resend.passed(made) == []  # held until party-1 says what it took
     assert resend.told("party-1", 2) == made[2:]
-    assert resend.passed(made[:1]) == made[:1]
+    later = [("party-1", Envelope(session_id="s", sender="party-2", seq=4, mask_key=cels_pb2.MaskKey()))]
+    assert resend.passed(made[:1] + later) == later  # numbered: what party-1 took stays dropped
     with pytest.raises(ProtocolError, match="said twice"):
         resend.told("party-1", 0)
     with pytest.raises(ProtocolError, match="not a peer"):

@@ -34,7 +34,6 @@ import stat
 import struct
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -188,27 +187,27 @@ class SessionStore:
 
     def record(self, session_id: str) -> Recorded:
         """What this node took in the session's earlier runs (cels.protocol.resume): per sender,
-        how many messages, and the messages, read as they are replayed.  A message cut short by
+        each message's SHA-256, and the messages, read as they are replayed.  A message cut short by
         the node's death is cut off the file (its sender sends it again)."""
         path = self._path(session_id, ".inbound")
-        taken: Counter = Counter()
+        digests: dict[str, list[bytes]] = {}
         end = 0
         try:
             with open(path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 while end + HEADER.size <= size:
-                    fh.seek(end)
                     n, m = HEADER.unpack(fh.read(HEADER.size))
                     if end + HEADER.size + n + m > size:
                         break
-                    taken[fh.read(n).decode()] += 1
+                    sender = fh.read(n).decode()
+                    digests.setdefault(sender, []).append(hashlib.sha256(fh.read(m)).digest())
                     end += HEADER.size + n + m
             if end < size:
                 os.truncate(path, end)
         except FileNotFoundError:
             pass
-        log.info("state %s: session %s replays %d message(s) it took", self.directory, session_id, sum(taken.values()))
-        return Recorded(dict(taken), _messages(path, end))
+        log.info("state %s: session %s replays %d message(s) it took", self.directory, session_id, sum(map(len, digests.values())))
+        return Recorded(digests, _messages(path, end))
 
     def phase(self, session_id: str, phase: str) -> None:
         """The phase this node reached in a kept session (``cels status`` shows it)."""

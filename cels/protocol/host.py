@@ -89,8 +89,8 @@ class SessionHost(InitiatorSteps, ApprovalSteps, ResumeSteps):
         taken = _id_taken(options, sid in self.sessions, self.ended.get(sid))
         if taken is not None:
             raise refuse(PROTOCOL_ERROR, taken)
-        if options.resume:  # a re-run (its node keeps its keys: cels.node.session_store); the first run's aborts are moot
-            self.ended.pop(sid, None), self.forewarned.pop(sid, None)
+        if options.resume:  # a re-run (its node keeps its keys: cels.node.session_store)
+            self._forget_earlier_run(sid)
         if self.name not in options.nodes:
             raise refuse(PROTOCOL_ERROR, "the session does not include this node")
         try:
@@ -129,7 +129,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps, ResumeSteps):
             return Effects()  # the first run's notice of this node's death, retried until it came back: moot in the re-run
         if step == "approval":
             return self._approval(self._session(envelope.session_id, "approval"), sender, now)
-        if (rerun := self._rerun_step(session, sender, envelope, step)) is not None:
+        if (rerun := self._rerun_step(session, sender, envelope, step, now)) is not None:
             return rerun
         effects = Effects()
         if session.state == PREPARED and step != "abort":  # a first step message also begins it
@@ -275,8 +275,7 @@ class SessionHost(InitiatorSteps, ApprovalSteps, ResumeSteps):
             if not own and session.options.initiator == self.name:
                 own = self._relay(session, aborted)
             return Effects(messages=own, events=events)
-        if session.rerun is not None:  # a re-run sends only what its peers never took
-            messages = session.rerun.resend.passed(messages)
+        messages = self._numbered(session, messages)  # a re-run: only what its peers never took
         effects = Effects(messages=messages, events=events, wake_at=session.expires_at)
         initiation = session.initiation
         if session.role.finished and initiation is not None and not initiation.finishing:  # FINISH everywhere

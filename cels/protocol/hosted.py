@@ -123,16 +123,21 @@ class Effects:
 
 @dataclass
 class Recorded:
-    """What a node took in a session's earlier runs: per sender, how many step messages
-    (``taken``), and the messages themselves, in the order they were taken (``messages``)."""
+    """What a node took in a session's earlier runs: per sender, the SHA-256 of each step
+    message, in its order (``digests``: its numbers are 1, 2, ...), and the messages
+    themselves, in the order they were taken (``messages``)."""
 
-    taken: dict[str, int]
+    digests: dict[str, list[bytes]]
     messages: Iterator[tuple[str, Envelope]]
+
+    def taken(self, sender: str) -> int:
+        """How many of ``sender``'s step messages were taken (its numbers 1..that)."""
+        return len(self.digests.get(sender, ()))
 
 
 class Resend:
-    """A re-run's outgoing filter: per peer, the first ``taken`` step messages this node makes
-    for it are dropped (the peer took them in an earlier run), the rest pass; a peer's
+    """A re-run's outgoing filter: per peer, the step messages this node makes for it numbered
+    up to ``taken`` are dropped (the peer took them in an earlier run), the rest pass; a peer's
     messages wait until its ResumeFrom says how many it took."""
 
     def __init__(self, peers: list[str]) -> None:
@@ -156,19 +161,20 @@ class Resend:
                 out.append((recipient, envelope))
             elif left is None:
                 self.held[recipient].append((recipient, envelope))
-            elif left > 0:
-                self.skip[recipient] = left - 1
-            else:
+            elif envelope.seq > left:
                 out.append((recipient, envelope))
         return out
 
 
 @dataclass
 class Rerun:
-    """A re-run's state on this node (cels.protocol.resume): its record still to replay (None: replayed) and its filter."""
+    """A re-run's state on this node (cels.protocol.resume): its record still to replay (None:
+    replayed), its filter, and what the earlier runs took."""
 
     record: Recorded | None
     resend: Resend
+    earlier: Recorded
+    """What the earlier runs took (the check of a message sent again)."""
     announced: bool = False
 
 
@@ -192,6 +198,8 @@ class HostedSession:
     waits for them, at most the session's approval_wait longer."""
     rerun: Rerun | None = None
     """A re-run's replay and outgoing filter (cels.protocol.resume; None: a first run)."""
+    made: dict[str, int] = field(default_factory=dict)
+    """Per recipient, the step messages made for it so far (the last one's ``Envelope.seq``)."""
 
     @property
     def expires_at(self) -> float:

@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")
     run.add_argument(
         "--resume", metavar="SESSION",
-        help="run session SESSION again after a node restart aborted it, with the keys every node kept for it, so that "
-        "every message is sent again byte for byte (the same session.toml; docs/deployment.md, \"Resume after a node restart\")",
+        help="run session SESSION again after a node restart aborted it: every node replays what it took, with the keys it "
+        "kept, and goes on from there (the same session.toml; docs/deployment.md, \"Resume after a node restart\")",
     )  # fmt: skip
     add_force_argument(run)
     run.set_defaults(func="cels.cli.run:run_run")

@@ -4,8 +4,8 @@ layers on the released records.
 
 The universe phase is most of a session's work: every party hashes its own pair ids and adds
 its layer to every other party's (docs/deployment.md, "Resume after a node restart", has its share).
-Both are functions of the session's universe key and of the ids, which a re-run sends again
-byte for byte; so a node that keeps a session's keys (cels.node.session_store) also keeps its
+Both are functions of the session's universe key and of the ids, which a re-run's replay takes
+again byte for byte (cels.protocol.resume); so a node that keeps a session's keys (cels.node.session_store) also keeps its
 hashes, in ``ID.hashes`` beside the session's record (0600): one entry per call, the
 HMAC-SHA256 of the call's inputs under a key of the session's draw root, then the outputs.  A
 re-run answers each call it finds there instead of computing it: the same bytes, none of the

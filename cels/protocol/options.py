@@ -217,8 +217,8 @@ class SessionOptions:
         flag="--padding-epsilon", metavar="E", bounds={"exclusiveMinimum": 0},
     )  # fmt: skip
     resume: bool = option(
-        False, "a re-run of a session that a node restart aborted, with the keys every node kept for it, so that every "
-        "message is sent again byte for byte (cels run --resume; docs/deployment.md, \"Resume after a node restart\")", toml=False,
+        False, "a re-run of a session that a node restart aborted: every node replays what it took, with the keys it kept, "
+        "and goes on from there (cels run --resume; docs/deployment.md, \"Resume after a node restart\")", toml=False,
     )  # fmt: skip
     b: float = field(init=False)
 

@@ -1,7 +1,8 @@
 """No extra leakage from a re-run (docs/security.md, "A session run twice"): two clusters of
 real node processes with every draw replayed from one seed and every node's view recorded
-(``--record-view``); the first runs a DP session through, the second runs the same session,
-SIGKILLs party-2 in its counts, restarts it and resumes the session.  Every node's recorded
+(``--record-view``); for every phase of both releases, the first runs a session through, the
+second runs the same session, SIGKILLs party-2 as it enters the phase, restarts it and resumes
+the session.  Every node's recorded
 view of the re-run holds, link by link, the very messages of the uninterrupted session (the
 StartSession aside, which names each cluster's addresses, and the StepReports, which carry
 each run's seconds); and the two releases are the same bytes.  ``make faults`` runs it."""
@@ -18,9 +19,8 @@ import pytest
 
 from cels.node.client import SessionAborted
 from fault_harness import FAULTS, NODES, PARTIES, FaultCluster
-from test_resume import DEADLINE, ended_everywhere, resume
+from test_resume import DEADLINE, RELEASES, ended_everywhere, resume
 
-SESSION = "views-dp"
 SEEDED = {"users": 300, "pairs": 300, "deadline": DEADLINE, "keep_state": True, "record_view": True}
 UNCOMPARED = ("start_session", "step_report", "abort")
 
@@ -57,9 +57,11 @@ def clusters(tmp_path_factory):
 
 
 @pytest.mark.faults_long
-def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_path: Path) -> None:
+@pytest.mark.parametrize("release, phase", [(r, p) for r, (_, phases) in RELEASES.items() for p in phases])
+def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_path: Path, release: str, phase: str) -> None:
     whole, cut = clusters
-    options = dict(session_id=SESSION, release="dp", delta=1e-6)
+    session = f"views-{release}-{phase}"
+    options = dict(session_id=session, **RELEASES[release][0])
     whole.run(whole.options(**options), tmp_path / "whole", timeout=120)
     first = cut.options(**options)
     follower, outcome = cut.follow(PARTIES[1]), {}
@@ -72,17 +74,17 @@ def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_p
 
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
-    assert follower.wait(rf"session {SESSION}: .* now counts$", timeout=90, stop=lambda: not runner.is_alive()), outcome
+    assert follower.wait(rf"session {session}: .* now {phase}$", timeout=90, stop=lambda: not runner.is_alive()), outcome
     cut.signal(PARTIES[1], signal.SIGKILL)
     cut.wait_exit(PARTIES[1])
     FAULTS.add("kills")
     runner.join(DEADLINE + 30)
     assert "aborted" in outcome, outcome
-    ended_everywhere(cut, [n for n in NODES if n != PARTIES[1]], SESSION, DEADLINE + 5)
+    ended_everywhere(cut, [n for n in NODES if n != PARTIES[1]], session, DEADLINE + 5)
     cut.restart(PARTIES[1])
     resume(cut, first, tmp_path / "resumed")
 
-    expected, got = views(whole.root, SESSION), views(cut.root, f"{SESSION}.resume-1")
+    expected, got = views(whole.root, session), views(cut.root, f"{session}.resume-1")
     for node in NODES:
         assert got[node] == expected[node], (node, got[node] - expected[node], expected[node] - got[node])
     assert sum(sum(c.values()) for c in expected.values()) > 20

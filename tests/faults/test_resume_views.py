@@ -10,6 +10,7 @@ each run's seconds); and the two releases are the same bytes.  ``make faults`` r
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import threading
 from collections import Counter
@@ -26,14 +27,18 @@ UNCOMPARED = ("start_session", "step_report", "abort")
 
 
 def views(root: Path, session: str) -> dict[str, Counter]:
-    """Every node's recorded messages of ``session``: (direction, step) -> the SHA-256 of each, counted."""
+    """Every node's recorded messages of ``session``: (direction, step) -> the SHA-256 of each,
+    counted; a message its role refused is left out (one that came before its phase is
+    refused and taken when it comes again: how often depends on the timing, not the data)."""
     out = {}
     for node in NODES:
-        messages = sorted((root / "views" / session / node / "messages").glob("*.pb"))
+        view = root / "views" / session / node
+        notes = [json.loads(line) for line in (view / "view.jsonl").read_text().splitlines()]
+        refused = {n["seq"] for n in notes if "refused" in n.get("note", {})}
         seen: Counter = Counter()
-        for path in messages:
-            _, direction, step = path.stem.split("-", 2)
-            if step not in UNCOMPARED:
+        for path in sorted((view / "messages").glob("*.pb")):
+            number, direction, step = path.stem.split("-", 2)
+            if step not in UNCOMPARED and int(number) not in refused:
                 seen[(direction, step, hashlib.sha256(path.read_bytes()).hexdigest())] += 1
         out[node] = seen
     return out

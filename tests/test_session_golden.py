@@ -37,7 +37,10 @@ id), x (40), the records and every other step are unchanged and the UniverseHop 
 re-recorded: party-1 16,616 -> 15,661, party-2 20,643 -> 19,253, party-3 19,671 -> 18,389.
 Since a session names its release kind (the DP histogram's options: release, max_items_per_user,
 collusion, padding_epsilon, every resolved value explicit), StartSession is 248 bytes, was 222:
-3 x 248 = 744; nothing else changed.
+3 x 248 = 744; nothing else changed.  Since every step message carries its number on its link
+(Envelope.seq, issue 43: a re-run's resume point), each step message is 2 bytes longer (the
+field's tag and a one-byte number: no link here carries 128 messages): every step's bytes grew
+by twice its messages, session control (StartSession) by nothing; x and the records are unchanged.
 """
 
 from __future__ import annotations

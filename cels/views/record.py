@@ -198,8 +198,10 @@ class ViewRecorder:
             super().__setattr__(name, value)
 
     def receive(self, sender: str, envelope: Envelope) -> list[Outgoing]:
-        """Record the message (decoded as this node can), pass it on, record what it sends."""
-        seq = self._record("received", sender, envelope)
+        """Record the message (decoded as this node can), pass it on, record what it sends.  Its
+        number on the link (``Envelope.seq``) is the sending host's, added after its role made
+        it: a view records the roles' messages, so it is left out on both sides."""
+        seq = self._record("received", sender, _unnumbered(envelope))
         try:
             out = self.role.receive(sender, envelope)
         except ProtocolError as exc:
@@ -266,6 +268,16 @@ class ViewRecorder:
 
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 """A recorded view's modes (it holds decoded messages)."""
+
+
+def _unnumbered(envelope: Envelope) -> Envelope:
+    """The envelope as its sender's role made it, without the link number its host added."""
+    if not envelope.seq:
+        return envelope
+    plain = Envelope()
+    plain.CopyFrom(envelope)
+    plain.seq = 0
+    return plain
 
 
 def record_views(factory: Callable, directory: str | Path) -> Callable:

@@ -154,17 +154,32 @@ def test_cels_run_with_run_resume_runs_the_session_again_on_its_own(cluster: Fau
     assert (tmp_path / "out" / "sanitized.tsv").stat().st_size > 0
 
 
+def warm_user_shard(node_pid: int, timeout: float = 60.0) -> int:
+    """A warm user-shard actor's worker process of the node ``node_pid`` (its process session)."""
+    from fault_harness import session_members
+    from test_engine_faults import title
+
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        found = [pid for pid in session_members(node_pid) if title(pid).startswith(b"ray::UserShard")]
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    raise TimeoutError(f"no user-shard worker of node {node_pid} after {timeout:g} s")
+
+
 @pytest.mark.faults_long
 def test_a_party_on_its_ray_engine_killed_in_the_sampling_resumes_to_the_uninterrupted_release(tmp_path_factory, tmp_path: Path) -> None:
     """Every node seeded; party-2 runs its work on its own Ray instance with two shards.  An
     uninterrupted session, then the same options under another id with party-2 SIGKILLed (its
-    Ray instance reaped with it) as it enters the sampling, restarted (a new Ray instance), and
-    resumed: party-2 replays what it took on its new shards, and the release is the
-    uninterrupted one, byte for byte."""
+    Ray instance reaped with it) as it enters the sampling, restarted (a new Ray instance, one
+    of whose warm user-shard workers is SIGKILLed too), and resumed: party-2 replays what it
+    took on its new shards, and the release is the uninterrupted one, byte for byte."""
     pytest.importorskip("ray")
     from conftest import stop_and_count
 
     from cels.engine.options import EngineOptions
+    from test_engine_faults import sigkill
 
     extra = {n: ["--seed", "5"] for n in NODES}
     extra[VICTIM] += EngineOptions(kind="ray", shards=2, max_in_flight=2).argv()
@@ -191,6 +206,7 @@ def test_a_party_on_its_ray_engine_killed_in_the_sampling_resumes_to_the_uninter
         assert "aborted" in outcome, outcome
         ended_everywhere(cluster, [n for n in NODES if n != VICTIM], "ray-cut", DEADLINE + 5)
         cluster.restart(VICTIM)
+        sigkill(warm_user_shard(cluster.runs[VICTIM].process.pid))  # and one of the new instance's shard workers
         resume(cluster, options, tmp_path / "resumed")
         assert re.search(r"session ray-cut replays [1-9]\d* message", cluster.log_path(VICTIM).read_text())  # it went on from its record
         assert (tmp_path / "resumed" / "sanitized.tsv").read_bytes() == (tmp_path / "whole" / "sanitized.tsv").read_bytes()

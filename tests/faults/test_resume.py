@@ -86,27 +86,35 @@ def resume(cluster: FaultCluster, options, out: Path) -> dict:
     return run_resumed(cluster.controller(), options, out / "sanitized.tsv", out / "report.json", 180)[0]
 
 
-@pytest.mark.parametrize("release, phase", list(cases()))
-def test_a_session_killed_in_a_phase_resumes_after_the_restart(cluster: FaultCluster, tmp_path: Path, release: str, phase: str) -> None:
-    extra, _ = RELEASES[release]
-    options = cluster.options(session_id=f"resume-{release}-{phase}-{time.monotonic_ns()}", **extra)
-    sid, outcome = options.session_id, {}
+def killed_in(cluster: FaultCluster, options, phase: str, out: Path, timeout: float = 120) -> dict:
+    """The session run on a thread, party-2 SIGKILLed once its log says it entered ``phase``;
+    what the run came to (``aborted``: the SessionAborted, or ``report``), once it ended."""
+    outcome: dict = {}
 
     def run() -> None:
         try:
-            outcome["report"] = cluster.run(options, tmp_path / "first", timeout=120)
+            outcome["report"] = cluster.run(options, out, timeout=timeout)
         except SessionAborted as exc:
             outcome["aborted"] = exc
 
     follower = cluster.follow(VICTIM)
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
-    reached = follower.wait(rf"session {sid}: .* now {phase}$", timeout=90, stop=lambda: not runner.is_alive())
-    assert reached, f"session {sid} never reached {phase} on {VICTIM}: {outcome}"
+    reached = follower.wait(rf"session {options.session_id}: .* now {phase}$", timeout=timeout, stop=lambda: not runner.is_alive())
+    assert reached, f"session {options.session_id} never reached {phase} on {VICTIM}: {outcome}"
     cluster.signal(VICTIM, signal.SIGKILL)
     cluster.wait_exit(VICTIM)
     FAULTS.add("kills")
     runner.join(DEADLINE + 30)
+    return outcome
+
+
+@pytest.mark.parametrize("release, phase", list(cases()))
+def test_a_session_killed_in_a_phase_resumes_after_the_restart(cluster: FaultCluster, tmp_path: Path, release: str, phase: str) -> None:
+    extra, _ = RELEASES[release]
+    options = cluster.options(session_id=f"resume-{release}-{phase}-{time.monotonic_ns()}", **extra)
+    sid = options.session_id
+    outcome = killed_in(cluster, options, phase, tmp_path / "first")
     aborted = outcome.get("aborted")
     assert aborted is not None and aborted.abort.kind == DIED and aborted.origin == VICTIM, outcome
     survivors = [n for n in NODES if n != VICTIM]
@@ -188,21 +196,7 @@ def test_a_party_on_its_ray_engine_killed_in_the_sampling_resumes_to_the_uninter
         cluster.start()
         cluster.run(cluster.options(session_id="ray-whole"), tmp_path / "whole", timeout=180)
         options = cluster.options(session_id="ray-cut")
-        follower, outcome = cluster.follow(VICTIM), {}
-
-        def run() -> None:
-            try:
-                cluster.run(options, tmp_path / "first", timeout=180)
-            except SessionAborted as exc:
-                outcome["aborted"] = exc
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
-        assert follower.wait(r"session ray-cut: .* now sampling$", timeout=150, stop=lambda: not runner.is_alive()), outcome
-        cluster.signal(VICTIM, signal.SIGKILL)
-        cluster.wait_exit(VICTIM)
-        FAULTS.add("kills")
-        runner.join(DEADLINE + 30)
+        outcome = killed_in(cluster, options, "sampling", tmp_path / "first", timeout=180)
         assert "aborted" in outcome, outcome
         ended_everywhere(cluster, [n for n in NODES if n != VICTIM], "ray-cut", DEADLINE + 5)
         cluster.restart(VICTIM)

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from cels.node.client import SessionAborted
-from fault_harness import FAULTS, NODES, PARTIES, FaultCluster
-from test_resume import DEADLINE, RELEASES, ended_everywhere, resume
+from fault_harness import NODES, PARTIES, FaultCluster
+from test_resume import DEADLINE, RELEASES, ended_everywhere, killed_in, resume
 
 SEEDED = {"users": 300, "pairs": 300, "deadline": DEADLINE, "keep_state": True, "record_view": True}
 UNCOMPARED = ("start_session", "step_report", "abort")
@@ -69,21 +66,7 @@ def test_a_resumed_sessions_views_are_the_uninterrupted_sessions(clusters, tmp_p
     options = dict(session_id=session, **RELEASES[release][0])
     whole.run(whole.options(**options), tmp_path / "whole", timeout=120)
     first = cut.options(**options)
-    follower, outcome = cut.follow(PARTIES[1]), {}
-
-    def run() -> None:
-        try:
-            cut.run(first, tmp_path / "first", timeout=120)
-        except SessionAborted as exc:
-            outcome["aborted"] = exc
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    assert follower.wait(rf"session {session}: .* now {phase}$", timeout=90, stop=lambda: not runner.is_alive()), outcome
-    cut.signal(PARTIES[1], signal.SIGKILL)
-    cut.wait_exit(PARTIES[1])
-    FAULTS.add("kills")
-    runner.join(DEADLINE + 30)
+    outcome = killed_in(cut, first, phase, tmp_path / "first")
     assert "aborted" in outcome, outcome
     ended_everywhere(cut, [n for n in NODES if n != PARTIES[1]], session, DEADLINE + 5)
     cut.restart(PARTIES[1])

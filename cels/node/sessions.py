@@ -128,11 +128,10 @@ class SessionDriver:
         elif event.kind in ("awaiting", "approved"):  # the initiator: a party's operator
             log.info("%s: session %s: %s %s", name, sid, event.node, "awaits its operator's approval" if event.kind == "awaiting" else "approved")
         elif event.kind == "phase":
-            if event.phase != Phase.FAILED:  # the last phase reached, kept before the log says so
-                self.store.phase(sid, str(event.phase))
             if event.phase == Phase.FAILED:  # not "done": the phase did not complete (issue 41 finding 11)
                 log.info("%s: session %s: %s ended after %.2f s: the session failed", name, sid, event.old, event.seconds)
             else:
+                self.store.phase(sid, str(event.phase))  # the last phase reached, kept before the log says so
                 log.info("%s: session %s: %s done in %.2f s, now %s", name, sid, event.old, event.seconds, event.phase)
             self.telemetry.session_phase(sid, event.old, event.phase, event.at)
         elif event.kind in (ABORTED, DONE):
@@ -179,10 +178,11 @@ class SessionDriver:
 
     def _deliver(self, sender: str, envelope: Envelope, now: float) -> Effects:
         effects = self.host.deliver(sender, envelope, now)
-        if step_name(envelope) not in HOST_STEPS:
+        step = step_name(envelope)
+        if step not in HOST_STEPS:
             self.store.taken(sender, envelope)
         link = self.links.get(envelope.session_id)
-        if step_name(envelope) == "step_report" and link is not None:
+        if step == "step_report" and link is not None:
             link.events.put(envelope.step_report)  # the initiator streams it, before its FINISH calls
         return effects
 

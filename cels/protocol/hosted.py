@@ -168,14 +168,14 @@ class Resend:
 
 @dataclass
 class Rerun:
-    """A re-run's state on this node (cels.protocol.resume): its record still to replay (None:
-    replayed), its filter, and what the earlier runs took."""
+    """A re-run's state on this node (cels.protocol.resume): what the earlier runs took (its
+    messages replayed, its digests the check of a message sent again), its filter, whether it
+    told its peers (``announced``) and whether its record is replayed."""
 
-    record: Recorded | None
-    resend: Resend
     earlier: Recorded
-    """What the earlier runs took (the check of a message sent again)."""
+    resend: Resend
     announced: bool = False
+    replayed: bool = False
 
 
 @dataclass

@@ -48,8 +48,7 @@ class ResumeSteps:
         """A session is made: a re-run on a node that keeps its sessions gets what it replays, and its filter."""
         if session.options.resume and self.record is not None:
             peers = [n for n in session.options.nodes if n != self.name]
-            record = self.record(session.options.session_id)
-            session.rerun = Rerun(record, Resend(peers), record)
+            session.rerun = Rerun(self.record(session.options.session_id), Resend(peers))
 
     def _begun(self, session: HostedSession, now: float) -> Effects:
         """Begin the role; a re-run first tells every peer what it took of theirs."""
@@ -100,7 +99,7 @@ class ResumeSteps:
     def replaying(self, session_id: str) -> bool:
         """Whether a live session still replays its record (a peer's step message waits)."""
         session = self.sessions.get(session_id)
-        return session is not None and session.rerun is not None and session.rerun.record is not None
+        return session is not None and session.rerun is not None and not session.rerun.replayed
 
     def replay(self, session_id: str, now: float) -> Effects:
         """The next :data:`REPLAY_BATCH` recorded messages taken again (each a role call, its
@@ -110,15 +109,15 @@ class ResumeSteps:
             return Effects()
         effects = Effects()
         for _ in range(REPLAY_BATCH):
-            taken = next(session.rerun.record.messages, None)
+            taken = next(session.rerun.earlier.messages, None)
             if taken is None:
-                session.rerun.record = None
+                session.rerun.replayed = True
                 break
             sender, envelope = taken
             try:
                 effects.extend(self._call(session, lambda: session.role.receive(sender, envelope), now))
-                while session.role.pending and session_id in self.sessions:
-                    more = self._call(session, session.role.drained, now)
+                while self.pending(session_id):  # its Streams made whole, as far as they can be made now
+                    more = self.drained(session_id, now)
                     effects.extend(more)
                     if not more.messages:
                         break

@@ -101,7 +101,7 @@ def start(argv: Sequence[str] | None):
             engine.check()
         except EngineUnavailable as exc:
             raise Refusal(exc.public, str(exc)) from None
-        load = LogFile(path, options)
+        load = LogFile(path, options, snapshot=store.snapshot(session))  # a re-run reads the log it loaded
 
         def role() -> PartyRole:
             # a first run's keys are kept (state_dir); a re-run takes them back (cels.node.session_store)

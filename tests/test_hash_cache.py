@@ -76,3 +76,14 @@ def test_the_unions_layers_are_kept_too(tmp_path) -> None:
     again = cached(plain, HashCache(tmp_path / "s.hashes", b"k" * 32))
     again._plain = None  # a call not read back would fail
     assert [again.encrypt_record(r) for r in records] == layered and [again.decrypt_record(r) for r in layered] == records
+
+
+def test_a_call_is_answered_only_by_the_same_call(tmp_path) -> None:
+    """The MAC is injective in (kind, inputs): split differently, or of another kind, it is another call."""
+    cache = HashCache(tmp_path / "s.hashes", b"k" * 32)
+    calls = [("hash", [b"ab", b"cd"]), ("hash", [b"abcd"]), ("hash", [b"abc", b"d"]), ("hash", [b"a", b"bcd"]), ("apply", [b"ab", b"cd"]), ("hash", [])]
+    answers = [cache.answer(kind, inputs, lambda items, n=n: [bytes([n])] * len(items)) for n, (kind, inputs) in enumerate(calls)]
+    assert cache.misses == len(calls) and cache.hits == 0
+    reopened = HashCache(tmp_path / "s.hashes", b"k" * 32)  # a re-run's
+    again = [reopened.answer(kind, inputs, lambda items: pytest.fail("computed again")) for kind, inputs in calls]
+    assert again == answers and reopened.hits == len(calls)

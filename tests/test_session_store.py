@@ -125,3 +125,39 @@ def test_a_kept_session_id_is_taken_for_a_new_session(tmp_path) -> None:
     with pytest.raises(Refusal) as refused:
         SessionStore.open(tmp_path).draws(OPTIONS, None, DrawKeys.fresh)  # the node restarted: the id is still kept
     assert refused.value.public == "the session id is taken"
+
+
+def test_a_party_keeps_its_loaded_log_for_a_re_run_and_forgets_it_with_the_session(tmp_path) -> None:
+    from cels.logs import LoadOptions, LogFile, synthetic_log, write_log
+
+    store = SessionStore.open(tmp_path / "state")
+    store.draws(OPTIONS, "d1", DrawKeys.fresh)
+    source = synthetic_log(seed=3, users=40, pairs=60)
+    path = tmp_path / "party-1.tsv"
+    write_log(source, path)
+    load = LogFile(path, LoadOptions(format="aol"), snapshot=store.snapshot(OPTIONS))
+    first = load()
+    assert stat.S_IMODE(load.snapshot.stat().st_mode) == 0o600
+    path.write_text("")  # the re-run reads what the first run loaded, not the file
+    again = load()
+    assert (again.users, again.pairs, again.source) == (first.users, first.pairs, first.source)
+    assert (again.counts != first.counts).nnz == 0 and again.counts.dtype == first.counts.dtype
+    store.forget(OPTIONS.session_id)
+    assert not load.snapshot.exists()
+
+
+def test_a_kept_log_that_does_not_read_back_is_parsed_again_and_a_newline_in_a_name_keeps_none(tmp_path) -> None:
+    from cels.logs.model import SearchLog
+    from cels.logs.snapshot import read_snapshot, write_snapshot
+    import scipy.sparse as sp
+
+    kept = tmp_path / "s.log"
+    log = SearchLog(["u1", "u2"], [("a b", "x.com"), ("", "y.com")], sp.csr_matrix([[1, 0], [2, 5]]), {"format": "aol"})
+    assert write_snapshot(log, kept)
+    back = read_snapshot(kept)
+    assert (back.users, back.pairs, back.counts.toarray().tolist()) == (log.users, log.pairs, [[1, 0], [2, 5]])
+    kept.write_bytes(kept.read_bytes()[:100])  # cut short: not a log
+    assert read_snapshot(kept) is None
+    assert read_snapshot(tmp_path / "absent.log") is None
+    torn = SearchLog(["u\n1"], [("q", "x.com")], sp.csr_matrix([[1]]))
+    assert not write_snapshot(torn, tmp_path / "t.log") and not (tmp_path / "t.log").exists()

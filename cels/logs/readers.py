@@ -18,6 +18,7 @@ from cels.logs.model import SearchLog, check_pair_totals
 from cels.logs.records import MAX_COUNT, LogError, LogRecord
 from cels.logs.formats import Layout, LogFormat
 from cels.logs.options import Admission, LoadOptions, skip_or_raise
+from cels.logs.snapshot import read_snapshot, write_snapshot
 from cels.logs.textio import BOM, iter_lines, undecodable
 
 logger = logging.getLogger(__name__)
@@ -159,13 +160,22 @@ def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> 
 class LogFile:
     """A party's log where it lives (a file, or a Parquet dataset) and how to read it; calling
     it loads the whole log (:func:`load_log`).  An engine may read it in pieces instead
-    (cels.engine.ray.log_shards: a Parquet dataset's row groups on the party's cluster)."""
+    (cels.engine.ray.log_shards: a Parquet dataset's row groups on the party's cluster).
+    ``snapshot``: where a node keeps the loaded log for a session's re-run
+    (cels.logs.snapshot): read from there if it is there, else written there once loaded."""
 
     path: Path
     options: LoadOptions
+    snapshot: Path | None = None
 
     def __call__(self) -> SearchLog:
-        return load_log(self.path, self.options)
+        if self.snapshot is None:
+            return load_log(self.path, self.options)
+        log = read_snapshot(self.snapshot)
+        if log is None:
+            log = load_log(self.path, self.options)
+            write_snapshot(log, self.snapshot)
+        return log
 
 
 def load_log(path: str | os.PathLike[str], options: LoadOptions) -> SearchLog:

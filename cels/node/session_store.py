@@ -12,7 +12,9 @@ per session (file names: the SHA-256 of its id):
 - ``ID.inbound``: every step message this node's role took, in the order it took them, with
   its sender (length-prefixed: :data:`HEADER`), which a re-run replays (cels.protocol.resume);
 - ``ID.hashes``: a party's universe hashes and union layers, which a re-run reads instead of
-  computing them again (cels.node.hash_cache).
+  computing them again (cels.node.hash_cache);
+- ``ID.log``: a party's loaded log (0600, written atomically once it is loaded), which a re-run
+  reads instead of parsing the input again (cels.logs.snapshot).
 
 Written when the role is made (StartSession) and at each phase; removed when the session ends
 with its output, or aborts for good (a refusal, a broken rule, a bad input); kept when it
@@ -52,8 +54,8 @@ log = logging.getLogger("cels.node")
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 KEEP_DAYS = 7.0
 """Days a session's keys are kept for a re-run; older records go when the node starts."""
-SUFFIXES = (".json", ".inbound", ".hashes")
-"""A kept session's files: its record, what it took, its hashes."""
+SUFFIXES = (".json", ".inbound", ".hashes", ".log")
+"""A kept session's files: its record, what it took, its hashes, its party's loaded log."""
 HASH_CACHE = "hash cache"
 """The draw-key label of the MAC key of a session's kept hashes."""
 HEADER = struct.Struct(">HI")
@@ -173,6 +175,11 @@ class SessionStore:
             return None
         cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))
         return lambda cipher: cached(cipher, cache)
+
+    def snapshot(self, options: SessionOptions) -> Path | None:
+        """Where a party keeps its loaded log for the session's re-run (cels.logs.snapshot);
+        None where the node keeps no session."""
+        return None if self.directory is None else self._path(options.session_id, ".log")
 
     def taken(self, sender: str, envelope: Envelope) -> None:
         """This node's role took a step message of a kept session: appended to its record (one

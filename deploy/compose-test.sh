@@ -55,8 +55,12 @@ BASE_IMAGE=python:3.11-slim
 DEBIAN_BASE=cels-base:bookworm
 # both profiles, so that ps, logs and down see every service; `up run` starts the trigger and
 # its dependencies only, so party-1's Ray cluster runs in the cluster step alone
-COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics --profile cluster)
-PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus:9090 resolves to 127.0.0.1)
+# docker-compose.yml without its networks (the nodes' own, each node's metrics network, the
+# operator's), which host networking cannot have beside it
+mkdir -p "$WORK/logs"
+"$PYTHON" deploy/compose_release.py loopback --out "$WORK/compose-loopback.yml"
+COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml --profile metrics --profile cluster)
+PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus-operator:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
 NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
 TIMES=()

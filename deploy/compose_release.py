@@ -12,6 +12,10 @@ first violation.  A DP histogram's session (``release = "dp"``) audits OUT/dp-hi
 instead: every released pair is an input pair, every count at or above the threshold its note
 states (the session's), none above the pair's distinct users plus the noise's 1e-9 tail.
 
+``loopback --out FILE``: docker-compose.yml for the host's network (what deploy/compose-test.yml
+overrides): its networks and published ports dropped (host networking has neither), and every
+node listening on 127.0.0.1 instead of every interface of its container.
+
 ``metrics --api HOST:PORT``: the metrics profile's Prometheus (its HTTP API) scraped every node,
 saw a session running on each, and saw every party leave its counts phase (cels_phase_seconds);
 exit 1 naming what it lacks.
@@ -28,12 +32,14 @@ from pathlib import Path
 
 import mpmath
 import numpy as np
+import yaml
 
 from cels.baselines.release import read_release
 from cels.mechanism.dp_histogram import count_scale, noise_tail, share_beta
 from cels.protocol.machines import party_machine
 from cels.protocol.stages.dp_release import release_threshold
 from cels.cli.run import session_options
+from cels.fileio import atomic_write
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import SearchLog
 from cels.mechanism.conditions import build_conditions
@@ -164,6 +170,20 @@ def check_metrics(api: str) -> list[str]:
     return problems
 
 
+def loopback_compose(compose: dict) -> dict:
+    """``compose`` (docker-compose.yml, parsed) for the host's network: what compose refuses
+    beside ``network_mode: host`` (networks) or discards (published ports) goes, and a node's
+    ``--listen=0.0.0.0:PORT`` (every interface of its container) becomes 127.0.0.1:PORT."""
+    out = {key: value for key, value in compose.items() if key != "networks"}
+    out["services"] = {}
+    for name, service in compose["services"].items():
+        service = {key: value for key, value in service.items() if key not in ("networks", "ports")}
+        if "command" in service and isinstance(service["command"], list):
+            service["command"] = [a.replace("--listen=0.0.0.0:", "--listen=127.0.0.1:") if isinstance(a, str) else a for a in service["command"]]
+        out["services"][name] = service
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deploy/compose_release.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -179,7 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--session", type=Path, required=True, help="the session.toml of the run")
     m = sub.add_parser("metrics", help="what the metrics profile's Prometheus saw of the run")
     m.add_argument("--api", required=True, metavar="HOST:PORT", help="Prometheus's HTTP address")
+    lo = sub.add_parser("loopback", help="docker-compose.yml for the host's network (make compose-test)")
+    lo.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "loopback":
+        compose = yaml.safe_load((Path(__file__).resolve().parent.parent / "docker-compose.yml").read_text())
+        with atomic_write(args.out) as fh:
+            yaml.safe_dump(loopback_compose(compose), fh, sort_keys=False)
+        return 0
     if args.command == "slice":
         write_slice(args.log, args.users, args.parties, args.out, args.format)
         return 0

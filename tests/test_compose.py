@@ -63,7 +63,8 @@ class ComposeAsProcesses:
     def remap(self, text: str, service: str) -> str:
         text = interpolate(text, ENV)
         for (name, port), local in self.ports.items():
-            text = text.replace(f"{name}:{port}", f"{LOOPBACK}:{local}")
+            for known_as in (f"{name}-metrics", f"{name}-operator", name):  # its aliases on its metrics / operator network, its name
+                text = text.replace(f"{known_as}:{port}", f"{LOOPBACK}:{local}")
             if name == service:
                 text = text.replace(f"0.0.0.0:{port}", f"{LOOPBACK}:{local}")
         for target, local in sorted(self.volume_map(service).items(), key=lambda kv: -len(kv[0])):
@@ -110,22 +111,30 @@ def test_compose_services_and_dependencies() -> None:
     assert {name: dep["condition"] for name, dep in services["run"]["depends_on"].items()} == dict.fromkeys(("solver", "party-1", "party-2", "party-3"), "service_healthy")
     for node in ("solver", "party-1", "party-2", "party-3"):
         port = services[node]["expose"][0]
-        assert f"--listen={node}:{port}" in services[node]["command"]
+        assert f"--listen=0.0.0.0:{port}" in services[node]["command"]  # its peers reach it by its name on the default network
         assert services[node]["healthcheck"]["test"] == [
             "CMD", "python", "-m", "cels.node.health", f"--name={node}", "--ca=/certs/ca.pem",
             f"--cert=/certs/{node}.pem", f"--key=/certs/{node}.key", f"{node}:{port}",
         ]  # fmt: skip
-    # every node serves metrics on a port of its own, on its service name like its gRPC port;
-    # the metrics profile's Prometheus scrapes exactly those addresses
+    # every node serves metrics on a port of its own, on the address it has on a network that
+    # only it and Prometheus join (internal: no route out); no other service joins one, so no
+    # peer reads another's per-peer byte counters (issue 40); the metrics profile's Prometheus
+    # scrapes exactly those addresses and answers only on the operator's network
     metrics = {}
+    members = {net: sorted(name for name, svc in services.items() if net in svc.get("networks", {"default": {}})) for net in doc["networks"]}
     for node in ("solver", "party-1", "party-2", "party-3"):
         grpc_port, metrics_port = services[node]["expose"]
-        assert f"--metrics-listen={node}:{metrics_port}" in services[node]["command"] and metrics_port != grpc_port
-        metrics[node] = f"{node}:{metrics_port}"
+        net = f"{node}-metrics"
+        assert f"--metrics-listen={net}:{metrics_port}" in services[node]["command"] and metrics_port != grpc_port
+        assert services[node]["networks"] == {"default": {}, net: {"aliases": [net]}}
+        assert doc["networks"][net] == {"internal": True} and members[net] == sorted([node, "prometheus"])
+        metrics[node] = f"{net}:{metrics_port}"
     prometheus = services["prometheus"]
     assert prometheus["profiles"] == ["metrics"] and "depends_on" not in prometheus
     assert prometheus["build"] == "./deploy/prometheus" and (REPO / "deploy" / "prometheus" / "Dockerfile").is_file()
-    assert "--web.listen-address=prometheus:9090" in prometheus["command"] and prometheus["expose"] == ["9090"]
+    assert "--web.listen-address=prometheus-operator:9090" in prometheus["command"] and prometheus["expose"] == ["9090"]
+    assert prometheus["networks"]["operator"] == {"aliases": ["prometheus-operator"]} and members["operator"] == ["prometheus"]
+    assert "default" not in prometheus["networks"] and prometheus["ports"] == ["127.0.0.1:9090:9090"]
     config_source, config_target = prometheus["volumes"][0].split(":")[:2]
     assert f"--config.file={config_target}" in prometheus["command"]
     scrape = yaml.safe_load((REPO / config_source).read_text())
@@ -282,3 +291,28 @@ def test_the_compose_verdict_script_audits_a_dp_release_by_the_sessions_machine(
 
     options = SessionOptions.create(3, epsilon=1.0, delta=1e-6, release="dp")
     assert [p.value for p in module.party_machine(options).phases] == ["load", "universe", "counts"]
+
+
+def test_the_compose_test_runs_the_compose_file_on_the_hosts_loopback(tmp_path) -> None:
+    """deploy/compose_release.py loopback: docker-compose.yml less what host networking cannot
+    have (networks, published ports), every node on 127.0.0.1, nothing else changed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_release", REPO / "deploy" / "compose_release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    loopback = module.loopback_compose(doc)
+    assert "networks" not in loopback and set(loopback["services"]) == set(doc["services"])
+    for name, service in doc["services"].items():
+        kept = loopback["services"][name]
+        assert "networks" not in kept and "ports" not in kept
+        expected = [a.replace("--listen=0.0.0.0:", "--listen=127.0.0.1:") if isinstance(a, str) else a for a in service.get("command", [])]
+        assert kept.get("command", []) == expected
+        assert {k: v for k, v in kept.items() if k != "command"} == {k: v for k, v in service.items() if k not in ("command", "networks", "ports")}
+    override = yaml.safe_load((REPO / "deploy" / "compose-test.yml").read_text())
+    hosts = dict(h.split(":") for h in override["x-loopback"]["extra_hosts"])
+    for node in ("solver", "party-1", "party-2", "party-3"):
+        assert hosts[node] == hosts[f"{node}-metrics"] == "127.0.0.1"
+        assert any(a.startswith("--listen=127.0.0.1:") for a in loopback["services"][node]["command"])
+    assert hosts["prometheus-operator"] == "127.0.0.1"

@@ -13,6 +13,7 @@ from cels.crypto.secure_aggregation import PairwiseMasks
 from cels.inprocess import InMemoryNetwork
 from cels.protocol import masked_sum
 from cels.protocol.masked_sum import MaskedSum
+from cels.protocol.secure_sum import Summand
 from cels.protocol.roles import ProtocolError, take_ready
 
 
@@ -23,7 +24,7 @@ def make(ring, values, bound=2**31 - 1, round_number=0):
             if p != q:
                 masks[p].add_peer(k, masks[q].public_key)
     return {
-        p: MaskedSum(name=p, session_id="s1", sum_id="counts", ring=ring, values=values[p], bound=bound, masks=masks[p], round_number=round_number)
+        p: MaskedSum(Summand(p, "s1", "counts", ring, values[p], bound), masks=masks[p], round_number=round_number)
         for p in ring
     }
 

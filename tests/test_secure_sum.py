@@ -16,17 +16,16 @@ from cels.crypto.paillier import generate_keypair
 from cels.crypto.packing import DECRYPT_CHUNK, PackingOverflowError, decrypt
 from cels.inprocess import InMemoryNetwork
 from cels.protocol.roles import ProtocolError
-from cels.protocol.secure_sum import SecureSum
+from cels.protocol.secure_sum import SecureSum, Summand
 from cels.protocol.wire import cels_pb2, codec
 
 KEYPAIR = generate_keypair(512, allow_insecure_key_bits=True)
 
 
-def make(ring, values, sum_id="counts", keypair=None, **kw):
-    opts = dict(bound=2**32, key_bits=512, allow_insecure_key_bits=True) | kw
+def make(ring, values, sum_id="counts", keypair=None, bound=2**32, **kw):
+    opts = dict(key_bits=512, allow_insecure_key_bits=True) | kw
     return {
-        p: SecureSum(name=p, session_id="s1", sum_id=sum_id, ring=ring, values=values[p],
-                     keypair=keypair if p == ring[0] else None, **opts)
+        p: SecureSum(Summand(p, "s1", sum_id, ring, values[p], bound), keypair=keypair if p == ring[0] else None, **opts)
         for p in ring
     }
 
@@ -154,7 +153,7 @@ def test_protocol_errors() -> None:
         roles["b"].receive("a", corrupt)
     assert err.value.code == "invalid_argument"
     with pytest.raises(PackingOverflowError, match=r"outside \[-4294967296, 4294967296\]"):
-        SecureSum(name="a", session_id="s1", sum_id="x", ring=ring, values=np.array([2**33]), bound=2**32)
+        SecureSum(Summand("a", "s1", "x", ring, np.array([2**33]), 2**32))
 
 
 @pytest.mark.parametrize(("nonnegative", "total", "refused"), [
@@ -190,7 +189,7 @@ def test_algorithm_1s_sum_result_is_one_message(chunk: dict) -> None:
 
 def test_weak_key_is_refused_by_default() -> None:
     ring = ["a", "b"]
-    secure_b = SecureSum(name="b", session_id="s1", sum_id="counts", ring=ring, values=np.arange(3), bound=10)
+    secure_b = SecureSum(Summand("b", "s1", "counts", ring, np.arange(3), 10))
     weak = cels_pb2.SumKey(session_id="s1", sum_id="counts", key=codec.public_key_message(KEYPAIR[0]))
     with pytest.raises(ProtocolError, match="refused") as err:
         secure_b.receive("a", cels_pb2.Envelope(session_id="s1", sender="a", sum_key=weak))

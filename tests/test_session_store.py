@@ -161,3 +161,6 @@ def test_a_kept_log_that_does_not_read_back_is_parsed_again_and_a_newline_in_a_n
     assert read_snapshot(tmp_path / "absent.log") is None
     torn = SearchLog(["u\n1"], [("q", "x.com")], sp.csr_matrix([[1]]))
     assert not write_snapshot(torn, tmp_path / "t.log") and not (tmp_path / "t.log").exists()
+    odd = SearchLog(["u1"], [("q", "x.com")], sp.csr_matrix([[1]]), {"path": tmp_path})  # a source JSON cannot hold
+    assert not write_snapshot(odd, tmp_path / "o.log") and not (tmp_path / "o.log").exists()
+    assert not write_snapshot(log, tmp_path / "absent" / "s.log")  # cannot be written: said, not raised

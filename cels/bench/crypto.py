@@ -47,7 +47,7 @@ from cels.fileio import atomic_write_json
 from cels.inprocess import InMemoryNetwork
 from cels.node.obfuscator_stock import ObfuscatorPool
 from cels.protocol.stages.sums import COUNT_BOUND, COUNTS_SUM
-from cels.protocol.secure_sum import SecureSum
+from cels.protocol.secure_sum import SecureSum, Summand
 from cels.protocol.wire import cels_pb2, codec
 from cels.workers import worker_pool
 
@@ -120,7 +120,7 @@ def packed_sum(public_key, private_key, data: list[np.ndarray], workers: int | N
         offline = time.perf_counter() - start
         roles = {
             p: SecureSum(
-                name=p, session_id="bench", sum_id=COUNTS_SUM, ring=ring, values=data[k], bound=COUNT_BOUND,
+                Summand(p, "bench", COUNTS_SUM, ring, data[k], COUNT_BOUND),
                 key_bits=public_key.bits, allow_insecure_key_bits=public_key.bits in PAPER_KEY_BITS,
                 keypair=(public_key, private_key) if k == 0 else None, obfuscators=lambda _key: pool,
             )  # fmt: skip

@@ -3,8 +3,9 @@ input again (docs/deployment.md, "Resume after a node restart").
 
 One ``.npz`` file (no pickled object: read with ``allow_pickle=False``): the user ids, the
 queries and the urls each as one UTF-8 text joined by newlines, the histogram c_ij as its CSR
-arrays, and the log's ``source`` as JSON.  A log with a newline inside a name is not kept (a
-delimited reader never yields one; a Parquet column may): its re-run parses the input again.
+arrays, and the log's ``source`` as JSON.  A log with a newline inside a name (a delimited
+reader never yields one; a Parquet column may) or a source that JSON cannot hold is not kept,
+nor one the disk refuses: its re-run parses the input again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ SNAPSHOT_MODE = 0o600
 
 def write_snapshot(searchlog: SearchLog, path: Path) -> bool:
     """``searchlog`` written to ``path`` (0600, atomically); False, and nothing written, where a
-    name holds a newline."""
+    name holds a newline, its source is not JSON, or the file cannot be written (a re-run then
+    parses the input again)."""
+    try:
+        source = json.dumps(searchlog.source)
+    except (TypeError, ValueError):
+        return False
     columns = {"users": searchlog.users, "queries": [q for q, _ in searchlog.pairs], "urls": [u for _, u in searchlog.pairs]}
     arrays: dict[str, np.ndarray] = {}
     for name, values in columns.items():
@@ -39,10 +45,14 @@ def write_snapshot(searchlog: SearchLog, path: Path) -> bool:
     counts = searchlog.counts.tocsr()
     arrays.update(
         shape=np.array(counts.shape, dtype=np.int64), indptr=counts.indptr, indices=counts.indices, data=counts.data,
-        source=np.frombuffer(json.dumps(searchlog.source).encode(), dtype=np.uint8),
+        source=np.frombuffer(source.encode(), dtype=np.uint8),
     )  # fmt: skip
-    with atomic_write(path, "wb", file_mode=SNAPSHOT_MODE) as fh:
-        np.savez(fh, **arrays)
+    try:
+        with atomic_write(path, "wb", file_mode=SNAPSHOT_MODE) as fh:
+            np.savez(fh, **arrays)
+    except OSError as exc:
+        log.warning("the loaded log is not kept in %s (%s): a re-run parses the input again", path, exc)
+        return False
     return True
 
 

@@ -37,7 +37,7 @@ from cels.crypto.packing import PackingOverflowError
 from cels.engine.routines import chunks
 from cels.protocol.chunked import ChunkCursor
 from cels.protocol.roles import Envelope, Outgoing, ProtocolError, Stream
-from cels.protocol.secure_sum import RingMember
+from cels.protocol.secure_sum import RingMember, Summand
 from cels.engine.routines import smallest
 from cels.protocol.wire import cels_pb2
 
@@ -62,23 +62,12 @@ class MaskedSum(RingMember):
     two an entry for the counts of an index of millions of pairs, not the ring's 8).
     :meth:`start` needs every mask key in."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        session_id: str,
-        sum_id: str,
-        ring: Sequence[str],
-        values: np.ndarray,
-        bound: int | None,
-        masks: PairwiseMasks | None,
-        round_number: int,
-        aggregator: str | None = None,
-    ) -> None:
-        super().__init__(name, session_id, ring, outsider=aggregator is not None and name == aggregator and aggregator not in ring)
+    def __init__(self, summand: Summand, *, masks: PairwiseMasks | None, round_number: int, aggregator: str | None = None) -> None:
+        name, ring, sum_id, bound = summand.name, summand.ring, summand.sum_id, summand.bound
+        super().__init__(name, summand.session_id, ring, outsider=aggregator is not None and name == aggregator and aggregator not in ring)
         self.sum_id, self.bound, self.masks, self.round_number = sum_id, bound, masks, round_number
         self._aggregator = aggregator or self.ring[0]  # outside the ring (the solver): sums r shares, sends no total
-        self.values = np.asarray(values).ravel()  # its own integer type (an indicator: one byte each), int64 a chunk at a time
+        self.values = np.asarray(summand.values).ravel()  # its own integer type (an indicator: one byte each), int64 a chunk at a time
         self.result: np.ndarray | None = None
         self.started = False
         n = len(self.values)

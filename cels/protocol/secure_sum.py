@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +35,20 @@ ObfuscatorFactory = Callable[[PublicKey], ObfuscatorSource]
 
 def _inline(public_key: PublicKey) -> ObfuscatorSource:
     return InlineObfuscators(public_key.n)
+
+
+@dataclass(frozen=True)
+class Summand:
+    """One party's part in one secure sum, either kind: who it is (``name``), in which session
+    and sum, over which ``ring`` of parties, its ``values`` and their ``bound`` (None: signed,
+    unbounded, for an outside aggregator)."""
+
+    name: str
+    session_id: str
+    sum_id: str
+    ring: Sequence[str]
+    values: np.ndarray
+    bound: float | None
 
 
 class RingMember:
@@ -90,13 +105,8 @@ class SecureSum(RingMember):
 
     def __init__(
         self,
+        summand: Summand,
         *,
-        name: str,
-        session_id: str,
-        sum_id: str,
-        ring: Sequence[str],
-        values: np.ndarray,
-        bound: float,
         scale_bits: int = 0,
         key_bits: int = DEFAULT_KEY_BITS,
         allow_insecure_key_bits: bool = False,
@@ -107,9 +117,11 @@ class SecureSum(RingMember):
     ) -> None:
         """``nonnegative``: every party's values are >= 0 (counts), so a total below this
         party's own values is refused as forged."""
-        super().__init__(name, session_id, ring)
-        self.sum_id = sum_id
-        self.values = np.asarray(values)
+        super().__init__(summand.name, summand.session_id, summand.ring)
+        self.sum_id, bound = summand.sum_id, summand.bound
+        if bound is None:
+            raise ValueError(f"sum {self.sum_id!r}: a Paillier sum needs a bound on its values")
+        self.values = np.asarray(summand.values)
         self.shape = self.values.shape
         self.bound, self.scale_bits = bound, scale_bits
         self.key_bits, self.allow_insecure_key_bits = key_bits, allow_insecure_key_bits
@@ -125,7 +137,7 @@ class SecureSum(RingMember):
         outside = ~((self.values >= low) & (self.values <= bound))
         if np.any(outside):
             index = tuple(np.argwhere(outside)[0])
-            raise PackingOverflowError(f"sum {sum_id!r}: value {self.values[index]} at {index} is outside [{low}, {bound}]")
+            raise PackingOverflowError(f"sum {self.sum_id!r}: value {self.values[index]} at {index} is outside [{low}, {bound}]")
 
     @property
     def key_holder(self) -> str:

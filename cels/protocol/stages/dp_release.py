@@ -23,6 +23,7 @@ from cels.mechanism.dp_release import NOISE_SHARES, DpHistogram
 from cels.mechanism.dp_histogram import count_scale, noise_shares, release_accounting, share_beta, threshold
 from cels.mechanism.item_kinds import Item, checked_item
 from cels.protocol.masked_sum import MaskedSum
+from cels.protocol.secure_sum import Summand
 from cels.protocol.options import SessionOptions
 from cels.protocol.phases import Phase
 from cels.protocol.roles import Outgoing, addressed, fail, malformed
@@ -173,10 +174,8 @@ class DpAggregator:
                 index = cels_pb2.UniverseIndex(session_id=self.options.session_id, size=n, columns=columns[first:stop].tolist(), first=first, more=more)
                 out += self._send(party, universe_index=index)
         self.union.close()
-        self.sum = MaskedSum(
-            name=self.name, session_id=self.options.session_id, sum_id=COUNTS_SUM, ring=self.parties,
-            values=np.zeros(n, dtype=np.int64), bound=None, masks=None, round_number=0, aggregator=self.name,
-        )  # fmt: skip
+        summand = Summand(self.name, self.options.session_id, COUNTS_SUM, self.parties, np.zeros(n, dtype=np.int64), None)
+        self.sum = MaskedSum(summand, masks=None, round_number=0, aggregator=self.name)
         self.sum.start()
         return out
 

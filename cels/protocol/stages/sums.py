@@ -26,7 +26,7 @@ from cels.protocol.phases import Phase
 from cels.protocol.private_solve import add_mask_key, mask_key_messages, session_masks
 from cels.protocol.roles import Envelope, Outgoing, fail
 from cels.protocol.rolebase import RoleFailure
-from cels.protocol.secure_sum import SecureSum
+from cels.protocol.secure_sum import SecureSum, Summand
 from cels.protocol.stages.seat import Seat
 from cels.protocol.wire import cels_pb2
 
@@ -73,12 +73,10 @@ class SumRing(ABC):
         """Join secure sum ``sum_id`` with this party's ``vector``; ``aggregator``: a node
         outside the ring that alone gets the total of signed vectors (the DP release's noisy
         counts: :class:`MaskedSums` only; no total comes back)."""
-        common = {"name": self.seat.name, "session_id": self.seat.session_id, "sum_id": sum_id, "ring": self.seat.parties,
-                  "values": vector, "bound": 1 if sum_id == UNIQUE_SUM else COUNT_BOUND}  # fmt: skip
-        if aggregator is not None:
-            common.update(bound=None, aggregator=aggregator)
+        bound = None if aggregator is not None else 1 if sum_id == UNIQUE_SUM else COUNT_BOUND
+        summand = Summand(self.seat.name, self.seat.session_id, sum_id, self.seat.parties, vector, bound)
         try:
-            joined = self._join(common)
+            joined = self._join(summand, aggregator)
         except PackingOverflowError as exc:
             raise RoleFailure("a value exceeds its packing bound", str(exc)) from None
         self.running[sum_id] = joined
@@ -100,8 +98,8 @@ class SumRing(ABC):
         return []
 
     @abstractmethod
-    def _join(self, common: dict) -> SecureSum | MaskedSum:
-        """Join the secure sum of ``common``'s arguments: Paillier (Algorithm 1) or masked."""
+    def _join(self, summand: Summand, aggregator: str | None) -> SecureSum | MaskedSum:
+        """Join the secure sum of ``summand``: Paillier (Algorithm 1) or masked."""
 
     @abstractmethod
     def _started(self, sum_id: str, joined: SecureSum | MaskedSum) -> list[Outgoing]:
@@ -135,14 +133,14 @@ class PaillierSums(SumRing):
     def view_keys(self) -> list:
         return [] if self.keypair is None else [self.keypair[1]]
 
-    def _join(self, common: dict) -> SecureSum:
-        if "aggregator" in common:
+    def _join(self, summand: Summand, aggregator: str | None) -> SecureSum:
+        if aggregator is not None:
             raise RoleFailure("a signed sum needs pairwise masks", "Algorithm 1's sums have no outside aggregator")
         options, insecure = self.seat.options, self.seat.allow_insecure_key_bits
         if self.seat.k == 0 and self.keypair is None:
             self.keypair = paillier.generate_keypair(options.key_bits, allow_insecure_key_bits=insecure)
         return SecureSum(
-            **common, key_bits=options.key_bits, allow_insecure_key_bits=insecure, keypair=self.keypair,
+            summand, key_bits=options.key_bits, allow_insecure_key_bits=insecure, keypair=self.keypair,
             obfuscators=self.obfuscators_for, nonnegative=True, decryption_pool=self.setup.decryption_pool,
         )  # fmt: skip
 
@@ -167,8 +165,8 @@ class MaskedSums(SumRing):
         add_mask_key(self.masks, self.seat.name, self.seat.parties, sender, msg)
         return self._start_waiting()
 
-    def _join(self, common: dict) -> MaskedSum:
-        return MaskedSum(**common, masks=self.masks, round_number=self.begun)
+    def _join(self, summand: Summand, aggregator: str | None) -> MaskedSum:
+        return MaskedSum(summand, masks=self.masks, round_number=self.begun, aggregator=aggregator)
 
     def _started(self, sum_id: str, joined: MaskedSum) -> list[Outgoing]:
         self.begun += 1

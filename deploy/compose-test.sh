@@ -4,6 +4,8 @@
 # 1. engine     a Docker engine (Debian's docker.io + docker-compose, installed if missing;
 #               dockerd started in the background if none answers, stopped again at the end),
 #               and Debian's prometheus (deploy/install-prometheus.sh) for the metrics image
+#    loopback   docker-compose.yml without its networks and published ports, nodes on 127.0.0.1
+#               (deploy/compose_release.py loopback), for host networking
 # 2. base       python:3.11-slim if it is here or can be pulled; else cels-base:bookworm, a
 #               Debian bookworm image with python3 made by debootstrap + docker import (kept)
 # 3. wheelhouse every dependency's wheel (the `ray` extra's too), built on the host (kept while
@@ -13,7 +15,7 @@
 # 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties,
 #               the first $CELS_COMPOSE_TRANSFORMED_USERS for the transformed session and the
 #               first $CELS_COMPOSE_CLUSTER_USERS for the cluster session
-# 6. session    docker-compose.yml + deploy/compose-test.yml (host networking, 127.0.0.1 only),
+# 6. session    the loopback file + deploy/compose-test.yml (host networking, 127.0.0.1 only),
 #               profile metrics: Prometheus (detached), certificates, a solver and three party
 #               nodes, `cels run` once all are healthy (deploy/session.toml: the private solve)
 # 7. audit      the sanitized log against the slice (deploy/compose_release.py)
@@ -56,9 +58,7 @@ DEBIAN_BASE=cels-base:bookworm
 # both profiles, so that ps, logs and down see every service; `up run` starts the trigger and
 # its dependencies only, so party-1's Ray cluster runs in the cluster step alone
 # docker-compose.yml without its networks (the nodes' own, each node's metrics network, the
-# operator's), which host networking cannot have beside it
-mkdir -p "$WORK/logs"
-"$PYTHON" deploy/compose_release.py loopback --out "$WORK/compose-loopback.yml"
+# operator's), which host networking cannot have beside it: written by the step loopback
 COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml --profile metrics --profile cluster)
 PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus-operator:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
@@ -125,6 +125,10 @@ engine() {
     docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}' >&2
     docker-compose version --short >&2
     need_prometheus
+}
+
+loopback() {  # docker-compose.yml for the host's network (deploy/compose_release.py loopback)
+    "$PYTHON" deploy/compose_release.py loopback --out "$WORK/compose-loopback.yml"
 }
 
 need_prometheus() {  # the binary the metrics image copies in (the image builds offline)
@@ -277,6 +281,7 @@ mkdir -p "$WORK/logs"
 trap teardown EXIT
 say "work directory $WORK"
 step engine engine
+step loopback loopback
 step base base
 step wheelhouse wheelhouse
 step image image

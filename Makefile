@@ -77,9 +77,10 @@ faults: $(STAMP)
 audit: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider -m "audit_long or not audit_long" tests/test_privacy_audit.py tests/test_dp_audit.py tests/test_private_solve.py
 
-## make cluster: a party on a real Ray cluster of two raylets on 127.0.0.1 (tests/test_engine_raylets.py, about 2 min)
+## make cluster: a party on a real Ray cluster of two raylets on 127.0.0.1 (tests/test_engine_raylets.py), and on a
+## cluster with TLS, joined with a client certificate of its CA (tests/test_ray_trust.py); about 3 min
 cluster: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m cluster_long tests/test_engine_raylets.py
+	$(PY) -m pytest -q -p no:cacheprovider -m cluster_long tests/test_engine_raylets.py tests/test_ray_trust.py
 
 ## make compose-test: docker-compose.yml run for real (deploy/compose-test.sh): a Docker engine
 ## (installed and started if missing; root), the image built offline, 3 party nodes + a solver

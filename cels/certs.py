@@ -9,7 +9,9 @@ development and tests only: a deployment brings certificates from its own CA.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,11 +97,29 @@ class DevCA:
         )
         return cls(cert, key)
 
-    def issue(self, name: str, days: int = 30) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        """A node's certificate: a leaf (CA:FALSE) naming exactly ``name`` (CN and the one DNS
-        SAN), for TLS server and client authentication -- what a node accepts as a peer
-        (cels.node.tls.peer_identity)."""
+    @classmethod
+    def load(cls, directory: Path) -> DevCA:
+        """The CA kept in ``directory`` (``ca.pem``, ``ca.key``: :meth:`keep`)."""
+        cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{directory / 'ca.key'} is not an EC key")
+        return cls(cert, key)
+
+    def keep(self, directory: Path) -> None:
+        """``directory/ca.pem`` and ``directory/ca.key`` (0600), for a CA that issues later."""
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write_key(directory / "ca.key", self.key)
+        _write_cert(directory / "ca.pem", self.cert)
+
+    def issue(self, name: str, days: int = 30, addresses: Sequence[str] = (), also: Sequence[str] = ()) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """A node's certificate: a leaf (CA:FALSE) naming ``name`` (CN and the first DNS SAN),
+        for TLS server and client authentication -- what a node accepts as a peer
+        (cels.node.tls.peer_identity); ``also``: more DNS names, ``addresses``: IP SANs (a Ray
+        process's, which its peers reach by address: cels.engine.ray.tls)."""
         key = ec.generate_private_key(ec.SECP256R1())
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys([name, *also])]
+        sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in dict.fromkeys(addresses)]
         not_before, not_after = _validity(days)
         cert = (
             x509.CertificateBuilder()
@@ -109,7 +129,7 @@ class DevCA:
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
             .not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(self.key, hashes.SHA256())

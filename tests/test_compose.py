@@ -171,9 +171,16 @@ def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
     cluster = {name for name, svc in services.items() if "cluster" in svc.get("profiles", [])}
     assert cluster == {"ray-head", "ray-worker"}
     head, worker = services["ray-head"], services["ray-worker"]
-    # the head makes its token (never printed) and then execs `ray start` with the rest as "$@"
-    assert head["command"][:4] == ["sh", "-c", 'ray get-auth-token --generate >/dev/null && exec "$$@"', "ray-head"]
-    head_argv, worker_argv = head["command"][4:], worker["command"]
+    # the head issues its own TLS certificate and party-1's from party-1's Ray CA (made once, in
+    # the token's volume), makes its token (never printed), then execs `ray start` with the rest
+    # as "$@"; the worker issues its own certificate from that CA, then execs `ray start`
+    ca = "--ca /home/cels/.ray/tls/ca"
+    assert head["command"][:4] == [
+        "sh", "-c", f"cels ray-tls {ca} --name ray-head --out /tmp/ray-tls >/dev/null && cels ray-tls {ca} --name party-1 --client "
+        '--out /home/cels/.ray/tls/party-1 >/dev/null && ray get-auth-token --generate >/dev/null && exec "$$@"', "ray-head",
+    ]  # fmt: skip
+    assert worker["command"][:4] == ["sh", "-c", f'cels ray-tls {ca} --name ray-worker --out /tmp/ray-tls >/dev/null && exec "$$@"', "ray-worker"]
+    head_argv, worker_argv = head["command"][4:], worker["command"][4:]
     for svc, argv in ((head, head_argv), (worker, worker_argv)):
         assert svc["profiles"] == ["cluster"] and svc["image"] == "cels:dev" and svc["init"] is True
         assert argv[:2] == ["ray", "start"] and "--block" in argv  # the container's main process
@@ -189,8 +196,12 @@ def test_compose_cluster_profile_is_party_1s_own_ray_cluster() -> None:
     assert {name: v for name, v in token.items() if v} == {
         "ray-head": ["party-1-ray:/home/cels/.ray"], "ray-worker": ["party-1-ray:/home/cels/.ray:ro"], "party-1": ["party-1-ray:/home/cels/.ray:ro"],
     }  # fmt: skip
+    tls = {"RAY_USE_TLS": "1", **{var: f"/tmp/ray-tls/{f}" for var, f in (("RAY_TLS_SERVER_CERT", "tls.pem"), ("RAY_TLS_SERVER_KEY", "tls.key"), ("RAY_TLS_CA_CERT", "ca.pem"))}}
     for name in ("ray-head", "ray-worker", "party-1"):
-        assert services[name]["environment"]["RAY_AUTH_MODE"] == "token", name
+        environment = services[name]["environment"]
+        assert environment["RAY_AUTH_MODE"] == "token", name
+        own = tls if name != "party-1" else {var: path.replace("/tmp/ray-tls", "/home/cels/.ray/tls/party-1") for var, path in tls.items()}
+        assert {var: environment[var] for var in tls} == own, name  # TLS on every process of the cluster, and on its client
 
     env = env_file(REPO / "deploy" / "cluster.env")
     assert env["COMPOSE_PROFILES"] == "cluster"

@@ -47,6 +47,19 @@ def test_the_kuberay_manifest_is_one_partys_cluster_and_node() -> None:
         env = {e["name"]: e for e in container["env"]}
         assert env["RAY_USE_TLS"]["value"] == "1", who
         assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/ray-tls"}, who
+    # Ray dials its processes by address: every Ray pod issues itself a certificate naming its
+    # own, from the party's Ray CA, before Ray starts (one shared certificate cannot name them
+    # all: tests/test_ray_trust.py); the driver, a client, has a client certificate of that CA
+    pods = {"head": cluster["spec"]["headGroupSpec"]["template"]["spec"], "worker": workers["template"]["spec"]}
+    for who, pod in pods.items():
+        (init,) = pod["initContainers"]
+        assert init["command"] == ["cels", "ray-tls", "--ca", "/ray-ca", "--name", f"ray-{who}", "--out", "/ray-tls"], who
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["ray-ca"]["secret"]["secretName"] == "cels-party-1-ray-ca" and volumes["ray-tls"]["emptyDir"] == {"medium": "Memory"}, who
+        assert pod["securityContext"]["fsGroup"] == 1000, who  # the image's cels user reads the secret
+    node_pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in node_pod["volumes"]}["ray-tls"]["secret"]["secretName"] == "cels-party-1-ray-client"
+    assert "cels-party-1-ray-tls" not in MANIFEST.read_text()
     policy = docs["NetworkPolicy"]["spec"]
     assert policy["podSelector"]["matchLabels"] == {"ray.io/cluster": cluster["metadata"]["name"]} and policy["ingress"] == [{"from": [{"podSelector": {}}]}]
     assert docs["Deployment"]["spec"]["replicas"] == 1  # one node: the keys, the host, the rounds, the ledger

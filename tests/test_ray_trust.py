@@ -123,3 +123,83 @@ def test_a_cluster_that_takes_calls_without_a_token_is_refused_before_the_node_j
         left = end_processes(cluster_processes(temp_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert not left, sorted(left)
+
+
+def test_a_ray_hosts_certificate_names_its_addresses_and_a_clients_none(tmp_path) -> None:
+    """cels ray-tls: the party's Ray CA made once and kept (0700, key 0600); a Ray host's
+    certificate names the addresses Ray dials it by, a client's names only its holder."""
+    from cryptography import x509
+
+    from cels.cli import main
+    from cels.engine.ray.tls import host_addresses
+
+    assert main(["ray-tls", "--ca", str(tmp_path / "ca"), "--name", "ray-head", "--out", str(tmp_path / "head")]) == 0
+    assert main(["ray-tls", "--ca", str(tmp_path / "ca"), "--name", "party-1", "--client", "--out", str(tmp_path / "p1")]) == 0
+    assert stat.S_IMODE((tmp_path / "ca").stat().st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) & 0o077 for p in (tmp_path / "ca").iterdir()}["ca.key"] == 0
+    ca = (tmp_path / "ca" / "ca.pem").read_bytes()
+    assert (tmp_path / "head" / "ca.pem").read_bytes() == ca == (tmp_path / "p1" / "ca.pem").read_bytes()  # one CA: made once, then kept
+    sans = {}
+    for who in ("head", "p1"):
+        cert = x509.load_pem_x509_certificate((tmp_path / who / "tls.pem").read_bytes())
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        sans[who] = ({*names.get_values_for_type(x509.DNSName)}, {str(a) for a in names.get_values_for_type(x509.IPAddress)})
+        assert stat.S_IMODE((tmp_path / who / "tls.key").stat().st_mode) == 0o600
+    assert {"ray-head", "localhost", socket.gethostname()} == sans["head"][0] and sans["head"][1] == set(host_addresses()) >= {"127.0.0.1"}
+    assert sans["p1"] == ({"party-1"}, set())
+
+
+@pytest.mark.cluster_long
+def test_a_party_joins_its_tls_cluster_and_a_process_without_its_ca_certificate_cannot(tmp_path, ray_token) -> None:
+    """The compose cluster profile's set-up on 127.0.0.1: a head with token auth and TLS, its
+    certificate issued on its host (cels ray-tls); the party node joins it with ray:// and a
+    client certificate of the same CA, and runs a task; a process without TLS is refused."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    import shutil
+    import tempfile
+
+    from cels.engine.ray.tls import write_ray_tls
+    from cels.node.cluster import LOOPBACK, free_port
+    from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
+
+    write_ray_tls(tmp_path / "ca", tmp_path / "head", "ray-head")
+    write_ray_tls(tmp_path / "ca", tmp_path / "party-1", "party-1", client=True)
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("RAY_TLS") and k != "RAY_USE_TLS"} | {"RAY_USAGE_STATS_ENABLED": "0"}
+
+    def tls(who: str) -> dict[str, str]:
+        files = {"RAY_TLS_SERVER_CERT": "tls.pem", "RAY_TLS_SERVER_KEY": "tls.key", "RAY_TLS_CA_CERT": "ca.pem"}
+        return plain | {"RAY_USE_TLS": "1"} | {var: str(tmp_path / who / f) for var, f in files.items()}
+
+    temp_dir = tempfile.mkdtemp(prefix="cels-tls-")  # short: Ray's socket paths must fit 107 bytes
+    port, client = free_port(), free_port()
+    try:
+        started = subprocess.run(
+            [RAY_CLI, "start", "--head", "--port", str(port), "--ray-client-server-port", str(client), "--node-ip-address", LOOPBACK,
+             "--num-cpus", "1", "--temp-dir", temp_dir, "--include-dashboard=false", "--disable-usage-stats",
+             "--dashboard-agent-listen-port", str(free_port())],
+            env=tls("head"), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        limit = time.monotonic() + 60  # the client server comes up after `ray start` returns
+        while True:
+            try:
+                socket.create_connection((LOOPBACK, client), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < limit, "the Ray client server never listened"
+                time.sleep(0.5)
+        party = (
+            "from cels.engine import EngineOptions, open_engine\n"
+            f"engine = open_engine(EngineOptions(kind='ray', address='ray://{LOOPBACK}:{client}', shards=1, max_in_flight=1))\n"
+            "import ray\n"
+            "print('TASK', ray.get(ray.remote(lambda: 41 + 1).remote()))\n"
+            "engine.close()\n"
+        )
+        joined = subprocess.run([sys.executable, "-c", party], env=tls("party-1"), capture_output=True, text=True, timeout=180)
+        assert "TASK 42" in joined.stdout, joined.stdout[-2000:] + joined.stderr[-3000:]
+        stranger = subprocess.run([sys.executable, "-c", STRANGER, f"ray://{LOOPBACK}:{client}"], env=plain, capture_output=True, text=True, timeout=180)
+        assert "REFUSED" in stranger.stdout and "JOINED" not in stranger.stdout, stranger.stdout + stranger.stderr[-2000:]
+    finally:
+        left = end_processes(cluster_processes(temp_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not left, sorted(left)

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("cels.cli.distributed", "run a whole distributed session with local node processes on 127.0.0.1"),
     "run": ("cels.cli.distributed", "run a session against running party and solver nodes (session.toml)"),
     "certs": ("cels.cli.distributed", "make a development CA and one certificate per node"),
+    "ray-tls": ("cels.cli.distributed", "issue a certificate of a party's own Ray CA: a Ray host's (its addresses) or the party node's"),
     "split": ("cels.cli.split", "split one log by user into per-party files"),
     "ledger": ("cels.cli.ledger", "show a party node's privacy budget ledger and the budget left"),
     "status": ("cels.cli.status", "is a node serving: its sessions, ledger and peers (node.toml)"),

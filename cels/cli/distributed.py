@@ -1,6 +1,8 @@
 """The flags of ``cels certs``, ``cels run`` and ``cels simulate``: CELS as a distributed service.
 
 - ``cels certs --out DIR --parties R``: a development CA and one certificate per node.
+- ``cels ray-tls --ca DIR --name NAME --out DIR [--client]``: a certificate of the party's own
+  Ray CA for a Ray host, or the party node (cels.engine.ray.tls).
 - ``cels run --config session.toml``: start a session on running nodes (the initiator is a
   party node); the release and its public release note are written where ``[run] output``
   says, the confidential operator report where ``[run] report`` says (default: cels.reports).
@@ -34,6 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.add_argument("--parties", type=int, default=3, help="number of party nodes (default 3)")
     certs.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
     certs.set_defaults(func="cels.cli.run:run_certs")
+
+    ray_tls = subparsers.add_parser("ray-tls")
+    ray_tls.add_argument("--ca", required=True, type=Path, help="the party's Ray CA: a directory with ca.pem and ca.key (made, 0700, if it has none)")
+    ray_tls.add_argument("--name", required=True, help="whose certificate: a Ray host's (ray-head) or the party node's")
+    ray_tls.add_argument("--out", required=True, type=Path, help="directory for tls.pem, tls.key (0600) and ca.pem: RAY_TLS_SERVER_CERT, RAY_TLS_SERVER_KEY, RAY_TLS_CA_CERT")
+    ray_tls.add_argument("--client", action="store_true", help="a client's certificate (the party node joining with ray://), naming no address; "
+                         "default: this host's, naming NAME, localhost, the host name and every address Ray may advertise")  # fmt: skip
+    ray_tls.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    ray_tls.set_defaults(func="cels.cli.run:run_ray_tls")
 
     run = subparsers.add_parser("run")
     run.add_argument("--config", required=True, type=Path, help="session.toml (see docs/deployment.md)")

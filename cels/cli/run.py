@@ -35,6 +35,14 @@ def run_certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_ray_tls(args: argparse.Namespace) -> int:
+    from cels.engine.ray.tls import write_ray_tls
+
+    named = write_ray_tls(args.ca, args.out, args.name, client=args.client, days=args.days)
+    print(f"wrote {args.out}/tls.pem, tls.key and ca.pem: {'a client certificate' if args.client else 'a Ray host certificate'} of {args.ca}'s Ray CA for {', '.join(named)}")
+    return 0
+
+
 def session_options(table: dict[str, Any]) -> SessionOptions:
     """The session of session.toml's [session] table (its keys are SessionOptions' fields; the
     schema has checked their types and ranges, SessionOptions checks the rest)."""

@@ -3,12 +3,14 @@ token authentication required, the node's own Ray directory private and removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -86,43 +88,17 @@ def test_a_cluster_that_takes_calls_without_a_token_is_refused_before_the_node_j
     cluster whose own authentication was off.  Now it calls the cluster once without a token
     (its GCS, or its client server for ray://) and refuses one that answers."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    import shutil
-    import tempfile
-
     from cels.engine import EngineOptions, open_engine
     from cels.engine.ray.trust import refuse_open_cluster
     from cels.node.cluster import LOOPBACK, free_port
-    from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
 
     refuse_open_cluster(f"{LOOPBACK}:{free_port()}", timeout=1.0)  # nobody answers: left to ray.init to report
-    temp_dir = tempfile.mkdtemp(prefix="cels-open-")  # short: Ray's socket paths must fit 107 bytes
-    port, client = free_port(), free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    started = subprocess.run(
-        [RAY_CLI, "start", "--head", "--port", str(port), "--ray-client-server-port", str(client), "--node-ip-address", LOOPBACK,
-         "--num-cpus", "1", "--temp-dir", temp_dir, "--include-dashboard=false", "--disable-usage-stats",
-         "--dashboard-agent-listen-port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    try:
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        limit = time.monotonic() + 60  # the client server comes up after `ray start` returns
-        while True:
-            try:
-                socket.create_connection((LOOPBACK, client), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < limit, "the Ray client server never listened"
-                time.sleep(0.5)
+    with ray_head("cels-open-", {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}) as (port, client):
         for address in (f"{LOOPBACK}:{port}", f"ray://{LOOPBACK}:{client}"):
             with pytest.raises(ValueError, match=f"the Ray cluster at {address} answers calls that carry no token"):
                 refuse_open_cluster(address)
         with pytest.raises(ValueError, match="answers calls that carry no token"):
             open_engine(EngineOptions(kind="ray", address=f"{LOOPBACK}:{port}", shards=1, max_in_flight=1))
-    finally:
-        left = end_processes(cluster_processes(temp_dir))
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not left, sorted(left)
 
 
 def test_a_ray_hosts_certificate_names_its_addresses_and_a_clients_none(tmp_path) -> None:
@@ -155,12 +131,8 @@ def test_a_party_joins_its_tls_cluster_and_a_process_without_its_ca_certificate_
     certificate issued on its host (cels ray-tls); the party node joins it with ray:// and a
     client certificate of the same CA, and runs a task; a process without TLS is refused."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    import shutil
-    import tempfile
-
     from cels.engine.ray.tls import write_ray_tls
-    from cels.node.cluster import LOOPBACK, free_port
-    from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
+    from cels.node.cluster import LOOPBACK
 
     write_ray_tls(tmp_path / "ca", tmp_path / "head", "ray-head")
     write_ray_tls(tmp_path / "ca", tmp_path / "party-1", "party-1", client=True)
@@ -170,24 +142,7 @@ def test_a_party_joins_its_tls_cluster_and_a_process_without_its_ca_certificate_
         files = {"RAY_TLS_SERVER_CERT": "tls.pem", "RAY_TLS_SERVER_KEY": "tls.key", "RAY_TLS_CA_CERT": "ca.pem"}
         return plain | {"RAY_USE_TLS": "1"} | {var: str(tmp_path / who / f) for var, f in files.items()}
 
-    temp_dir = tempfile.mkdtemp(prefix="cels-tls-")  # short: Ray's socket paths must fit 107 bytes
-    port, client = free_port(), free_port()
-    try:
-        started = subprocess.run(
-            [RAY_CLI, "start", "--head", "--port", str(port), "--ray-client-server-port", str(client), "--node-ip-address", LOOPBACK,
-             "--num-cpus", "1", "--temp-dir", temp_dir, "--include-dashboard=false", "--disable-usage-stats",
-             "--dashboard-agent-listen-port", str(free_port())],
-            env=tls("head"), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        limit = time.monotonic() + 60  # the client server comes up after `ray start` returns
-        while True:
-            try:
-                socket.create_connection((LOOPBACK, client), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < limit, "the Ray client server never listened"
-                time.sleep(0.5)
+    with ray_head("cels-tls-", tls("head")) as (_port, client):
         party = (
             "from cels.engine import EngineOptions, open_engine\n"
             f"engine = open_engine(EngineOptions(kind='ray', address='ray://{LOOPBACK}:{client}', shards=1, max_in_flight=1))\n"
@@ -199,6 +154,37 @@ def test_a_party_joins_its_tls_cluster_and_a_process_without_its_ca_certificate_
         assert "TASK 42" in joined.stdout, joined.stdout[-2000:] + joined.stderr[-3000:]
         stranger = subprocess.run([sys.executable, "-c", STRANGER, f"ray://{LOOPBACK}:{client}"], env=plain, capture_output=True, text=True, timeout=180)
         assert "REFUSED" in stranger.stdout and "JOINED" not in stranger.stdout, stranger.stdout + stranger.stderr[-2000:]
+
+
+@contextlib.contextmanager
+def ray_head(prefix: str, env: dict[str, str]) -> Iterator[tuple[int, int]]:
+    """A Ray head on 127.0.0.1 started with ``env`` (one CPU): its GCS and client server ports,
+    once the client server listens; its processes ended after, and none may be left."""
+    import shutil
+    import tempfile
+
+    from cels.node.cluster import LOOPBACK, free_port
+    from test_engine_raylets import RAY_CLI, cluster_processes, end_processes
+
+    temp_dir = tempfile.mkdtemp(prefix=prefix)  # short: Ray's socket paths must fit 107 bytes
+    port, client = free_port(), free_port()
+    try:
+        started = subprocess.run(
+            [RAY_CLI, "start", "--head", "--port", str(port), "--ray-client-server-port", str(client), "--node-ip-address", LOOPBACK,
+             "--num-cpus", "1", "--temp-dir", temp_dir, "--include-dashboard=false", "--disable-usage-stats",
+             "--dashboard-agent-listen-port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        limit = time.monotonic() + 60  # the client server comes up after `ray start` returns
+        while True:
+            try:
+                socket.create_connection((LOOPBACK, client), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < limit, "the Ray client server never listened"
+                time.sleep(0.5)
+        yield port, client
     finally:
         left = end_processes(cluster_processes(temp_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -59,14 +59,16 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "CELS dev"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """``key`` as unencrypted PKCS#8 PEM at ``path``, 0600 from its creation, atomically."""
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     with atomic_write(path, mode="wb") as fh:
         os.fchmod(fh.fileno(), 0o600)
         fh.write(pem)
 
 
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
+def write_cert(path: Path, cert: x509.Certificate) -> None:
+    """``cert`` as PEM at ``path``, atomically."""
     with atomic_write(path, mode="wb") as fh:
         fh.write(cert.public_bytes(serialization.Encoding.PEM))
 
@@ -109,8 +111,8 @@ class DevCA:
     def keep(self, directory: Path) -> None:
         """``directory/ca.pem`` and ``directory/ca.key`` (0600), for a CA that issues later."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_key(directory / "ca.key", self.key)
-        _write_cert(directory / "ca.pem", self.cert)
+        write_key(directory / "ca.key", self.key)
+        write_cert(directory / "ca.pem", self.cert)
 
     def issue(self, name: str, days: int = 30, addresses: Sequence[str] = (), also: Sequence[str] = ()) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         """A node's certificate: a leaf (CA:FALSE) naming ``name`` (CN and the first DNS SAN),
@@ -139,12 +141,12 @@ class DevCA:
     def write(self, out: Path, names: list[str], days: int = 30) -> dict[str, NodeCert]:
         """``out/ca.pem`` and ``out/NAME.pem`` / ``out/NAME.key`` for every name."""
         out.mkdir(parents=True, exist_ok=True)
-        _write_cert(out / "ca.pem", self.cert)
+        write_cert(out / "ca.pem", self.cert)
         result: dict[str, NodeCert] = {}
         for name in names:
             cert, key = self.issue(name, days)
-            _write_key(out / f"{name}.key", key)
-            _write_cert(out / f"{name}.pem", cert)
+            write_key(out / f"{name}.key", key)
+            write_cert(out / f"{name}.pem", cert)
             result[name] = NodeCert(out / "ca.pem", out / f"{name}.pem", out / f"{name}.key")
         return result
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from cels.certs import DevCA, _write_cert, _write_key
+from cels.certs import DevCA, write_cert, write_key
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -56,7 +56,7 @@ def write_ray_tls(ca_dir: Path, out: Path, name: str, client: bool = False, days
     also = [] if client else [*LOOPBACK_NAMES, socket.gethostname()]
     cert, key = ca.issue(name, days, addresses=addresses, also=also)
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _write_key(out / "tls.key", key)
-    _write_cert(out / "tls.pem", cert)
-    _write_cert(out / "ca.pem", ca.cert)
+    write_key(out / "tls.key", key)
+    write_cert(out / "tls.pem", cert)
+    write_cert(out / "ca.pem", ca.cert)
     return [*dict.fromkeys([name, *also]), *addresses]

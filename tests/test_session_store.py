@@ -164,3 +164,15 @@ def test_a_kept_log_that_does_not_read_back_is_parsed_again_and_a_newline_in_a_n
     odd = SearchLog(["u1"], [("q", "x.com")], sp.csr_matrix([[1]]), {"path": tmp_path})  # a source JSON cannot hold
     assert not write_snapshot(odd, tmp_path / "o.log") and not (tmp_path / "o.log").exists()
     assert not write_snapshot(log, tmp_path / "absent" / "s.log")  # cannot be written: said, not raised
+
+
+def test_a_session_that_cannot_run_again_keeps_neither_its_log_nor_its_hashes(tmp_path) -> None:
+    """Algorithm 2's Paillier sums are not replayed (``replayable`` False): nothing only a
+    re-run reads is written for such a session."""
+    store = SessionStore.open(tmp_path / "state")
+    transformed = SessionOptions.create(3, session_id="s/2", epsilon=1.0, delta=0.4, solve="transformed")
+    assert not transformed.replayable and OPTIONS.replayable
+    draws = store.draws(transformed, "d1", DrawKeys.fresh)
+    assert store.snapshot(transformed) is None and store.keeping(transformed, draws) is None
+    assert store.snapshot(OPTIONS) is not None and store.keeping(OPTIONS, draws) is not None
+    assert SessionStore.open(None).snapshot(OPTIONS) is None

@@ -168,18 +168,24 @@ class SessionStore:
         log.info("state %s: session %s runs again with its kept keys, from where this node was (%s)", self.directory, sid, record["phase"])
         return DrawKeys(bytes.fromhex(record["root"]), seeded=record["seeded"])
 
+    def _rerun_path(self, options: SessionOptions, suffix: str) -> Path | None:
+        """Where a party keeps what only a re-run reads; None where the node keeps no session, or
+        the session cannot be run again (``options.replayable``: Algorithm 2's Paillier sums)."""
+        return self._path(options.session_id, suffix) if self.directory is not None and options.replayable else None
+
     def keeping(self, options: SessionOptions, draws: DrawKeys) -> Callable[[SessionKey], SessionKey] | None:
         """What makes a party's universe and union keys keep their results for a re-run, and
-        answer a re-run's calls from them (cels.node.hash_cache); None where the node keeps no session."""
-        if self.directory is None:
+        answer a re-run's calls from them (cels.node.hash_cache); None where nothing is kept for one."""
+        path = self._rerun_path(options, ".hashes")
+        if path is None:
             return None
-        cache = HashCache(self._path(options.session_id, ".hashes"), draws.secret(HASH_CACHE))
+        cache = HashCache(path, draws.secret(HASH_CACHE))
         return lambda cipher: cached(cipher, cache)
 
     def snapshot(self, options: SessionOptions) -> Path | None:
         """Where a party keeps its loaded log for the session's re-run (cels.logs.snapshot);
-        None where the node keeps no session."""
-        return None if self.directory is None else self._path(options.session_id, ".log")
+        None where nothing is kept for one."""
+        return self._rerun_path(options, ".log")
 
     def taken(self, sender: str, envelope: Envelope) -> None:
         """This node's role took a step message of a kept session: appended to its record (one

@@ -16,6 +16,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from cryptography import x509
+
 from cels.certs import DevCA, write_cert, write_key
 
 LOOPBACK_NAMES = ("localhost",)
@@ -46,7 +48,7 @@ def write_ray_tls(ca_dir: Path, out: Path, name: str, client: bool = False, days
     certificate from it in ``out``: ``tls.pem``, ``tls.key`` (0600) and ``ca.pem``, what
     ``RAY_TLS_SERVER_CERT``, ``RAY_TLS_SERVER_KEY`` and ``RAY_TLS_CA_CERT`` name.  A host's
     (``client`` False) names ``name``, ``localhost`` and the host name, and every address of
-    :func:`host_addresses`; a client's names ``name`` only.  Returns the names and addresses."""
+    :func:`host_addresses`; a client's names ``name`` only.  Returns the names and addresses it names."""
     if (ca_dir / "ca.key").is_file():
         ca = DevCA.load(ca_dir)
     else:
@@ -59,4 +61,4 @@ def write_ray_tls(ca_dir: Path, out: Path, name: str, client: bool = False, days
     write_key(out / "tls.key", key)
     write_cert(out / "tls.pem", cert)
     write_cert(out / "ca.pem", ca.cert)
-    return [*dict.fromkeys([name, *also]), *addresses]
+    return [str(n.value) for n in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]

@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from cels.crypto.streams import DrawKeys
-from cels.node.session_store import KEEP_DAYS, SessionStore, input_digest
+from cels.node.session_store import KEEP_DAYS, SessionStore, input_digest, list_resumable
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import Refusal
 from cels.protocol.wire import cels_pb2
@@ -176,3 +176,25 @@ def test_a_session_that_cannot_run_again_keeps_neither_its_log_nor_its_hashes(tm
     assert store.snapshot(transformed) is None and store.keeping(transformed, draws) is None
     assert store.snapshot(OPTIONS) is not None and store.keeping(OPTIONS, draws) is not None
     assert SessionStore.open(None).snapshot(OPTIONS) is None
+
+
+def test_a_session_that_cannot_run_again_takes_nothing_down_and_is_never_listed_resumable(tmp_path) -> None:
+    """A transformed session's id is taken while it runs, but it records no message and no
+    phase, goes when it ends (even on an abort that would keep another), and a record its dead
+    node left goes at the next start-up instead of showing as "resumable"."""
+    store = SessionStore.open(tmp_path)
+    transformed = SessionOptions.create(3, session_id="s/2", epsilon=1.0, delta=0.4, solve="transformed")
+    store.draws(transformed, "d1", DrawKeys.fresh)
+    with pytest.raises(Refusal, match="runs here"):
+        store.draws(transformed, "d1", DrawKeys.fresh)
+    store.taken("party-1", hop([1, 2], session_id=transformed.session_id))
+    store.phase(transformed.session_id, "universe")
+    assert not list(tmp_path.glob("*.inbound"))
+    assert [r["phase"] for r in store.kept()] == ["ready"]
+    store.ended(transformed.session_id, resumable=True)  # aborted because a node went away
+    assert store.kept() == []
+    store.draws(OPTIONS, "d1", DrawKeys.fresh)
+    store.draws(dataclasses.replace(transformed, session_id="s/3"), "d1", DrawKeys.fresh)  # then this node dies
+    status = cels_pb2.NodeStatus()
+    list_resumable(status, SessionStore.open(tmp_path), running=())
+    assert [s.session_id for s in status.sessions] == [OPTIONS.session_id]

@@ -8,7 +8,8 @@ per session (file names: the SHA-256 of its id):
   (:meth:`cels.protocol.options.SessionOptions.digest`) and of the party's input
   (:func:`input_digest`; none on the solver), the node's draw root (its one secret: every key
   of the session derives from it, cels.crypto.streams.DrawKeys), whether it is seeded, the
-  phase the node reached, and when the session was made;
+  phase the node reached, when the session was made, and whether it can run again
+  (``replayable``: not with ``solve = "transformed"``, whose Paillier sums are not replayed);
 - ``ID.inbound``: every step message this node's role took, in the order it took them, with
   its sender (length-prefixed: :data:`HEADER`), which a re-run replays (cels.protocol.resume);
 - ``ID.hashes``: a party's universe hashes and union layers, which a re-run reads instead of
@@ -19,7 +20,9 @@ per session (file names: the SHA-256 of its id):
 Written when the role is made (StartSession) and at each phase; removed when the session ends
 with its output, or aborts for good (a refusal, a broken rule, a bad input); kept when it
 aborts because a node or the controller went away (cels.protocol.aborts.RESUMABLE), or when
-this node dies.  A re-run (``options.resume``) takes the kept draw root, so that this node makes
+this node dies.  A session that cannot run again keeps its record while it runs (its id is
+taken) and nothing else: it goes when the session ends, however it ends, or at the next
+start-up if the node died in it.  A re-run (``options.resume``) takes the kept draw root, so that this node makes
 every message again byte for byte (docs/crypto.md, Randomness), and replays what it took
 (:meth:`SessionStore.record`); it is refused if nothing is kept, or if the options or the input
 changed (and the record goes: the session is over for good).  Records older than
@@ -84,7 +87,7 @@ class SessionStore:
     def __init__(self, directory: Path | None, clock: Callable[[], float] = time.time) -> None:
         self.directory, self.clock = directory, clock
         self._lock = threading.Lock()
-        self._live: set[str] = set()  # the kept sessions running here
+        self._live: dict[str, bool] = {}  # the kept sessions running here -> whether they can run again (``replayable``)
 
     @classmethod
     def open(cls, directory: Path | None) -> SessionStore:
@@ -100,6 +103,9 @@ class SessionStore:
         for record in store.kept():
             if store.clock() - record["created_at"] > KEEP_DAYS * 86400:
                 log.info("state %s: session %s is older than %g days: its keys go", directory, record["session_id"], KEEP_DAYS)
+                store.forget(record["session_id"])
+            elif not record.get("replayable", True):  # its node died in it, and it cannot run again
+                log.info("state %s: session %s cannot run again (solve = transformed): its keys go", directory, record["session_id"])
                 store.forget(record["session_id"])
         return store
 
@@ -131,7 +137,7 @@ class SessionStore:
         if self.directory is None:
             return
         with self._lock:
-            self._live.discard(session_id)
+            self._live.pop(session_id, None)
             for suffix in SUFFIXES:
                 self._path(session_id, suffix).unlink(missing_ok=True)
 
@@ -142,17 +148,19 @@ class SessionStore:
         input (``digest``) are as they were (a Refusal otherwise, and the record goes)."""
         sid = options.session_id
         if not options.resume:
-            if self.directory is not None and self._read(sid) is not None:  # a new session under a kept id: no
-                raise Refusal("the session id is taken", f"session {sid}: its keys are kept for a re-run (cels run --resume)")
+            kept = self._read(sid) if self.directory is not None else None
+            if kept is not None:  # a new session under a kept id: no
+                why = "its keys are kept for a re-run (cels run --resume)" if kept.get("replayable", True) else "it runs here"
+                raise Refusal("the session id is taken", f"session {sid}: {why}")
             draws = fresh()
             if self.directory is not None:
                 record = {"session_id": sid, "options": options.digest(), "input": digest, "root": draws.root_bytes().hex(),
-                          "seeded": draws.seeded, "phase": str(Phase.READY), "created_at": self.clock()}  # fmt: skip
+                          "seeded": draws.seeded, "phase": str(Phase.READY), "created_at": self.clock(), "replayable": options.replayable}  # fmt: skip
                 atomic_write_json(self._path(sid, ".json"), record, file_mode=PRIVATE_FILE)
                 for suffix in SUFFIXES[1:]:  # a first run's: nothing of another session under its id
                     self._path(sid, suffix).unlink(missing_ok=True)
                 with self._lock:
-                    self._live.add(sid)
+                    self._live[sid] = options.replayable
             return draws
         if self.directory is None:
             raise Refusal("no state kept to resume the session", f"session {sid}: this node keeps no session state (no [node] state_dir)")
@@ -164,7 +172,7 @@ class SessionStore:
                 self.forget(sid)
                 raise Refusal(f"the session's {what} changed since its first run", f"session {sid}: the {what} digest is {now}, was {record[what]}: the session is over for good here")
         with self._lock:
-            self._live.add(sid)
+            self._live[sid] = True  # a re-run: replayable (SessionOptions refuses resume otherwise)
         log.info("state %s: session %s runs again with its kept keys, from where this node was (%s)", self.directory, sid, record["phase"])
         return DrawKeys(bytes.fromhex(record["root"]), seeded=record["seeded"])
 
@@ -192,7 +200,7 @@ class SessionStore:
         write, before the message's effects are sent: a re-run replays it, and its sender, told
         so by ResumeFrom, does not send it again)."""
         sid = envelope.session_id
-        if sid not in self._live:
+        if not self._live.get(sid):  # not kept, or never replayed
             return
         name, body = sender.encode(), envelope.SerializeToString(deterministic=True)
         with self._lock, open(self._path(sid, ".inbound"), "ab", buffering=0, opener=_private_opener) as fh:
@@ -224,16 +232,17 @@ class SessionStore:
 
     def phase(self, session_id: str, phase: str) -> None:
         """The phase this node reached in a kept session (``cels status`` shows it)."""
-        record = self._read(session_id) if self.directory is not None and session_id in self._live else None
+        record = self._read(session_id) if self.directory is not None and self._live.get(session_id) else None
         if record is not None:
             record["phase"] = phase
             atomic_write_json(self._path(session_id, ".json"), record, file_mode=PRIVATE_FILE)
 
     def ended(self, session_id: str, resumable: bool) -> None:
-        """The session ended here: kept for a re-run if ``resumable``, else forgotten."""
+        """The session ended here: kept for a re-run if ``resumable`` and it can run again
+        (``replayable``), else forgotten."""
         with self._lock:
-            self._live.discard(session_id)
-        if not resumable:
+            replayable = self._live.pop(session_id, False)
+        if not (resumable and replayable):
             self.forget(session_id)
 
 

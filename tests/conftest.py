@@ -78,9 +78,9 @@ def recorded_session(tmp_path_factory) -> RecordedSession:
 @pytest.fixture
 def rounds_on_the_user_shards(monkeypatch):
     """Every round of the private solve walked on a Ray party's user shards, as a log whose
-    rounds are larger than cels.engine.ray.work.NODE_WALK_NONZEROS would be (test logs are
+    rounds are larger than cels.engine.ray.runtime.NODE_WALK_NONZEROS would be (test logs are
     small: their rounds would be walked on the node)."""
-    monkeypatch.setattr("cels.engine.ray.work.NODE_WALK_NONZEROS", -1)
+    monkeypatch.setattr("cels.engine.ray.runtime.RayRuntime.node_walk_nonzeros", -1)
 
 
 @pytest.fixture

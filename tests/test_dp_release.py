@@ -94,7 +94,8 @@ def test_the_solver_opens_the_sum_of_counts_and_shares_and_releases_exactly_what
     roles = start_session(network, options)
     solver = roles[options.solver]
     totals = np.asarray(solver.dp.sum.result, dtype=np.int64)
-    counts = sum(np.asarray(roles[p].work.local.sum(axis=0)).ravel() for p in options.parties)
+    every = np.arange(len(totals))
+    counts = sum(np.asarray(roles[p].work.log.counts_over(every).sum(axis=0)).ravel() for p in options.parties)
     noise = totals - counts
     assert np.all(counts[solver.dp.kept] >= 1)  # a kept column is some party's pair, not a dummy (here)
     assert abs(noise.mean()) < 1.0 and 0 < noise.var()  # the noise is there, centred (scale Delta_0/eps = 0.5)

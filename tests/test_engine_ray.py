@@ -22,11 +22,12 @@ from cels.crypto.groups import group_for_bits  # noqa: E402
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, InProcessEngine, open_engine  # noqa: E402
-from cels.engine.ray.log_pieces import merge_pieces, read_batches, split_by_shard  # noqa: E402
-from cels.engine.ray.shards import LogShard  # noqa: E402
-from cels.engine.ray.work import CHUNK_IDS, RayWork  # noqa: E402
+from cels.engine.log_pieces import merge_pieces, read_batches, split_by_shard  # noqa: E402
+from cels.engine.shards import LogShard  # noqa: E402
+from cels.engine.ray.work import RayWork  # noqa: E402
+from cels.engine.work import CHUNK_IDS  # noqa: E402
 from cels.engine.ray.cluster import RayEngine  # noqa: E402
-from cels.engine.ray.shards import ShardPool, in_bundle  # noqa: E402
+from cels.engine.ray.actors import ShardPool, in_bundle  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import LoadOptions, LogFile, split_records_by_user, synthetic_log, write_records  # noqa: E402
 from cels.logs.model import SearchLog  # noqa: E402
@@ -36,7 +37,9 @@ from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.protocol.host import SessionHost  # noqa: E402
 from cels.protocol.options import SessionOptions  # noqa: E402
 from cels.protocol.party import PartyRole  # noqa: E402
-from cels.engine.inprocess import InProcessWork
+from cels.engine.inprocess import in_process_work
+from cels.engine.runtime import InProcessRuntime
+from cels.engine.work import ShardedWork
 from cels.engine.routines import PAIR_ORDER, ItemBound, encode_item, id_array, id_list, pair_digests
 from cels.session_report import session_report  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
@@ -55,12 +58,12 @@ def engine():
 INDEX_KEY = X25519Hash(bytes(range(32)))
 
 
-def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork, RayWork]:
+def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[ShardedWork, RayWork]:
     """The same log loaded and indexed in one process and on Ray: the index's columns are the
     ranks of the pairs' hashed ids, as the universe makes them (each work numbers its own
     pairs its own way)."""
     draws = DrawKeys.replay(1, "party-1")  # the same keys: the same draw order of the rows
-    works = InProcessWork(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
+    works = in_process_work(log, 4, draws), RayWork(log, 4, draws, shards, max_in_flight)
     for work in works:
         n = work.load().own_pairs
         ids = hashed(work, INDEX_KEY)
@@ -74,6 +77,11 @@ def loaded_pair(shards: int, log, max_in_flight: int = 2) -> tuple[InProcessWork
     return works
 
 
+def column_totals(work) -> np.ndarray:
+    """A work's counts c^k over the index :func:`loaded_pair` made (its own pairs alone)."""
+    return np.asarray(work.log.counts_over(np.arange(work.log.own_pairs)).sum(axis=0)).ravel()
+
+
 def hashed(work, cipher, size: int = 200) -> np.ndarray:
     """All of a work's own ids with ``cipher``'s layer, as its first hop sends them."""
     chunks = list(work.hashed_ids(cipher, size))
@@ -85,7 +93,7 @@ def hashed(work, cipher, size: int = 200) -> np.ndarray:
 def test_pair_work_on_tasks_is_the_in_process_work(engine, shards, monkeypatch) -> None:
     """Tasks of 100 ids, 2 in flight: the same ids, in the same order (the pairs' keyed digests),
     for both hops of the universe."""
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 100)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 100)
     local, remote = loaded_pair(shards, synthetic_log(seed=3, users=200, pairs=450))
     cipher = X25519Hash(bytes(range(1, 33)))
     first = hashed(local, cipher)
@@ -102,14 +110,14 @@ def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) 
     """A party layers one forwarded chunk at a time: on 2 CPUs a chunk of 16,384 ids is two tasks
     of 8192, on 128 CPUs (and a window of as many) sixteen of 1024; on a larger cluster the
     tasks are smaller and the ids the same, in order."""
-    from cels.engine.ray.work import layer_task_ids
+    from cels.engine.work import layer_task_ids
 
     assert [layer_task_ids(16384, p) for p in (1, 2, 4, 128, 1024)] == [8192, 8192, 4096, 1024, 1024]
     assert layer_task_ids(100, 2) == 1024  # a short chunk: one task
-    monkeypatch.setattr("cels.engine.ray.work.STREAM_IDS", 256)
-    monkeypatch.setattr("cels.engine.ray.work.MIN_TASK_IDS", 16)
+    monkeypatch.setattr("cels.engine.work.STREAM_IDS", 256)
+    monkeypatch.setattr("cels.engine.work.MIN_TASK_IDS", 16)
     log = synthetic_log(seed=3, users=200, pairs=450)
-    local = InProcessWork(log, 4, DrawKeys.replay(1, "party-1"))
+    local = in_process_work(log, 4, DrawKeys.replay(1, "party-1"))
     local.load()
     first = hashed(local, X25519Hash(bytes(range(1, 33))))
     remote = RayWork(log, 4, DrawKeys.replay(1, "party-1"), 2, 8, cpus=8)
@@ -123,7 +131,7 @@ def test_a_forwarded_chunk_is_split_over_the_cluster_cores(engine, monkeypatch) 
 def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkeypatch) -> None:
     """The Pohlig-Hellman universe cipher on tasks too: the exponent travels as raw bytes and
     the ids are those of the key in process (chunks of 40, 2 in flight)."""
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 40)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 40)
     local, remote = loaded_pair(2, synthetic_log(seed=3, users=40, pairs=60))
     group = group_for_bits(1024, allow_paper_bits=True)
     cipher = PohligHellmanHash(group)
@@ -137,7 +145,7 @@ def test_pohlig_hellman_pair_work_on_tasks_is_the_in_process_work(engine, monkey
 
 
 def test_a_bad_peer_id_is_a_cipher_error_naming_its_chunk(engine, monkeypatch) -> None:
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 4)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 4)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     ids = id_array([bytes([9]) * 32] * 9 + [bytes(32)], 32)  # u = 0: a point of small order
     with pytest.raises(CommutativeCipherError, match=r"ids from 8 on: x25519 element 1: "):
@@ -149,7 +157,7 @@ def test_sharded_verdicts_are_the_party_verdicts(engine, shards) -> None:
     """Tight b, many proposals per round and proposals that share users: the shards' passes
     give the in-process bitmap (a plain OR of the shards' own walks would not, see below)."""
     local, remote = loaded_pair(shards, synthetic_log(seed=5, users=120, pairs=80))
-    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
+    totals = column_totals(local) * 3  # a peer's counts: no pair is unique
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals)
     assert (remote.constraint_rows(active, totals) != rows).nnz == 0
@@ -174,7 +182,7 @@ def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(
     in-process bitmap and are counted apart in the session summary.  The user shards then
     serve the sampling, which drops their rows: a later round places them again."""
     local, remote = loaded_pair(2, synthetic_log(seed=5, users=120, pairs=80))
-    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3
+    totals = column_totals(local) * 3
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals).tocsc()
     remote.constraint_rows(active, totals)
@@ -184,7 +192,7 @@ def test_a_small_round_is_walked_on_the_node_and_a_large_one_on_the_user_shards(
     small, large = rng.permutation(rows.shape[1])[:20], rng.permutation(rows.shape[1])[:60]
     bound = int(np.diff(rows.indptr)[small].sum())
     assert int(np.diff(rows.indptr)[large].sum()) > bound
-    monkeypatch.setattr("cels.engine.ray.work.NODE_WALK_NONZEROS", bound)
+    monkeypatch.setattr("cels.engine.ray.runtime.RayRuntime.node_walk_nonzeros", bound)
     assert np.array_equal(remote.verdicts(rows, loads, small, b), verdicts(rows, loads, small, b))
     assert (remote.node_rounds, remote.verdict_rounds, remote._actors) == (1, 0, [])
     assert np.array_equal(remote.verdicts(rows, loads, large, b), verdicts(rows, loads, large, b))
@@ -216,11 +224,11 @@ def test_a_rejection_in_one_shard_keeps_its_load_off_the_others(engine) -> None:
     rows = local.constraint_rows(np.arange(len(pairs)), totals)
     assert (remote.constraint_rows(np.arange(len(pairs)), totals) != rows).nnz == 0 and rows.shape[0] == len(users)
     b = 1.0
-    is_b = np.array([local.log.users[j].startswith("B") for j in local.row_users])
-    assert [remote.log.user_names(remote.row_users)] == [[local.log.users[j] for j in local.row_users]]
+    is_b = np.array([name.startswith("B") for name in local.log.user_names(local.row_users)])
+    assert remote.log.user_names(remote.row_users) == local.log.user_names(local.row_users)
     loads = np.where(is_b, b - np.log(2) + 0.01, b - np.log(4 / 3) - 0.1)
-    column = {pair: col for col, pair in local.pair_of.items()}
-    proposals = np.array([column[i] for i in range(len(pairs))])  # the pairs in gadget order
+    column = {pair: col for col, pair in local.log.pair_names(np.arange(len(pairs))).items()}
+    proposals = np.array([column[pair] for pair in pairs])  # the pairs in gadget order
     expected = verdicts(rows.tocsc(), loads, proposals, b)
     assert expected.tolist() == [1, 0] * gadgets
     assert np.array_equal(remote.verdicts(rows.tocsc(), loads, proposals, b), expected)
@@ -282,9 +290,10 @@ def test_engine_options_are_checked(fields, message) -> None:
         EngineOptions(**fields)
 
 
-def test_the_local_engine_is_the_in_process_work() -> None:
+def test_the_local_engine_is_the_sharded_work_on_one_shard_in_process() -> None:
     assert isinstance(open_engine(EngineOptions()), InProcessEngine)
-    assert type(InProcessEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4, DrawKeys.fresh())) is InProcessWork
+    work = InProcessEngine().work(synthetic_log(seed=1, users=5, pairs=5), 4, DrawKeys.fresh())
+    assert type(work) is ShardedWork and isinstance(work.runtime, InProcessRuntime) and work.shards == 1
 
 
 def test_an_unreachable_cluster_refuses_the_node_naming_the_address(monkeypatch) -> None:
@@ -513,8 +522,8 @@ def test_the_warm_shards_serve_session_after_session_reset(engine, monkeypatch) 
         assert len(warm) == 2 * pool.shards == 4
         made = []
         counted = lambda *args: made.append(args) or in_bundle(*args)  # noqa: E731
-        monkeypatch.setattr("cels.engine.ray.shards.in_bundle", counted)  # the pool's actors
-        monkeypatch.setattr("cels.engine.ray.work.in_bundle", counted)  # a session's own
+        monkeypatch.setattr("cels.engine.ray.actors.in_bundle", counted)  # the pool's actors
+        monkeypatch.setattr("cels.engine.ray.runtime.in_bundle", counted)  # a session's own
         for session in range(2):
             assert released(seeded_release(log, config, node)) == local, session
             assert len(made) == 4 * (session + 1)  # the second party's; the first's were warm
@@ -582,7 +591,7 @@ def test_a_parquet_dataset_is_read_by_tasks_onto_the_log_shards_with_the_same_re
     """Reader tasks of at most 100 rows (2 in flight) read each party's row groups and hand
     every user's rows to its log shard: the seeded release is the one of the whole log read
     in process, and the log's source counts every row group once."""
-    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 100)
+    monkeypatch.setattr("cels.engine.sharded_log.READ_ROWS", 100)
     log = synthetic_log(seed=4, users=90)
     config = SessionOptions.create(2, epsilon=8.0, delta=0.9, round_batch=8, **TEST_KEYS)
     shares = parquet_shares(log, 2, tmp_path)
@@ -632,7 +641,7 @@ def test_a_bad_row_read_on_the_cluster_names_its_file_row_and_column(engine, tmp
     """A null user in the third row group: the reader task's LogError reaches the node as
     raised (the session's load fails naming the file, the row and its row group); lenient,
     the row is skipped and counted as in process."""
-    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 4)
+    monkeypatch.setattr("cels.engine.sharded_log.READ_ROWS", 4)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -654,7 +663,7 @@ def test_a_pair_over_the_count_limit_on_no_one_shard_names_the_pair(engine, tmp_
     placed three on each of two shards: no reader and no shard holds a total above 2^31 - 1,
     but the shard numbering the pair's key range adds its totals over the log, and the load
     fails naming the pair and its total (3 x 2^30), as in process."""
-    monkeypatch.setattr("cels.engine.ray.log_shards.READ_ROWS", 2)
+    monkeypatch.setattr("cels.engine.sharded_log.READ_ROWS", 2)
     import pyarrow as pa
     import pyarrow.parquet as pq
 

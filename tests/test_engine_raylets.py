@@ -35,7 +35,7 @@ from cels.logs import LoadOptions, load_log, synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
 from cels.node.cluster import LOOPBACK, free_port  # noqa: E402
 from cels.engine.routines import id_list
-from test_engine_ray import loaded_pair, pids_whose_argv, ray_processes  # noqa: E402
+from test_engine_ray import column_totals, loaded_pair, pids_whose_argv, ray_processes  # noqa: E402
 from test_private_solve import audit  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("rounds_on_the_user_shards")]
@@ -138,7 +138,7 @@ def work_nodes(job: str, this_job: bool = True, wait: float = 15.0) -> set[str]:
     while True:
         nodes = {a["Address"]["NodeID"] for a in ray_state.actors().values() if a["ActorClassName"] == "UserShard" and ours(a["JobID"])}
         nodes |= {e.state_updates.node_id.hex() for e in ray_state.state._get_all_task_events()
-                  if e.task_info.name == "_pair_chunk" and ours(e.job_id.hex()) and e.state_updates.node_id}  # fmt: skip
+                  if e.task_info.name == "pair_chunk" and ours(e.job_id.hex()) and e.state_updates.node_id}  # fmt: skip
         if len(nodes) > 1 or time.monotonic() > limit:
             return nodes
         time.sleep(0.5)
@@ -156,7 +156,7 @@ def same_as_in_process(local, remote) -> None:
     """RayWork's universe pair work and private-solve verdicts equal the in-process ones."""
     cipher = X25519Hash(bytes(range(32)))
     assert [id_list(c) for c in remote.hashed_ids(cipher, 64)] == [id_list(c) for c in local.hashed_ids(cipher, 64)]  # the same order
-    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3  # a peer's counts: no pair is unique
+    totals = column_totals(local) * 3  # a peer's counts: no pair is unique
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals).tocsc()
     assert (remote.constraint_rows(active, totals) != rows).nnz == 0
@@ -183,7 +183,7 @@ def test_a_party_on_two_raylets_releases_an_audited_log(two_raylets, tmp_path, m
 
     # RayWork joined to the cluster from this process, once with each node's CPU held: every
     # task and actor (1 CPU to be placed) must go to the other raylet; the in-process results
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 50)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 50)
     log = synthetic_log(seed=3, users=200, pairs=450)
     for held in sorted(node_ids):
         holder = CpuHolder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(held, soft=False)).remote()

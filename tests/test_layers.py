@@ -57,6 +57,21 @@ def test_layer_imports(package) -> None:
     assert not found, sorted(found)
 
 
+def test_ray_stays_in_the_ray_backend() -> None:
+    """The in-process engine is the one-shard case of the sharded work (cels.engine.work), which
+    is Ray-free: only cels/engine/ray/ imports Ray, and nothing outside it imports that package
+    but the engine registry's string (cels.engine.options.ENGINES) and the CLI's TLS command."""
+    allowed = {"cli/run.py"}  # cels ray-tls: cels.engine.ray.tls, imported when the command runs
+    found = {
+        f"{path.relative_to(CELS)} imports {name}"
+        for path in sorted(CELS.rglob("*.py"))
+        if not str(path.relative_to(CELS)).startswith("engine/ray/") and str(path.relative_to(CELS)) not in allowed
+        for name in imports(path)
+        if name == "ray" or name.startswith(("ray.", "cels.engine.ray"))
+    }
+    assert not found, sorted(found)
+
+
 def test_the_rule_catches_a_violation(tmp_path) -> None:
     bad = tmp_path / "m.py"
     bad.write_text("def f():\n    import time\n    from cels.node.service import Node\n")

@@ -201,9 +201,9 @@ def test_only_the_batches_with_a_bad_row_are_read_row_by_row(tmp_path, monkeypat
 
 def test_runs_of_row_groups_add_up_to_the_whole_log(tmp_path) -> None:
     """The Ray engine's reader tasks each read a run of row groups (of every file of a
-    dataset: cels.engine.ray.log_pieces.read_batches); their histograms merged are the whole log's,
+    dataset: cels.engine.log_pieces.read_batches); their histograms merged are the whole log's,
     whatever the run length."""
-    from cels.engine.ray.log_pieces import read_batches
+    from cels.engine.log_pieces import read_batches
 
     log = synthetic_log(users=80, pairs=40)
     lake = tmp_path / "lake"
@@ -228,7 +228,7 @@ def test_runs_of_row_groups_are_as_even_as_whole_groups_allow() -> None:
     """A 1M party's log (326,629 rows in groups of 65,536) in runs of at most 262,144 rows:
     two runs, 131,072 and 195,557 rows (cut at the first 262,144 they were 262,144 and 64,485);
     runs never pass the bound, and a log within it is one run."""
-    from cels.engine.ray.log_pieces import read_batches
+    from cels.engine.log_pieces import read_batches
 
     def groups(*sizes: int) -> list[RowGroup]:
         return [RowGroup("a.parquet", k, n, sum(sizes[:k])) for k, n in enumerate(sizes)]

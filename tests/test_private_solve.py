@@ -91,7 +91,7 @@ def test_the_protocol_reaches_the_greedy_of_the_split_rows() -> None:
     assert all(np.array_equal(roles[p].solved.x, x) for p in config.parties)
     for p in config.parties:  # each party's rows are its users' ln t rows against the public totals
         own = roles[p].counted
-        full = log_t_rows(roles[p].work.local[:, own.active], own.active_totals)
+        full = log_t_rows(roles[p].work.log.counts_over(own.active), own.active_totals)
         assert feasible_rows(full, x, config.b)
 
 

@@ -611,8 +611,7 @@ def test_a_universe_index_before_the_complete_set_left_is_refused_and_aborts(log
         if env.universe_hop.owner == "party-2" and not env.universe_hop.more and "code" not in seen:  # its own ids are all back
             role = node.host.role(cfg.session_id)
             role.stage.complete_sent = False  # as on a node whose link has not drained to the complete set
-            role.work.sorted_from = np.zeros(0, dtype=np.int64)
-            n = len(role.work.sent)
+            n = role.work.log.own_pairs
             forged = envelope(cfg.session_id, universe_index=cels_pb2.UniverseIndex(size=n, first=0, columns=list(range(n)), more=False))
             try:
                 node.host.deliver("party-1", forged, time.monotonic())  # the host's answer, as the node would send it

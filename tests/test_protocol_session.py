@@ -134,7 +134,7 @@ def test_paper_sampling_runs_the_local_trials(log) -> None:
     released = 0
     for name in ("party-1", "party-2", "party-3"):
         role, counted = roles[name], roles[name].counted
-        local_totals = np.asarray(role.work.local[:, counted.active].sum(axis=0)).ravel()
+        local_totals = np.asarray(role.work.log.counts_over(counted.active).sum(axis=0)).ravel()
         trials = paper_trials(local_totals, counted.active_totals, role.solved.x)
         np.testing.assert_array_equal(np.asarray(role.sampled.sampled.sum(axis=0)).ravel(), trials)
         np.testing.assert_array_equal(role.solved.x, lead.solved.x)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 from cels.logs import LoadOptions, load_log, write_log
 from cels.logs.model import SearchLog
@@ -170,11 +169,11 @@ def ground_truth(party_roles: Sequence) -> Truth:
     blocks, users, names = [], 0, {}
     for role in party_roles:
         work, counted = role.work, role.counted
-        local = sp.csr_matrix(work.local[:, counted.active])
+        local = work.log.counts_over(counted.active)
         kept = dominant_rows(log_t_rows(local, counted.active_totals))  # the party's own pruning
         blocks.append(local[kept].toarray()[:, perm])
         users += int(np.count_nonzero(np.diff(local.indptr)))
-        names.update({col: work.log.pairs[own] for col, own in work.pair_of.items()})
+        names.update(work.log.pair_names(counted.active))
     return Truth(
         cells=np.vstack(blocks),
         counts=first.active_totals[perm],

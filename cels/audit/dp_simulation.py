@@ -324,29 +324,30 @@ class ReplayedRelease:
     release: dict[Pair, int]
 
 
-def replay_session(logs: Sequence[SearchLog], options, seed: int, index_size: int, pair_of: Mapping[str, Mapping[int, int]]) -> ReplayedRelease:
+def replay_session(logs: Sequence[SearchLog], options, seed: int, index_size: int, pair_at: Mapping[str, Mapping[int, Pair]]) -> ReplayedRelease:
     """What this module's simulation computes for a session run with ``seed``
     (cels.inprocess.session_hosts) from the same draws: party k's bounded distinct-user counts
     (:func:`cels.mechanism.dp_release.distinct_users` with ``DrawKeys.replay(seed, party)``)
     on its columns, its replayed ``noise shares`` stream's shares over the ``index_size``
     columns (sized for h = r - t), :func:`combine` at tau = threshold(eps, delta, Delta_0, r/h).
-    ``pair_of[party]``: column -> pair index into ``logs[k].pairs`` (the session's column order,
-    which only the session knows: the solver's sorted hashed ids)."""
+    ``pair_at[party]``: column -> the pair (query, url) of ``logs[k]`` there (the session's column
+    order, which only the session knows: the solver's sorted hashed ids)."""
     from cels.mechanism.dp_release import distinct_users
 
     parties = list(options.parties)
     setup = DpSetup(options.epsilon, options.delta, options.max_items_per_user, tuple(parties), options.collusion, options.padding_epsilon)
     counts = np.zeros((len(parties), 1, index_size), dtype=np.int64)
     shares = np.zeros_like(counts)
-    pair_at: dict[int, Pair] = {}
+    named: dict[int, Pair] = {}
     for k, (party, log) in enumerate(zip(parties, logs)):
         keys = DrawKeys.replay(seed, party)
         n = distinct_users(log, options.max_items_per_user, keys)
-        for column, i in pair_of[party].items():
-            counts[k, 0, column] = n[i]
-            pair_at.setdefault(int(column), as_pair(log.pairs[i]))
+        index = {as_pair(pair): i for i, pair in enumerate(log.pairs)}
+        for column, pair in pair_at[party].items():
+            counts[k, 0, column] = n[index[as_pair(pair)]]
+            named.setdefault(int(column), as_pair(pair))
         shares[k, 0] = noise_shares(index_size, setup.scale, setup.h, CipherRandom(generator=keys.stream(NOISE_SHARES)))
     tau = setup.tau
     noisy, kept = combine(counts, shares, tau)
-    release = {pair_at[c]: int(noisy[0, c]) for c in np.flatnonzero(kept[0]).tolist()}
+    release = {named[c]: int(noisy[0, c]) for c in np.flatnonzero(kept[0]).tolist()}
     return ReplayedRelease(counts[:, 0], shares[:, 0], noisy[0], kept[0], tau, release)

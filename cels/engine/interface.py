@@ -4,7 +4,9 @@ party node asks of the engine its ``[engine]`` table names (:class:`Engine`), an
 :func:`open_engine`, which starts the kind named in the registry
 (cels.engine.options.ENGINES).  The backends: :mod:`cels.engine.inprocess` (``kind =
 "local"``) and :mod:`cels.engine.ray` (``kind = "ray"``, the ray extra, imported only when
-asked for); both compute with the Ray-free routines of :mod:`cels.engine.routines`.
+asked for).  Both run the same Ray-free work (:class:`cels.engine.work.ShardedWork` over
+:mod:`cels.engine.sharded_log`), each on its own :class:`cels.engine.runtime.Runtime`: the
+in-process engine is its one-shard case.
 
 The phase machines never hold a party's users: they ask a :class:`PartyWork` for everything
 that runs over its rows -- hashing its pair ids, another layer of the commutative hash on a
@@ -46,6 +48,19 @@ class WorkFailure(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+WORKER_LOST = "engine worker lost"
+"""What the peers are told when the engine loses a worker for good (no digit: docs/security.md)."""
+
+
+class WorkerLost(WorkFailure):
+    """The engine lost a shard or a task's worker (a Ray actor or worker died): "engine worker
+    lost" to the peers; ``actor_id`` names the lost shard's actor where the backend knows it."""
+
+    def __init__(self, detail: str, actor_id: str | None = None) -> None:
+        super().__init__(WORKER_LOST, detail)
+        self.actor_id = actor_id
 
 
 class EngineUnavailable(ValueError):

@@ -160,7 +160,7 @@ def load(fmt: LogFormat, path: str | os.PathLike[str], options: LoadOptions) -> 
 class LogFile:
     """A party's log where it lives (a file, or a Parquet dataset) and how to read it; calling
     it loads the whole log (:func:`load_log`).  An engine may read it in pieces instead
-    (cels.engine.ray.log_shards: a Parquet dataset's row groups on the party's cluster).
+    (cels.engine.sharded_log: a Parquet dataset's row groups on the party's cluster).
     ``snapshot``: where a node keeps the loaded log for a session's re-run
     (cels.logs.snapshot): read from there if it is there, else written there once loaded."""
 

@@ -47,7 +47,7 @@ class LogError(ValueError):
         self.row_group = row_group
 
     def __reduce__(self):
-        """Pickled as its parts (a reader task's error crosses to the node: cels.engine.ray.log_shards)."""
+        """Pickled as its parts (a reader task's error crosses to the node: cels.engine.sharded_log)."""
         return type(self), (self.path, self.line, self.field, self.reason, self.row_group)
 
 

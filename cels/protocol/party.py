@@ -37,7 +37,7 @@ from cels.protocol.stages.sums import PaillierSetup
 from cels.protocol.stages.union import output_log
 from cels.protocol.stages.universe import commutative_hash
 from cels.protocol.wire import cels_pb2
-from cels.engine.inprocess import InProcessWork
+from cels.engine.inprocess import in_process_work
 from cels.engine.interface import PartyWork
 from cels.engine.routines import ItemBound
 
@@ -75,7 +75,7 @@ class PartyRole(SessionRole):
         self.seat = Seat(name, options, allow_insecure_key_bits)
         self.draws = draws if draws is not None else DrawKeys.fresh()
         bound = ItemBound.of(options)
-        self.work: PartyWork = work if work is not None else InProcessWork(log, options.cap, self.draws, bound)
+        self.work: PartyWork = work if work is not None else in_process_work(log, options.cap, self.draws, bound)
         self.dummies = bound.dummies(self.draws) if bound is not None else []  # the DP release's padding of its id set
         self._hash = commutative_hash(options, self.draws, allow_paper_bits=allow_insecure_key_bits)
         self.keeping = keeping  # the node keeps its keys' results for a re-run (cels.node.hash_cache)

@@ -32,7 +32,9 @@ from ray._private import state as ray_state  # noqa: E402  (the GCS's actor tabl
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, open_engine  # noqa: E402
-from cels.engine.ray.work import SHARD_RESTARTS, WORKER_LOST, RayWork  # noqa: E402
+from cels.engine.ray.work import RayWork  # noqa: E402
+from cels.engine.work import SHARD_RESTARTS  # noqa: E402
+from cels.engine.interface import WORKER_LOST  # noqa: E402
 from cels.inprocess import InMemoryNetwork, MemoryNode, session_hosts, start_session  # noqa: E402
 from cels.logs import synthetic_log  # noqa: E402
 from cels.mechanism.greedy import verdicts  # noqa: E402
@@ -48,7 +50,7 @@ from cels.protocol.wire.codec import phase_from_wire  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from cels.engine.routines import id_array, id_list
 from fault_harness import CONTROLLER, PARTIES, FaultCluster, session_members  # noqa: E402
-from test_engine_ray import loaded_pair  # noqa: E402
+from test_engine_ray import column_totals, loaded_pair  # noqa: E402
 from test_engine_raylets import RAY_CLI, cluster_processes, descendants, end_processes, ray_cli, zombie  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -122,30 +124,30 @@ def peer_ids(n: int) -> np.ndarray:
 def test_a_pair_task_whose_worker_dies_runs_again_with_the_same_ids(engine, monkeypatch) -> None:
     """Three tasks of 6,000 ids (a good fraction of a second each); the worker running one is
     SIGKILLed mid-task; the task runs again and the ids are the in-process ones, in order."""
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 6000)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 6000)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
     cipher, ids = X25519Hash(bytes(range(32))), peer_ids(18000)
     expected = id_array(cipher.apply(id_list(ids)), 32)
-    killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
+    killer = Killer(lambda pid, name: name == b"ray::pair_chunk")
     killer.start()
     try:
         assert remote.apply_layer(cipher, ids).tobytes() == expected.tobytes()
     finally:
         killer.stop()
-    assert killer.killed is not None, "no worker was seen running _pair_chunk"
+    assert killer.killed is not None, "no worker was seen running pair_chunk"
     assert not alive(killer.killed)
 
 
 def test_a_pair_task_out_of_retries_is_engine_worker_lost(engine, monkeypatch) -> None:
     """With no retry left, a killed task's worker ends the work with the session's abort
     reason, not a Ray error (the detail names the chunk)."""
-    monkeypatch.setattr("cels.engine.ray.work.CHUNK_IDS", 6000)
-    monkeypatch.setattr("cels.engine.ray.work.TASK_RETRIES", 0)
+    monkeypatch.setattr("cels.engine.work.CHUNK_IDS", 6000)
+    monkeypatch.setattr("cels.engine.ray.runtime.TASK_RETRIES", 0)
     _, remote = loaded_pair(2, synthetic_log(seed=3, users=20, pairs=30))
-    killer = Killer(lambda pid, name: name == b"ray::_pair_chunk")
+    killer = Killer(lambda pid, name: name == b"ray::pair_chunk")
     killer.start()
     try:
-        with pytest.raises(WorkFailure, match=r"the pair-work task on the ids from \d+ on is lost after 0 retries") as failed:
+        with pytest.raises(WorkFailure, match=r"the pair-work task on the ids from \d+ on is lost: a task is lost after 0 retries") as failed:
             remote.apply_layer(X25519Hash(bytes(range(32))), peer_ids(12000))
     finally:
         killer.stop()
@@ -174,7 +176,7 @@ def actor_pids(actors: list) -> list[int]:
 
 def a_round(local, remote, seed: int):
     """One round's rows, starting loads, 60 proposals and b (tight: some proposals rejected)."""
-    totals = np.asarray(local.local.sum(axis=0)).ravel() * 3
+    totals = column_totals(local) * 3
     active = np.flatnonzero(totals)
     rows = local.constraint_rows(active, totals).tocsc()
     remote.constraint_rows(active, totals)
@@ -238,7 +240,7 @@ def test_a_lost_sampling_shard_is_recreated_and_replayed_to_the_same_draws(engin
     re-created, replays the stages so far and the pending proposal, and the sampled x_ij are
     the in-process ones (same draw keys)."""
     local, remote = loaded_pair(2, synthetic_log(seed=5, users=300, pairs=200))
-    totals = np.asarray(local.local.sum(axis=0)).ravel()
+    totals = column_totals(local)
     active = np.flatnonzero(totals)
     x = np.minimum(totals[active], 3)
     samplers = local.sampler(active, totals[active], x, 0.7), remote.sampler(active, totals[active], x, 0.7)
@@ -262,7 +264,7 @@ def test_a_lost_log_shard_is_engine_worker_lost(engine) -> None:
     remote = RayWork(synthetic_log(seed=5, users=60, pairs=40), 4, DrawKeys.fresh(), 2, 2)
     remote.load()
     sigkill(actor_pids(remote.log.actors)[1])
-    with pytest.raises(WorkFailure, match="a log shard or reader task is lost") as failed:
+    with pytest.raises(WorkFailure, match="a shard actor is lost") as failed:
         list(remote.hashed_ids(X25519Hash(bytes(range(32))), 64))
     assert failed.value.reason == WORKER_LOST  # the protocol ends the session with it as a local failure (cels.protocol.rolebase)
     remote.release()

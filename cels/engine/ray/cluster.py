@@ -23,7 +23,7 @@ from cels.logs.model import SearchLog
 from cels.logs.parquet import pyarrow_modules
 from cels.logs.readers import LogFile
 from cels.engine.routines import ItemBound
-from cels.engine.ray.shards import ShardPool
+from cels.engine.ray.actors import ShardPool
 from cels.engine.ray.work import RayWork
 
 CONNECT_SECONDS = 5.0

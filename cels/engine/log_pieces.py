@@ -1,6 +1,6 @@
-"""A party's log in pieces, one per user shard (cels.engine.ray.log_shards): a piece's pairs as
+"""A party's log in pieces, one per log shard (cels.engine.sharded_log): a piece's pairs as
 their encoded ids (:class:`EncodedPairs`), the split by draw bucket, the merge, and the reader
-tasks over a Parquet dataset's row groups (docs/ray.md, "A party on a Ray cluster")."""
+task over a Parquet dataset's row groups (docs/ray.md, "A party on a Ray cluster").  Ray-free."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import ray
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
@@ -66,10 +65,10 @@ class EncodedPairs:
         """The encoded ids of ``pairs``, one bytes each (what the pair-work tasks hash)."""
         return [bytes(item) for item in self._slices(*self._bounds(pairs))]
 
-    def pair(self, t: int) -> Pair:
-        """Pair t as (query, url), decoded from its id (the encoding is JSON)."""
-        query, url = json.loads(bytes(self._slices(*self._bounds(np.array([t])))[0]))
-        return query, url
+    def pair(self, t: int) -> Pair | tuple[str, ...]:
+        """Pair t as (query, url) -- or, for a DP release of other item kinds, the item's
+        fields (cels.mechanism.item_kinds) -- decoded from its id (the encoding is JSON)."""
+        return tuple(json.loads(bytes(self._slices(*self._bounds(np.array([t])))[0])))
 
 
 @dataclass
@@ -150,7 +149,6 @@ def merge_sources(source: dict, read: Sequence[dict]) -> dict:
     return merged
 
 
-@ray.remote
 def read_row_groups(path: str, options: LoadOptions, groups: list[RowGroup], root: bytes, seeded: bool, shards: int) -> tuple:
     """One reader task: the histogram of ``groups`` (every row checked: docs/formats.md), split
     by shard; returns the ``shards`` pieces, then the reader's ``source``."""

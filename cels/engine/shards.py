@@ -1,23 +1,21 @@
-"""A session's shards on the party's Ray cluster: their placement, the two shard actors (the
-log shard, which holds its users' rows, and the user shard, which walks the private solve and
-samples), and the node's warm pool of them (cels.engine.ray; docs/ray.md,
-"Warm shards")."""
+"""A party's shards (docs/ray.md, "A party on a Ray cluster"): the log shard, which holds its
+users' rows, and the user shard, which walks the private solve and samples.  Plain objects:
+the in-process engine holds one of each in the node (cels.engine.runtime.InProcessRuntime),
+the Ray engine one of each per shard on an actor (cels.engine.ray.runtime).  Ray-free."""
 
 from __future__ import annotations
 
-import threading
+import gc
+import os
+import resource
+import socket
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import scipy.sparse as sp
 
 from cels.crypto.streams import DrawKeys
-from cels.engine.ray.common import ShardState
-from cels.engine.ray.log_pieces import EncodedPairs, LogPiece, merge_pieces
+from cels.engine.log_pieces import EncodedPairs, LogPiece, merge_pieces
 from cels.logs.records import MAX_COUNT
 from cels.mechanism.greedy import greedy_walk
 from cels.mechanism.item_kinds import ItemKinds
@@ -26,51 +24,47 @@ from cels.engine.user_draws import BucketDraws, draw_order, user_digests
 from cels.engine.variable_index import PART_CALLS, IndexPart
 from cels.engine.routines import PAIR_DIGEST_BYTES, bounded_rows, column_type, smallest
 
-SHARD_MEMORY = 1 << 20
-"""The logical memory (Ray's ``memory`` resource) a shard actor asks for, and no CPU: enough for
-Ray to place it in its bundle.  A sliver of CPU instead would leave a node one core short for
-the whole-core pair-work and reader tasks (on a 2-CPU node, one task at a time)."""
-SHARD_ACTORS = 2
-"""Actors in a shard's bundle: its log shard and its user shard (private solve and sampling)."""
-PLACE_SECONDS = 60.0
-"""How long a session waits for its shards' placement group before it gives up."""
-READY_SECONDS = 10.0
-"""How long a session waits for a warm shard actor's reset (:meth:`ShardPool.borrow`) before it
-takes the actor for lost and starts another in its place."""
-STRICT_SECONDS = 2.0
-"""How long a session waits for its shards on as many nodes before it takes best-effort spreading."""
+
+def worker_peak_rss() -> tuple[str, int]:
+    """This worker process (host:pid) and its peak resident memory in bytes: Linux's ``VmHWM``
+    (which :meth:`ShardState.reset` clears for a warm shard's next session), else ``ru_maxrss``
+    (KiB on Linux, the process's whole life)."""
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return where, int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return where, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+class ShardState:
+    """What every shard kind shares: the arrays it set aside for the node, its process's peak
+    RSS, and :meth:`reset`, which a Ray node's warm pool (cels.engine.ray.placement.ShardPool)
+    calls when a session hands the actor back, so the next session finds it as new
+    (``__init__`` again, no argument)."""
 
+    def slice(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Entries lo..hi of the array this actor set aside for the node as ``name``
+        (``self.handed``; cels.engine.runtime.fetch)."""
+        return self.handed[name][lo:hi]
 
-def spread_group(bundles: int) -> PlacementGroup | None:
-    """A placement group of ``bundles`` shard bundles, spread: STRICT_SPREAD (every bundle on
-    another node) if the cluster places it within :data:`STRICT_SECONDS` -- it needs that many
-    nodes -- else SPREAD, which is best effort (it was seen to put
-    two bundles on one of two idle nodes); None if not even that is placed in
-    :data:`PLACE_SECONDS`."""
-    nodes = sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
-    tries = [("STRICT_SPREAD", STRICT_SECONDS)] if bundles <= nodes else []
-    for strategy, wait in [*tries, ("SPREAD", PLACE_SECONDS)]:
-        group = placement_group([{"memory": SHARD_ACTORS * SHARD_MEMORY}] * bundles, strategy=strategy)
+    def peak_rss(self) -> tuple[str, int]:
+        """This actor's process and its peak RSS since it started or was last reset (bytes)."""
+        return worker_peak_rss()
+
+    def reset(self) -> None:
+        """Drop the session's state (the rows, counts or draws it held) and clear the peak RSS
+        (``/proc/self/clear_refs``: 5 resets VmHWM; a kernel that refuses keeps the old peak)."""
+        self.__init__()
+        gc.collect()
         try:
-            ray.get(group.ready(), timeout=wait)
-            return group
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
-    return None
-
-
-def in_bundle(kind, group: PlacementGroup, shard: int):
-    """A new, empty actor of ``kind`` in bundle ``shard`` of ``group``: no CPU, :data:`SHARD_MEMORY`."""
-    where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=shard)
-    return kind.options(num_cpus=0, memory=SHARD_MEMORY, scheduling_strategy=where).remote()
-
-
-def _remove_group(group) -> None:
-    """Remove a session's placement group (nothing to do once Ray is down)."""
-    if ray.is_initialized():
-        remove_placement_group(group)
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+                refs.write("5")
+        except OSError:
+            pass
 
 
 def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], touched: list[np.ndarray]) -> bool:
@@ -81,7 +75,6 @@ def settled(walked: np.ndarray, veto: np.ndarray, rejected: list[np.ndarray], to
     return not any(np.any(changed & hit & ~own) for own, hit in zip(rejected, touched))
 
 
-@ray.remote
 class UserShard(ShardState):
     """The users whose HMAC falls on this shard after the load: for the private solve, their
     constraint rows and one round's starting loads and proposals
@@ -160,7 +153,6 @@ class RangePart:
     totals: np.ndarray
 
 
-@ray.remote
 class LogShard(ShardState):
     """One shard's users and their rows c_ij (capped), in draw order, over the pairs they hold;
     from the universe on, over the index's columns (the counts c^k restricted to its users)."""
@@ -249,23 +241,23 @@ class LogShard(ShardState):
         self.hashes = np.concatenate([np.zeros(0, dtype=bool), *(hashes for _, hashes in answers)])
         self.handed = {}
 
-    def pair_id_chunks(self, size: int, own_pairs: int) -> list:
+    def pair_id_chunks(self, size: int, own_pairs: int) -> list[tuple[np.ndarray, list[bytes]]]:
         """For each chunk of ``size`` of the party's ``own_pairs`` (its own numbering), the
-        pairs in it this shard hashes: their positions in the chunk and their encoded ids, as
-        one object reference (the pair-work tasks read them from the object store)."""
+        pairs in it this shard hashes: their positions in the chunk and their encoded ids (a
+        pair-work task's part: cels.engine.work.pair_chunk)."""
         hashed = np.flatnonzero(self.hashes)
         own = self.own_of_pair[hashed]
         order = np.argsort(own, kind="stable")
         hashed, own = hashed[order], own[order]
         bounds = np.searchsorted(own, np.arange(0, own_pairs + size, size)).tolist()
         return [
-            ray.put(((own[lo:hi] - first).astype(np.int32), self.pairs.items(hashed[lo:hi])))
+            ((own[lo:hi] - first).astype(np.int32), self.pairs.items(hashed[lo:hi]))
             for first, lo, hi in zip(range(0, own_pairs, size), bounds, bounds[1:])
         ]  # fmt: skip
 
     def keep_keys(self, own: np.ndarray, keys: np.ndarray) -> None:
         """Returned union keys of its key range (cels.engine.variable_index.part_of), each
-        with the own pair it is of (a slice: :func:`in_slices`)."""
+        with the own pair it is of (a slice: cels.engine.runtime.in_slices)."""
         self.kept.append((own, keys))
 
     def sort_keys(self, key_type: np.dtype) -> int:
@@ -345,82 +337,6 @@ class LogShard(ShardState):
         if method not in PART_CALLS:
             raise ValueError(f"not a union part's call: {method!r}")
         answer = getattr(self.union_part, method)(*args)
-        if method == "columns":  # positions in this part, int32 below 2^31: a chunk's answer fits in the call's reply (workers.SLICE_BYTES)
+        if method == "columns":  # positions in this part, int32 below 2^31: a chunk's answer fits in the call's reply (cels.engine.ray.runtime.SLICE_BYTES)
             return answer.astype(column_type(int(answer.max(initial=0)) + 1))
         return answer
-
-
-class ShardPool:
-    """A node's warm shard actors (docs/ray.md, "Warm shards"): one of each kind -- log
-    shard and user shard -- per shard, started with the node in a placement group
-    of its own (spread as a session's would be), so that a session starts no actor process:
-    each costs about 1 s of CPU to start and import numpy, scipy and pyarrow (measured:
-    docs/ray.md).  A session borrows the idle ones (:meth:`borrow`) and hands them back
-    when it ends (:meth:`give_back`): each is reset (:meth:`cels.engine.ray.common.ShardState.reset`)
-    before the next session gets it.  One that another session holds is not waited for: the
-    session makes its own, in its own group, as a node without a pool does."""
-
-    KINDS = (LogShard, UserShard)
-
-    def __init__(self, shards: int, group: PlacementGroup) -> None:
-        self.shards, self.group = shards, group
-        self._lock = threading.Lock()
-        self._idle: dict[tuple[Any, int], tuple[Any, Any]] = {}  # (kind, shard) -> its actor and when it is ready
-
-    @classmethod
-    def start(cls, shards: int) -> ShardPool | None:
-        """Every kind's actor on every shard, started and answering; None (no pool: every
-        session makes its own) if the cluster cannot place the group."""
-        group = spread_group(shards)
-        if group is None:
-            return None
-        pool = cls(shards, group)
-        for kind in cls.KINDS:
-            for shard in range(shards):
-                actor = in_bundle(kind, group, shard)
-                pool._idle[(kind, shard)] = actor, actor.peak_rss.remote()
-        ray.get([ready for _, ready in pool._idle.values()])
-        return pool
-
-    def borrow(self, kind, shard: int):
-        """The idle actor of ``kind`` on ``shard``, reset; None if a session holds it.  One that
-        died idle is replaced (its place in the bundle is free)."""
-        with self._lock:
-            slot = self._idle.pop((kind, shard), None)
-        if slot is None:
-            return None
-        actor, ready = slot
-        try:
-            ray.get(ready, timeout=READY_SECONDS)
-        except ray.exceptions.RayError:
-            ray.kill(actor)
-            actor = in_bundle(kind, self.group, shard)
-        return actor
-
-    def give_back(self, kind, shard: int, actor) -> None:
-        """A session is done with ``actor``: it is reset and waits for the next one (does not
-        block: a dead one is found, and replaced, when it is next borrowed).  One this process's
-        cluster no longer knows (the process joined another since: Ray refuses the call with a
-        bare Exception) is dropped: the next session starts a fresh one."""
-        if not ray.is_initialized():
-            return
-        try:
-            ready = actor.reset.remote()
-        except Exception:  # noqa: BLE001 - Ray's "Can't find actor" when the actor's cluster is gone
-            return
-        with self._lock:
-            self._idle[(kind, shard)] = actor, ready
-
-    def close(self) -> None:
-        """The node stops: its idle actors and their group go."""
-        with self._lock:
-            idle, self._idle = list(self._idle.values()), {}
-        for actor, _ in idle:
-            ray.kill(actor)
-        _remove_group(self.group)
-
-
-def _give_back(pool: ShardPool, borrowed: list) -> None:
-    """A session's borrowed warm actors back to ``pool`` (at its release, or when its work is dropped)."""
-    while borrowed:
-        pool.give_back(*borrowed.pop())

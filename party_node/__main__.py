@@ -9,30 +9,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from cels.node.process import node_main
+from cels.node.process import node_main, node_parser
 
 
 def build_parser():
     """The flags of ``cels-party`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
-    import argparse
-
-    from cels import __version__
-
-    from cels.cli.options import add_seed_argument
     from cels.engine.options import add_engine_arguments
-    from cels.node.config import add_data_arguments, add_node_arguments
+    from cels.node.config import add_data_arguments
     from cels.node.ledger import add_ledger_arguments
     from cels.node.policy import add_policy_arguments
 
-    parser = argparse.ArgumentParser(prog="cels-party", description="Serve a CELS party node (P_k) over gRPC with mutual TLS.")
-    parser.add_argument("--version", action="version", version=f"cels-party {__version__}")
-    add_node_arguments(parser)
-    add_data_arguments(parser)
-    add_ledger_arguments(parser)
-    add_engine_arguments(parser)
-    add_policy_arguments(parser)
-    add_seed_argument(parser)
-    return parser
+    tables = (add_data_arguments, add_ledger_arguments, add_engine_arguments, add_policy_arguments)
+    return node_parser("cels-party", "Serve a CELS party node (P_k) over gRPC with mutual TLS.", *tables)
 
 
 def start(argv: Sequence[str] | None):

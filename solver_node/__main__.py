@@ -9,22 +9,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from cels.node.process import node_main
+from cels.node.process import node_main, node_parser
 
 
 def build_parser():
-    """The flags of ``cels-solver`` (imported here: a Ctrl-C while loading is a start-up interrupt)."""
-    import argparse
-
-    from cels import __version__
-
-    from cels.cli.options import add_seed_argument
-    from cels.node.config import add_node_arguments
-
-    parser = argparse.ArgumentParser(prog="cels-solver", description="Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
-    parser.add_argument("--version", action="version", version=f"cels-solver {__version__}")
-    add_node_arguments(parser)
-    add_seed_argument(parser)
+    """The flags of ``cels-solver``."""
+    parser = node_parser("cels-solver", "Serve the CELS solver node (P_0) over gRPC with mutual TLS.")
     parser.add_argument(
         "--time-limit",
         "--solver-time-limit",

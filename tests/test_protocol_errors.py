@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-import numpy as np
 
 import secrets
 

@@ -36,7 +36,20 @@ class EncodedPairs:
         return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), ends)
 
     @classmethod
+    def encode(cls, pairs: Sequence[Pair], key: bytes) -> tuple[EncodedPairs, np.ndarray]:
+        """``pairs`` encoded and packed, with their keyed digests (cels.engine.routines.pair_digests
+        under ``key``), :data:`GATHER_PAIRS` at a time: no Python bytes object per pair outlives its run."""
+        parts, digests = [], []
+        for lo in range(0, len(pairs), GATHER_PAIRS):
+            encoded = [encode_item(*pair) for pair in pairs[lo : lo + GATHER_PAIRS]]
+            parts.append(cls.pack(encoded))
+            digests.append(pair_digests(key, encoded))
+        return cls.concat(parts), np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *digests])
+
+    @classmethod
     def concat(cls, parts: Sequence[EncodedPairs]) -> EncodedPairs:
+        if len(parts) == 1:
+            return parts[0]
         shift = np.cumsum([0, *(len(p.data) for p in parts)])
         ends = [p.ends + at for p, at in zip(parts, shift)]
         return cls(np.concatenate([np.zeros(0, np.uint8), *(p.data for p in parts)]), np.concatenate([np.zeros(0, np.int64), *ends]))
@@ -83,17 +96,19 @@ class LogPiece:
 
 
 def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiece]:
-    """``log``'s users by shard (draw bucket mod ``shards``), each piece over its own pairs only."""
-    encoded = [encode_item(*pair) for pair in log.pairs]
-    digests = pair_digests(draws.secret(PAIR_ORDER), encoded)
-    shard = buckets_of(user_digests(draws, log.users)) % shards
+    """``log``'s users by shard (draw bucket mod ``shards``: one shard holds them all), each
+    piece over its own pairs only, in digest order (as :func:`merge_pieces` orders them, so
+    that the merge of a single piece copies nothing)."""
+    encoded, digests = EncodedPairs.encode(log.pairs, draws.secret(PAIR_ORDER))
+    shard = buckets_of(user_digests(draws, log.users)) % shards if shards > 1 else np.zeros(log.n_users, dtype=np.int64)
     pieces = []
     for s in range(shards):
         rows = np.flatnonzero(shard == s)
-        counts = log.counts[rows].tocsr()
+        counts = log.counts[rows].tocsr() if shards > 1 else log.counts
         held = np.unique(counts.indices)
-        pairs = EncodedPairs.pack([encoded[i] for i in held.tolist()])
-        pieces.append(LogPiece([log.users[j] for j in rows], counts[:, held].tocsr(), pairs, digests[held]))
+        held = held[np.argsort(digests[held])]
+        users = [log.users[j] for j in rows] if shards > 1 else list(log.users)
+        pieces.append(LogPiece(users, counts[:, held].tocsr(), encoded.take(held), digests[held]))
     return pieces
 
 
@@ -114,7 +129,9 @@ def merge_pieces(pieces: Sequence[LogPiece]) -> LogPiece:
         offset += len(piece.digests)
     counts = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(len(user_index), len(held)), dtype=np.int64)
     counts.sum_duplicates()
-    return LogPiece(list(user_index), counts, EncodedPairs.concat([p.pairs for p in pieces]).take(first), held)
+    pairs = EncodedPairs.concat([p.pairs for p in pieces])
+    in_order = len(first) == len(pairs) and np.array_equal(first, np.arange(len(first)))  # one piece, as split_by_shard made it
+    return LogPiece(list(user_index), counts, pairs if in_order else pairs.take(first), held)
 
 
 def read_batches(row_groups: Sequence[RowGroup], rows: int) -> list[list[RowGroup]]:

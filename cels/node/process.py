@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
+
     from cels.node.service import Node
 
 log = logging.getLogger("cels.node")
@@ -47,6 +49,25 @@ def fix_malloc_thresholds() -> None:
     for name, (parameter, value) in MALLOC_THRESHOLDS.items():
         if name not in os.environ and mallopt(parameter, value) == 1:  # mallopt returns 1 on success
             os.environ[name] = str(value)
+
+
+def node_parser(prog: str, description: str, *tables: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """A node command's flags: ``--version``, the ``[node]`` table's, each of ``tables``' (its
+    ``add_*_arguments``), then ``--seed``; imported when called (a Ctrl-C while loading is a
+    start-up interrupt)."""
+    import argparse
+
+    from cels import __version__
+    from cels.cli.options import add_seed_argument
+    from cels.node.config import add_node_arguments
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"{prog} {__version__}")
+    add_node_arguments(parser)
+    for add_arguments in tables:
+        add_arguments(parser)
+    add_seed_argument(parser)
+    return parser
 
 
 def node_main(prog: str, start: Callable[[], Node]) -> int:

@@ -31,7 +31,6 @@ from ray._private import state as ray_state  # noqa: E402  (the GCS's actor tabl
 
 from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
-from cels.engine import EngineOptions, open_engine  # noqa: E402
 from cels.engine.ray.work import RayWork  # noqa: E402
 from cels.engine.work import SHARD_RESTARTS  # noqa: E402
 from cels.engine.interface import WORKER_LOST  # noqa: E402
@@ -50,7 +49,7 @@ from cels.protocol.wire.codec import phase_from_wire  # noqa: E402
 from cels.session_report import session_report  # noqa: E402
 from cels.engine.routines import id_array, id_list
 from fault_harness import CONTROLLER, PARTIES, FaultCluster, session_members  # noqa: E402
-from test_engine_ray import column_totals, loaded_pair  # noqa: E402
+from test_engine_ray import column_totals, engine, loaded_pair  # noqa: E402,F401 (engine: the module's Ray instance, a fixture)
 from test_engine_raylets import RAY_CLI, cluster_processes, descendants, end_processes, ray_cli, zombie  # noqa: E402
 from test_private_solve import TEST_KEYS, audit  # noqa: E402
 
@@ -58,14 +57,6 @@ GONE_SECONDS = 15.0
 """How long a killed process (and what it leaves) may take to be gone."""
 
 pytestmark = pytest.mark.usefixtures("rounds_on_the_user_shards")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """One local Ray instance for the module, as a party node starts it."""
-    started = open_engine(EngineOptions(kind="ray", shards=2, max_in_flight=2))
-    yield started
-    started.close()
 
 
 def title(pid: int) -> bytes:

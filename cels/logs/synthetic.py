@@ -1,10 +1,10 @@
 """The embedded synthetic search log (``make demo``): AOL-shaped, generated from a seed.
 
 Shape (numpy ``Generator(PCG64(seed))``; this is data generation, not cryptography):
-- user activity is heavy-tailed: events per user = 1 + floor(Pareto(``activity_tail``) * 6),
-  capped at ``max_events``;
-- a user's first events (at most ``shared_cap``, and about ``shared_share`` of them) go to the
-  shared vocabulary of ``pairs`` query-url pairs with Zipf(``zipf_exponent``) popularity,
+- user activity is heavy-tailed: events per user = 1 + floor(Pareto(:data:`ACTIVITY_TAIL`) * 6),
+  capped at :data:`MAX_EVENTS`;
+- a user's first events (at most :data:`SHARED_CAP`, and about :data:`SHARED_SHARE` of them) go to the
+  shared vocabulary of ``pairs`` query-url pairs with Zipf(:data:`ZIPF_EXPONENT`) popularity,
   so popular pairs are held by many users with a small share each (releasable at epsilon = 1,
   delta = 0.01);
 - the rest are the user's own pairs (each held a Geometric(1/2) number of times), which only
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -40,6 +39,19 @@ _WORDS = (
     "lottery results horoscope credit card loan mortgage real estate rental apartment "
     "doctor hospital dental pharmacy furniture kitchen bathroom paint tools auto parts"
 ).split()
+
+ZIPF_EXPONENT = 1.1
+"""Both generators: a pair's popularity falls as rank^-ZIPF_EXPONENT."""
+ACTIVITY_TAIL = 1.2
+"""Both generators: a user's activity is 1 + Pareto(ACTIVITY_TAIL) (scaled per generator)."""
+SHARED_SHARE, SHARED_CAP, MAX_EVENTS = 0.7, 50, 2000
+""":func:`synthetic_log`: the share of a user's events that go to the shared vocabulary, at most
+SHARED_CAP of them, and a user's events at most."""
+PAIRS_PER_USER, EXTRA_HOLDERS, ACTIVITY_CAP = 300.0, 0.045, 50.0
+""":func:`synthetic_histogram`: distinct pairs per user, holdings beyond one per pair (per pair),
+and a user's activity at most (fitted to the AOL slice)."""
+COUNT_EXPONENT, MAX_COUNT = 3.0, 1000
+""":func:`synthetic_histogram`: a holding's count is Zipf(COUNT_EXPONENT), at most MAX_COUNT."""
 
 
 def _pair_names(rng: np.random.Generator, n: int, start: int) -> list[tuple[str, str]]:
@@ -64,25 +76,16 @@ def _pair_texts(n_words: np.ndarray, picks: np.ndarray) -> tuple[list[str], list
     return [queries[k] for k in which.tolist()], [hosts[k] for k in which.tolist()]
 
 
-def synthetic_log(
-    seed: int = 7,
-    users: int = 2000,
-    pairs: int = 3000,
-    zipf_exponent: float = 1.1,
-    activity_tail: float = 1.2,
-    shared_share: float = 0.7,
-    shared_cap: int = 50,
-    max_events: int = 2000,
-) -> SearchLog:
+def synthetic_log(seed: int = 7, users: int = 2000, pairs: int = 3000) -> SearchLog:
     """A deterministic AOL-shaped log (see the module docstring for its shape)."""
     if users < 2 or pairs < 1:
         raise ValueError("a synthetic log needs at least 2 users and 1 shared pair")
     rng = np.random.Generator(np.random.PCG64(seed))
-    events = np.minimum(1 + np.floor(rng.pareto(activity_tail, size=users) * 6).astype(np.int64), max_events)
-    n_shared = np.minimum(np.ceil(events * shared_share).astype(np.int64), shared_cap)
+    events = np.minimum(1 + np.floor(rng.pareto(ACTIVITY_TAIL, size=users) * 6).astype(np.int64), MAX_EVENTS)
+    n_shared = np.minimum(np.ceil(events * SHARED_SHARE).astype(np.int64), SHARED_CAP)
     n_own = events - n_shared
 
-    popularity = 1.0 / np.arange(1, pairs + 1) ** zipf_exponent
+    popularity = 1.0 / np.arange(1, pairs + 1) ** ZIPF_EXPONENT
     shared_pick = rng.choice(pairs, size=int(n_shared.sum()), p=popularity / popularity.sum())
     # A user holds each shared pair once (repeated draws merge), so no user dominates a pair.
     shared_user, shared_pick = np.divmod(np.unique(np.repeat(np.arange(users), n_shared) * pairs + shared_pick), pairs)
@@ -107,9 +110,9 @@ def synthetic_log(
     return SearchLog([str(u) for u in user_ids.tolist()], [names[c] for c in used.tolist()], counts, source)
 
 
-def write_synthetic(path: str | os.PathLike[str], seed: int = 7, users: int = 2000, **shape: Any) -> SearchLog:
+def write_synthetic(path: str | os.PathLike[str], seed: int = 7, users: int = 2000, pairs: int = 3000) -> SearchLog:
     """Generate :func:`synthetic_log` and write it to ``path`` as AOL TSV; returns the log."""
-    log = synthetic_log(seed=seed, users=users, **shape)
+    log = synthetic_log(seed=seed, users=users, pairs=pairs)
     write_log(log, path)
     return log
 
@@ -189,40 +192,29 @@ class SyntheticHistogram:
         return [str(u + 1) for u in self.user[rows].tolist()], queries, urls, self.count[rows].tolist()
 
 
-def synthetic_histogram(
-    pairs: int,
-    seed: int = 7,
-    *,
-    pairs_per_user: float = 300.0,
-    zipf_exponent: float = 1.1,
-    extra_holders: float = 0.045,
-    activity_tail: float = 1.2,
-    activity_cap: float = 50.0,
-    count_exponent: float = 3.0,
-    max_count: int = 1000,
-) -> SyntheticHistogram:
+def synthetic_histogram(pairs: int, seed: int = 7) -> SyntheticHistogram:
     """An AOL-shaped histogram with exactly ``pairs`` distinct pairs (numpy ``PCG64(seed)``).
 
     Shape, fitted to the AOL slice (500 users, 143,934 pairs, 150,347 entries, 98 % of pairs
     held by one user, 1.38 per entry on average):
-    - ``round(pairs / pairs_per_user)`` users (at least 2) with heavy-tailed activity
-      1 + Pareto(``activity_tail``), capped at ``activity_cap``;
-    - every pair gets one holder, and ``extra_holders * pairs`` more holdings go to pairs drawn
-      with Zipf(``zipf_exponent``) popularity over the pair ranks; each holding's user is drawn
+    - ``round(pairs / PAIRS_PER_USER)`` users (at least 2) with heavy-tailed activity
+      1 + Pareto(ACTIVITY_TAIL), capped at ACTIVITY_CAP;
+    - every pair gets one holder, and ``EXTRA_HOLDERS * pairs`` more holdings go to pairs drawn
+      with Zipf(ZIPF_EXPONENT) popularity over the pair ranks; each holding's user is drawn
       by activity (a user drawn twice for a pair holds it once, the counts added);
-    - a holding's count is Zipf(``count_exponent``) (P(1) = 0.83, mean 1.37), capped at ``max_count``.
+    - a holding's count is Zipf(COUNT_EXPONENT) (P(1) = 0.83, mean 1.37), capped at MAX_COUNT.
     Users that drew nothing are dropped, so ``users`` may be slightly below the target.
     """
     if pairs < 2:
         raise ValueError(f"a synthetic histogram needs at least 2 pairs, got {pairs}")
     rng = np.random.Generator(np.random.PCG64(seed))
-    n_users = max(2, round(pairs / pairs_per_user))
-    activity = np.minimum(1.0 + rng.pareto(activity_tail, size=n_users), activity_cap)
-    popularity = 1.0 / np.arange(1, pairs + 1, dtype=np.float64) ** zipf_exponent
-    extra = rng.choice(pairs, size=round(extra_holders * pairs), p=popularity / popularity.sum())
+    n_users = max(2, round(pairs / PAIRS_PER_USER))
+    activity = np.minimum(1.0 + rng.pareto(ACTIVITY_TAIL, size=n_users), ACTIVITY_CAP)
+    popularity = 1.0 / np.arange(1, pairs + 1, dtype=np.float64) ** ZIPF_EXPONENT
+    extra = rng.choice(pairs, size=round(EXTRA_HOLDERS * pairs), p=popularity / popularity.sum())
     holding_pair = np.concatenate((np.arange(pairs, dtype=np.int64), extra))
     holding_user = rng.choice(n_users, size=len(holding_pair), p=activity / activity.sum())
-    counts = np.minimum(rng.zipf(count_exponent, size=len(holding_pair)), max_count)
+    counts = np.minimum(rng.zipf(COUNT_EXPONENT, size=len(holding_pair)), MAX_COUNT)
     entries, which = np.unique(holding_user * pairs + holding_pair, return_inverse=True)
     count = np.bincount(which, weights=counts).astype(np.int64)
     held_by, user = np.unique(entries // pairs, return_inverse=True)

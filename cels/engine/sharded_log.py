@@ -49,6 +49,8 @@ from cels.engine.log_pieces import merge_sources, read_batches, read_row_groups,
 READ_ROWS = 262_144
 """Rows a reader task reads at most (whole row groups; one larger row group is read alone;
 the runs as even as the groups allow: :func:`read_batches`)."""
+
+
 def on_party_rows(rows: Sequence[np.ndarray], parts: Sequence[sp.coo_matrix], shape: tuple[int, int]) -> sp.csr_matrix:
     """The shards' matrices on the party's rows (shard s's row k is the party's ``rows[s][k]``)."""
     empty = np.zeros(0, dtype=np.int64)

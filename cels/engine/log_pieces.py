@@ -100,14 +100,15 @@ def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiec
     piece over its own pairs only, in digest order (as :func:`merge_pieces` orders them, so
     that the merge of a single piece copies nothing)."""
     encoded, digests = EncodedPairs.encode(log.pairs, draws.secret(PAIR_ORDER))
-    shard = buckets_of(user_digests(draws, log.users)) % shards if shards > 1 else np.zeros(log.n_users, dtype=np.int64)
+    if shards == 1:  # every user on the one shard: no bucket to find, no rows to cut
+        parts = [(list(log.users), log.counts)]
+    else:
+        shard = buckets_of(user_digests(draws, log.users)) % shards
+        parts = [([log.users[j] for j in rows], log.counts[rows].tocsr()) for rows in (np.flatnonzero(shard == s) for s in range(shards))]
     pieces = []
-    for s in range(shards):
-        rows = np.flatnonzero(shard == s)
-        counts = log.counts[rows].tocsr() if shards > 1 else log.counts
+    for users, counts in parts:
         held = np.unique(counts.indices)
         held = held[np.argsort(digests[held])]
-        users = [log.users[j] for j in rows] if shards > 1 else list(log.users)
         pieces.append(LogPiece(users, counts[:, held].tocsr(), encoded.take(held), digests[held]))
     return pieces
 

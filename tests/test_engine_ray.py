@@ -23,6 +23,7 @@ from cels.crypto.ec_hash import X25519Hash  # noqa: E402
 from cels.crypto.streams import DrawKeys  # noqa: E402
 from cels.engine import EngineOptions, InProcessEngine, open_engine  # noqa: E402
 from cels.engine.log_pieces import merge_pieces, read_batches, split_by_shard  # noqa: E402
+from cels.engine.user_draws import user_digests  # noqa: E402
 from cels.engine.shards import LogShard  # noqa: E402
 from cels.engine.ray.work import RayWork  # noqa: E402
 from cels.engine.work import CHUNK_IDS  # noqa: E402
@@ -619,7 +620,7 @@ TEXT = st.text(alphabet=st.sampled_from(['a', 'b', '"', "\\", "\n", "é", "\u202
 def test_pieces_read_apart_and_merged_on_their_shard_are_the_log(entries, readers, shards) -> None:
     """A log cut into reader parts by rows, each split by shard and each shard's pieces merged:
     every shard has its users' rows c_ij of the whole log, each pair once, named by its
-    encoded id and its digest, whatever the cut."""
+    encoded id and its digest, and each user with its own bucket digest, whatever the cut."""
     log = SearchLog.from_records(LogRecord(f"u{u}", q, w or "w", c, k) for k, (u, q, w, c) in enumerate(entries))
     draws = DrawKeys.replay(3, "party-1")
     parts = [SearchLog.from_records(LogRecord(f"u{u}", q, w or "w", c, k) for k, (u, q, w, c) in enumerate(entries) if k % readers == r) for r in range(readers)]
@@ -629,6 +630,7 @@ def test_pieces_read_apart_and_merged_on_their_shard_are_the_log(entries, reader
     for s, piece in enumerate(split_by_shard(log, draws, shards)):
         merged = merge_pieces([pieces[s] for pieces in cut])
         assert sorted(merged.users) == sorted(piece.users)
+        assert merged.user_digests.tolist() == user_digests(draws, merged.users).tolist()
         assert merged.digests.tolist() == sorted(set(merged.digests.tolist())) == sorted(piece.digests.tolist())
         pairs = [merged.pairs.pair(t) for t in range(len(merged.pairs))]
         assert merged.pairs.items(np.arange(len(pairs))) == [encode_item(*p) for p in pairs]

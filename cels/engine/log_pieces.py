@@ -87,12 +87,14 @@ class EncodedPairs:
 @dataclass
 class LogPiece:
     """Some of one log shard's users with their rows c_ij over the pairs they hold: each pair
-    encoded once (``pairs``) and its keyed digest (cels.engine.routines.pair_digests)."""
+    encoded once (``pairs``) and its keyed digest (cels.engine.routines.pair_digests), each user
+    with its bucket digest (cels.engine.user_draws.user_digests)."""
 
     users: list[str]
     counts: sp.csr_matrix
     pairs: EncodedPairs
     digests: np.ndarray
+    user_digests: np.ndarray
 
 
 def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiece]:
@@ -100,16 +102,17 @@ def split_by_shard(log: SearchLog, draws: DrawKeys, shards: int) -> list[LogPiec
     piece over its own pairs only, in digest order (as :func:`merge_pieces` orders them, so
     that the merge of a single piece copies nothing)."""
     encoded, digests = EncodedPairs.encode(log.pairs, draws.secret(PAIR_ORDER))
-    if shards == 1:  # every user on the one shard: no bucket to find, no rows to cut
-        parts = [(list(log.users), log.counts)]
+    users = user_digests(draws, log.users)  # once per user: the shard's finish orders by them
+    if shards == 1:  # every user on the one shard: no rows to cut
+        parts = [(list(log.users), log.counts, users)]
     else:
-        shard = buckets_of(user_digests(draws, log.users)) % shards
-        parts = [([log.users[j] for j in rows], log.counts[rows].tocsr()) for rows in (np.flatnonzero(shard == s) for s in range(shards))]
+        shard = buckets_of(users) % shards
+        parts = [([log.users[j] for j in rows], log.counts[rows].tocsr(), users[rows]) for rows in (np.flatnonzero(shard == s) for s in range(shards))]
     pieces = []
-    for users, counts in parts:
+    for names, counts, keys in parts:
         held = np.unique(counts.indices)
         held = held[np.argsort(digests[held])]
-        pieces.append(LogPiece(users, counts[:, held].tocsr(), encoded.take(held), digests[held]))
+        pieces.append(LogPiece(names, counts[:, held].tocsr(), encoded.take(held), digests[held], keys))
     return pieces
 
 
@@ -119,11 +122,14 @@ def merge_pieces(pieces: Sequence[LogPiece]) -> LogPiece:
     digests = np.concatenate([np.zeros(0, dtype=f"S{PAIR_DIGEST_BYTES}"), *(p.digests for p in pieces)])
     held, first, column = np.unique(digests, return_index=True, return_inverse=True)
     user_index: dict[str, int] = {}
+    user_keys = [np.zeros(0, dtype=np.uint64)]  # each user's digest, from the piece it is first seen in
     rows, cols, vals = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     offset = 0
     for piece in pieces:
         entries = piece.counts.tocoo()
+        seen = len(user_index)
         users = np.array([user_index.setdefault(u, len(user_index)) for u in piece.users], dtype=np.int64)
+        user_keys.append(piece.user_digests[users >= seen])
         rows.append(users[entries.row])
         cols.append(column[offset + entries.col])
         vals.append(entries.data.astype(np.int64))
@@ -132,7 +138,7 @@ def merge_pieces(pieces: Sequence[LogPiece]) -> LogPiece:
     counts.sum_duplicates()
     pairs = EncodedPairs.concat([p.pairs for p in pieces])
     in_order = len(first) == len(pairs) and np.array_equal(first, np.arange(len(first)))  # one piece, as split_by_shard made it
-    return LogPiece(list(user_index), counts, pairs if in_order else pairs.take(first), held)
+    return LogPiece(list(user_index), counts, pairs if in_order else pairs.take(first), held, np.concatenate(user_keys))
 
 
 def read_batches(row_groups: Sequence[RowGroup], rows: int) -> list[list[RowGroup]]:

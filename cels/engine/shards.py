@@ -20,7 +20,7 @@ from cels.logs.records import MAX_COUNT
 from cels.mechanism.greedy import greedy_walk
 from cels.mechanism.item_kinds import ItemKinds
 from cels.engine.sampling import StagedSampler
-from cels.engine.user_draws import BucketDraws, draw_order, user_digests
+from cels.engine.user_draws import BucketDraws, draw_order
 from cels.engine.variable_index import PART_CALLS, IndexPart
 from cels.engine.routines import PAIR_DIGEST_BYTES, bounded_rows, column_type, smallest
 
@@ -186,7 +186,7 @@ class LogShard(ShardState):
         (draw order).  Returns the users and held pairs here, and |D| here."""
         merged, draws = merge_pieces(self.pieces), DrawKeys(root, seeded=seeded)
         self.pieces = []
-        digests = user_digests(draws, merged.users)
+        digests = merged.user_digests
         order = draw_order(digests)
         self.users, self.pairs, self.digests = [merged.users[j] for j in order], merged.pairs, merged.digests
         counts = merged.counts[order]

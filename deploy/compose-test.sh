@@ -4,34 +4,43 @@
 # 1. engine     a Docker engine (Debian's docker.io + docker-compose, installed if missing;
 #               dockerd started in the background if none answers, stopped again at the end),
 #               and Debian's prometheus (deploy/install-prometheus.sh) for the metrics image
-#    loopback   docker-compose.yml without its networks and published ports, nodes on 127.0.0.1
-#               (deploy/compose_release.py loopback), for host networking
 # 2. base       python:3.11-slim if it is here or can be pulled; else cels-base:bookworm, a
 #               Debian bookworm image with python3 made by debootstrap + docker import (kept)
-# 3. wheelhouse every dependency's wheel (the `ray` extra's too), built on the host (kept while
+# 3. networking can this machine run bridge networks (two containers of the base image on an
+#               internal network of their own, one reaching the other by name)?  Then the file
+#               runs as shipped, on its own networks.  If not, said loudly: it runs on the
+#               host's network (deploy/compose_release.py loopback, deploy/compose-host.yml:
+#               nodes on 127.0.0.1), and the step isolation cannot test the networks
+# 4. wheelhouse every dependency's wheel (the `ray` extra's too), built on the host (kept while
 #               pyproject.toml is unchanged)
-# 4. image      cels:dev from the Dockerfile, offline from the wheelhouse; cels-prometheus:dev
+# 5. image      cels:dev from the Dockerfile, offline from the wheelhouse; cels-prometheus:dev
 #               from deploy/prometheus with the host's prometheus binary copied in
-# 5. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties,
+# 6. data       the first $CELS_COMPOSE_USERS users of $CELS_DATA/aol-dev.tsv.gz over 3 parties,
 #               the first $CELS_COMPOSE_TRANSFORMED_USERS for the transformed session and the
 #               first $CELS_COMPOSE_CLUSTER_USERS for the cluster session
-# 6. session    the loopback file + deploy/compose-test.yml (host networking, 127.0.0.1 only),
+# 7. session    docker-compose.yml + deploy/compose-test.yml (each session's data and outputs),
 #               profile metrics: Prometheus (detached), certificates, a solver and three party
 #               nodes, `cels run` once all are healthy (deploy/session.toml: the private solve)
-# 7. audit      the sanitized log against the slice (deploy/compose_release.py)
-# 8. transformed the same with `solve = "transformed"` (Paillier sums, the random-matrix
+# 8. audit      the sanitized log against the slice (deploy/compose_release.py)
+# 9. isolation  the running nodes' networks (deploy/compose_probe.py inside the containers):
+#               party-1's metrics port answers party-1 itself, but neither the solver nor
+#               party-2 reaches it, by name or by its address; nor does the solver reach
+#               Prometheus's API on the operator's network (issue 40, finding 6)
+# 10. transformed the same with `solve = "transformed"` (Paillier sums, the random-matrix
 #               transformation, the solver's NLP) on the smaller slice
-# 9. taudit     its audit
-# 10. dp        the DP histogram (release = "dp", delta 1e-6) on the first $CELS_COMPOSE_DP_USERS users
+# 11. taudit    its audit
+# 12. dp        the DP histogram (release = "dp", delta 1e-6) on the first $CELS_COMPOSE_DP_USERS users
 #               of MSNBC (default 20000; written as AOL TSV: 17 categories as query-url pairs)
-# 11. dpaudit   its audit: every released pair in the input, every count at or above the note's
+# 13. dpaudit   its audit: every released pair in the input, every count at or above the note's
 #               threshold and within the input's distinct users plus the noise's 1e-9 tail
-# 12. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
-# 13. cluster   profile cluster: party-1's Ray head and worker (detached, the worker once the head
+# 14. metrics   Prometheus's API: it scraped every node, saw sessions run on each and the parties leave phases
+# 15. cluster   profile cluster: party-1's Ray head and worker (detached, the worker once the head
 #               is healthy), then the private session with party-1 on that cluster
 #               (deploy/cluster.env: ray://ray-head:7111, 2 shards), ended after
-#               $CELS_COMPOSE_CLUSTER_SECONDS; the worker container must have run Ray workers
-# 14. caudit    its audit
+#               $CELS_COMPOSE_CLUSTER_SECONDS; the worker container must have run Ray workers;
+#               a stranger's container on the nodes' network, with no token and no
+#               certificate, must be refused by the head's client server and its GCS (finding 3)
+# 16. caudit    its audit
 # and, even when a step fails, the containers, volumes and network go (and a dockerd it started);
 # the services' logs stay in $CELS_COMPOSE_WORK/logs (services.log; ray-head/, ray-worker/: Ray's).
 #
@@ -56,10 +65,10 @@ PROJECT=cels-compose-test
 BASE_IMAGE=python:3.11-slim
 DEBIAN_BASE=cels-base:bookworm
 # both profiles, so that ps, logs and down see every service; `up run` starts the trigger and
-# its dependencies only, so party-1's Ray cluster runs in the cluster step alone
-# docker-compose.yml without its networks (the nodes' own, each node's metrics network, the
-# operator's), which host networking cannot have beside it: written by the step loopback
-COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml --profile metrics --profile cluster)
+# its dependencies only, so party-1's Ray cluster runs in the cluster step alone.  The step
+# networking puts the host-network files in its place where bridge networks cannot run.
+COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics --profile cluster)
+NETWORKS=own  # or host: the step networking's verdict
 PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus-operator:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
 NO_ENGINE=77  # exit code when this machine cannot install or start a Docker engine (nothing was tested)
@@ -127,8 +136,54 @@ engine() {
     need_prometheus
 }
 
-loopback() {  # docker-compose.yml for the host's network (deploy/compose_release.py loopback)
+probe() {  # probe CONTAINER MODE ARGS...: deploy/compose_probe.py inside a running container
+    local container=$1
+    shift
+    docker exec -i "$container" python3 - "$@" <deploy/compose_probe.py
+}
+
+networking() {  # the file's own networks where this machine runs bridge networks, else the host's
+    local net=$PROJECT-probe verdict
+    docker rm -f "$net-listener" >/dev/null 2>&1 || true
+    docker network rm "$net" >/dev/null 2>&1 || true
+    verdict=$(docker network create --internal "$net" >/dev/null 2>&1 \
+        && docker run -d --rm --name "$net-listener" --network "$net" -i "$BASE_IMAGE" python3 -c "$(cat deploy/compose_probe.py)" listen 9000 >/dev/null 2>&1 \
+        && docker run --rm -i --network "$net" "$BASE_IMAGE" python3 - connect "$net-listener" 9000 --wait 20 <deploy/compose_probe.py 2>&1) || verdict="no bridge network: $verdict"
+    docker rm -f "$net-listener" >/dev/null 2>&1 || true
+    docker network rm "$net" >/dev/null 2>&1 || true
+    if [ "$verdict" = REACHED ]; then
+        say "bridge networks run here: docker-compose.yml runs on its own networks"
+        return
+    fi
+    NETWORKS=host
+    say "WARNING: bridge networks cannot run here ($verdict): docker-compose.yml runs on the host's network, and the isolation of its networks is NOT tested"
     "$PYTHON" deploy/compose_release.py loopback --out "$WORK/compose-loopback.yml"
+    COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml -f deploy/compose-host.yml --profile metrics --profile cluster)
+}
+
+isolation() {  # who reaches a node's metrics and Prometheus's API, as the nodes run (finding 6)
+    if [ "$NETWORKS" = host ]; then
+        say "WARNING: skipped: on the host's network every port is everyone's (step networking)"
+        return
+    fi
+    "${COMPOSE[@]}" up --no-build --detach solver party-1 party-2 party-3 prometheus >/dev/null 2>&1
+    local solver party_1 party_2 prometheus metrics_ip operator_ip verdict failed=0
+    solver=$("${COMPOSE[@]}" ps -q solver) party_1=$("${COMPOSE[@]}" ps -q party-1) party_2=$("${COMPOSE[@]}" ps -q party-2)
+    prometheus=$("${COMPOSE[@]}" ps -q prometheus)
+    metrics_ip=$(docker inspect -f "{{(index .NetworkSettings.Networks \"${PROJECT}_party-1-metrics\").IPAddress}}" "$party_1")
+    operator_ip=$(docker inspect -f "{{(index .NetworkSettings.Networks \"${PROJECT}_operator\").IPAddress}}" "$prometheus")
+    expect() {  # expect WANT WHO CONTAINER HOST PORT
+        verdict=$(probe "$3" connect "$4" "$5")
+        printf 'isolation: %-9s -> %s:%s: %s\n' "$2" "$4" "$5" "$verdict" >&2
+        [ "${verdict%% *}" = "$1" ] || { say "$2 should be $1 from $4:$5"; failed=1; }
+    }
+    expect REACHED party-1 "$party_1" party-1-metrics 9101  # the probe can succeed: the port listens
+    expect UNREACHABLE solver "$solver" party-1-metrics 9101
+    expect UNREACHABLE solver "$solver" "$metrics_ip" 9101
+    expect UNREACHABLE party-2 "$party_2" party-1-metrics 9101
+    expect UNREACHABLE party-2 "$party_2" "$metrics_ip" 9101
+    expect UNREACHABLE solver "$solver" "$operator_ip" 9090
+    [ "$failed" -eq 0 ] || exit 1
 }
 
 need_prometheus() {  # the binary the metrics image copies in (the image builds offline)
@@ -275,19 +330,33 @@ cluster() {  # party-1 on its own Ray cluster: the cluster profile's head and wo
         exit 1
     fi
     say "ray-worker ran $workers Ray worker processes for party-1"
+    # a stranger on the nodes' network: a fresh container of the image, with no token and no
+    # certificate, tries Ray's client (as party-1 joins) and `ray start` (as the worker joined)
+    local network verdict status stranger=(docker run --rm -i -e RAY_USAGE_STATS_ENABLED=0 -e RAY_gcs_rpc_server_reconnect_timeout_s=5)
+    network=$(docker inspect -f '{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}' "$("${COMPOSE[@]}" ps -q ray-head)")
+    stranger+=(--network "${network%% *}")
+    [ "$NETWORKS" = own ] || stranger+=(--add-host ray-head:127.0.0.1)
+    verdict=$("${stranger[@]}" cels:dev timeout 180 python3 - ray ray://ray-head:7111 <deploy/compose_probe.py 2>/dev/null | tail -1)
+    say "a stranger on ${network%% *} calling ray://ray-head:7111: ${verdict:-no verdict}"
+    [ "${verdict%% *}" = REFUSED ] || exit 1
+    status=0
+    "${stranger[@]}" cels:dev timeout 180 ray start --address=ray-head:7110 --disable-usage-stats >"$WORK/logs/stranger-ray-start.log" 2>&1 || status=$?
+    say "a stranger on ${network%% *} running ray start --address=ray-head:7110: exit $status ($(grep -v '^ *$' "$WORK/logs/stranger-ray-start.log" | tail -1 | cut -c1-160))"
+    [ "$status" -ne 0 ] || exit 1
 }
 
 mkdir -p "$WORK/logs"
 trap teardown EXIT
 say "work directory $WORK"
 step engine engine
-step loopback loopback
 step base base
+step networking networking
 step wheelhouse wheelhouse
 step image image
 step data data
 step session session ""
 step audit audit ""
+step isolation isolation
 step transformed session -transformed
 step taudit audit -transformed
 step dp session -dp

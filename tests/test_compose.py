@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -304,9 +305,40 @@ def test_the_compose_verdict_script_audits_a_dp_release_by_the_sessions_machine(
     assert [p.value for p in module.party_machine(options).phases] == ["load", "universe", "counts"]
 
 
-def test_the_compose_test_runs_the_compose_file_on_the_hosts_loopback(tmp_path) -> None:
-    """deploy/compose_release.py loopback: docker-compose.yml less what host networking cannot
-    have (networks, published ports), every node on 127.0.0.1, nothing else changed."""
+def test_the_compose_test_runs_the_file_as_shipped_but_for_each_sessions_data_and_outputs() -> None:
+    """deploy/compose-test.yml replaces mounts only, each at a path the shipped file mounts: the
+    networks, ports and commands under test are docker-compose.yml's own."""
+
+    def target(volume: str) -> str:  # SOURCE:TARGET[:ro], the source may hold ${VAR:-}
+        fields = volume.split(":")
+        return fields[-2] if fields[-1] in ("ro", "rw") else fields[-1]
+
+    doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    override = yaml.safe_load((REPO / "deploy" / "compose-test.yml").read_text())
+    assert set(override) == {"services"}
+    for name, service in override["services"].items():
+        assert set(service) == {"volumes"}, name
+        shipped = {target(v) for v in doc["services"][name]["volumes"]}
+        assert {target(v) for v in service["volumes"]} <= shipped, name
+
+
+def test_the_compose_probe_tells_a_port_that_answers_from_one_that_does_not() -> None:
+    """deploy/compose_probe.py connect (the isolation step's verdict inside a container)."""
+    probe = [sys.executable, str(REPO / "deploy" / "compose_probe.py"), "connect", "127.0.0.1"]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        reached = subprocess.run([*probe, str(port)], capture_output=True, text=True, timeout=30)
+    assert reached.stdout.strip() == "REACHED", reached.stdout + reached.stderr
+    closed = subprocess.run([*probe, str(port)], capture_output=True, text=True, timeout=30)
+    assert closed.stdout.startswith("UNREACHABLE ConnectionRefusedError"), closed.stdout + closed.stderr
+    unknown = subprocess.run([*probe[:-1], "no-such-host.invalid", "9101"], capture_output=True, text=True, timeout=30)
+    assert unknown.stdout.startswith("UNREACHABLE gaierror"), unknown.stdout + unknown.stderr
+
+
+def test_the_compose_tests_fallback_runs_the_compose_file_on_the_hosts_loopback(tmp_path) -> None:
+    """Where bridge networks cannot run: deploy/compose_release.py loopback, docker-compose.yml
+    less what host networking cannot have (networks, published ports), every node on
+    127.0.0.1, nothing else changed, and deploy/compose-host.yml naming every node 127.0.0.1."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("compose_release", REPO / "deploy" / "compose_release.py")
@@ -324,7 +356,8 @@ def test_the_compose_test_runs_the_compose_file_on_the_hosts_loopback(tmp_path) 
             listens_everywhere = isinstance(before, str) and before.startswith("--listen=0.0.0.0:")
             assert after == (before.replace("0.0.0.0", "127.0.0.1") if listens_everywhere else before), (name, before, after)
         assert {k: v for k, v in kept.items() if k != "command"} == {k: v for k, v in service.items() if k not in ("command", "networks", "ports")}
-    override = yaml.safe_load((REPO / "deploy" / "compose-test.yml").read_text())
+    override = yaml.safe_load((REPO / "deploy" / "compose-host.yml").read_text())
+    assert set(override["services"]) == set(doc["services"])
     hosts = dict(h.split(":") for h in override["x-loopback"]["extra_hosts"])
     for node in ("solver", "party-1", "party-2", "party-3"):
         assert hosts[node] == hosts[f"{node}-metrics"] == "127.0.0.1"

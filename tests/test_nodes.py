@@ -27,7 +27,8 @@ from cels.node.config import add_data_arguments, add_node_arguments, node_config
 from cels.node.service import Node
 from cels.node.framing import from_frames, to_frames
 from cels.node.initiator import follow
-from cels.node.tls import open_channel
+from cels.node.link import PROBE_TIMEOUT_MAX
+from cels.node.tls import CHANNEL_OPTIONS, open_channel
 from cels.protocol.aborts import LOCAL_FAILURE
 from cels.protocol.options import SessionOptions
 from cels.protocol.roles import ProtocolError
@@ -176,6 +177,16 @@ def test_a_message_past_the_nodes_cap_is_refused_at_the_frame_that_passes_it(toy
     with pytest.raises(grpc.RpcError) as refused:
         deliver(toy.stub("party-1", "party-2"), toy_hop("no-such-session", "party-2", values=[1 << 60] * (2 << 20)))  # 19 MB
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "larger than this node's 16 MiB" in refused.value.details()
+
+
+def test_a_peer_restarted_at_a_new_address_is_dialled_there_before_it_is_declared_gone() -> None:
+    """A recreated container or a rescheduled pod keeps its name but not its address: every
+    channel looks the name up again, and backs off, for less than the watchdog lets a peer stay
+    unreachable (make compose-test's transformed step recreates the parties under a solver that
+    keeps its channels, and failed with gRPC's default 30 s between lookups)."""
+    options = dict(CHANNEL_OPTIONS)
+    assert options["grpc.dns_min_time_between_resolutions_ms"] / 1000 < PROBE_TIMEOUT_MAX
+    assert options["grpc.max_reconnect_backoff_ms"] / 1000 < PROBE_TIMEOUT_MAX
 
 
 def test_unknown_session_is_failed_precondition(toy) -> None:

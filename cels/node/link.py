@@ -28,6 +28,10 @@ from cels.protocol.wire import cels_pb2
 from cels.protocol.wire.codec import phase_from_wire, phase_to_wire, state_from_wire, state_to_wire
 
 
+PROBE_TIMEOUT_MAX = 5.0
+"""The longest a peer's probe waits, and so how long it may stay unreachable before the
+watchdog declares it gone (:meth:`SessionLink._watchdog`)."""
+
 LINK_FLOOR = 125_000
 """Bytes per second: the slowest link a delivery is given time for (1 Mbit/s)."""
 
@@ -93,7 +97,7 @@ class SessionLink:
         and this link's late failures decide nothing (a re-run may hold its id by then)."""
         self.busy = False
         self.deadline = options.deadline
-        self.probe_timeout = min(self.deadline / 4, 5.0)
+        self.probe_timeout = min(self.deadline / 4, PROBE_TIMEOUT_MAX)
         self.started = time.perf_counter()
         """The session's origin on this node, on the host's meter (time.perf_counter): the Run
         stream's phase times count from it (cels.node.initiator)."""

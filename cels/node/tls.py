@@ -14,6 +14,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 log = logging.getLogger("cels.node")
 
+DNS_REFRESH_MS = 1000
+"""How soon a channel may look its peer's name up again after a failed connection: a peer
+restarted at a new address (a recreated container, a rescheduled pod) is found before the
+watchdog's probes declare it dead (cels.node.link.PROBE_TIMEOUT_MAX unreachable), not after gRPC's
+default floor of 30 s between two lookups (seen in make compose-test: a party recreated with a
+new address was declared dead by a solver that kept dialling the old one)."""
+
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * 1024 * 1024),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
@@ -22,6 +29,7 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.dns_min_time_between_resolutions_ms", DNS_REFRESH_MS),
 ]
 
 INSECURE_WARNING = "WARNING: --insecure: no TLS, peers are NOT authenticated and traffic is NOT encrypted (development only)"

@@ -314,6 +314,20 @@ def test_a_refused_tls_handshake_ends_the_wait_at_once_in_one_line(toy, tmp_path
         assert "\n" not in str(aborted.value) and "ssl_transport_security" not in str(aborted.value)
 
 
+def test_the_wait_counts_a_node_that_refuses_this_controller_its_status_as_running(toy) -> None:
+    """deploy/local's session.toml waits for party-2, party-3 and the solver with party-1's
+    controller, whose status they refuse (one controller per organisation): that refusal is an
+    answer, so the wait ends at once; a node at a dead address is still waited for."""
+    controller = toy.controller()
+    others = {name: address for name, address in toy.addresses.items() if name != controller.initiator}
+    started = time.monotonic()
+    wait_reachable(controller, others, timeout=30)
+    assert time.monotonic() - started < 10
+    with pytest.raises(SessionAborted) as aborted:
+        wait_reachable(controller, {"party-2": f"{LOOPBACK}:{free_port()}"}, timeout=1, poll=0.2)
+    assert aborted.value.kind == "UNREACHABLE" and "party-2" in str(aborted.value)
+
+
 def test_unknown_or_wrong_certificates_are_refused(toy, tmp_path) -> None:
     envelope = toy_hop("no-such-session", "intruder")
     with pytest.raises(grpc.RpcError) as err:  # same CA, but not a node party-1 expects

@@ -122,9 +122,15 @@ def wait_for_stock(
         time.sleep(poll)
 
 
+NO_ANSWER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+"""The codes of a call no node answered; any other code is a node's answer."""
+
+
 def unreachable_nodes(controller: Controller, nodes: dict[str, str], timeout: float = 2.0) -> dict[str, tuple[str, str, bool]]:
     """Node name -> (address, why, refused) for every node whose ``Status`` does not answer;
-    ``refused``: the TLS handshake was refused (cels.node.peers.tls_refusal), which waiting does not mend."""
+    ``refused``: the TLS handshake was refused (cels.node.peers.tls_refusal), which waiting does not mend.
+    A node that refuses this controller its status (another organisation's node: PERMISSION_DENIED)
+    has answered: it runs, and that is all the wait asks."""
     out = {}
     for name, address in nodes.items():
         try:
@@ -132,6 +138,8 @@ def unreachable_nodes(controller: Controller, nodes: dict[str, str], timeout: fl
                 cels_pb2_grpc.CelsNodeStub(channel).Status(cels_pb2.NodeStatusRequest(), timeout=timeout)
         except grpc.RpcError as exc:
             refused = tls_refusal(exc)
+            if refused is None and exc.code() not in NO_ANSWER:
+                continue
             out[name] = (address, refused or exc.code().name, refused is not None)
     return out
 

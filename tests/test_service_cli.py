@@ -259,3 +259,15 @@ def test_run_refuses_an_existing_output_before_it_calls_a_node(tmp_path, capsys)
     assert "[run] output" in printed.err and "exists: give --force to replace it" in printed.err and "waiting" not in printed.err
     assert (tmp_path / "out" / "sanitized.tsv").read_text() == "an earlier release\n"
     assert main(["run", "--config", str(path), "--force"]) == 1  # forced: it goes on, to the unreachable initiator
+
+
+def test_simulate_refuses_an_existing_release_before_it_reads_the_input(tmp_path, capsys) -> None:
+    """A second `cels simulate --out DIR` said so only after reading the whole input: now at
+    once (the input here is not even a log, and is never read)."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "sanitized.tsv").write_text("an earlier release\n")
+    (tmp_path / "in.tsv").write_text("not\ta log\n")
+    assert main(["simulate", "--parties", "2", "--input", str(tmp_path / "in.tsv"), "--format", "aol", "--out", str(tmp_path / "sim")]) == 2
+    printed = capsys.readouterr()
+    assert "--out" in printed.err and "exists: give --force to replace it" in printed.err and "reading" not in printed.err
+    assert (tmp_path / "sim" / "sanitized.tsv").read_text() == "an earlier release\n"

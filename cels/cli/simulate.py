@@ -252,6 +252,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     stock = session_stock(args, options)
     t0 = time.perf_counter()
     fmt = log_format(args.format or "aol")  # the embedded log is AOL
+    suffix = fmt.release_suffix or output_suffix(args.input)
+    output = args.out / options.release_kind.output_name(suffix)
+    releases = {"--out": output, "release note": release_note_path(output)}
+    if args.out.is_dir():  # an earlier release is refused before the input is read
+        check_output_paths(releases, inputs=(args.input,) if args.input else (), force=args.force)
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
     else:  # read before --out is made: a bad input leaves nothing behind
@@ -259,11 +264,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--input {args.input} does not exist")
         print(f"reading {args.input} ...", file=sys.stderr, flush=True)
         log, fmt_args = load_input(args), input_flags(args)
-    suffix = fmt.release_suffix or output_suffix(args.input)
     args.out.mkdir(parents=True, exist_ok=True)
-    output = args.out / options.release_kind.output_name(suffix)
     report_path = operator_path(args.report, output, options.session_id)
-    check_output_paths({"--out": output, "release note": release_note_path(output), "--report": report_path}, inputs=(args.input,) if args.input else (), force=args.force)
+    check_output_paths(releases | {"--report": report_path}, inputs=(args.input,) if args.input else (), force=args.force)
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cels.cli import main
-from cels.cli.notices import EXIT_EMPTY_RELEASE
+from cels.cli.notices import EXIT_EMPTY_RELEASE, empty_dp_reason
 from tests.test_sanitize_cli import HEADER, aol_file, figure1_rows
 
 ARGS = ("--format", "aol", "--quiet", "--epsilon", "40", "--delta", "0.9999999", "--objective", "max-output", "--seed", "1")
@@ -152,3 +152,16 @@ def test_a_second_run_to_an_existing_release_is_refused_unless_forced(tmp_path, 
     assert sanitize(src, out, "--force") in (0, EXIT_EMPTY_RELEASE)
     note = json.loads((tmp_path / "o.tsv.release-note.json").read_text())
     assert note["sizes"]["output_records"] == len(out.read_text().splitlines()) - 1
+
+
+def test_an_empty_dp_histogram_suggests_only_what_can_help() -> None:
+    """Fewer items a user helps only above one item a user (the newcomer's hint said to lower a
+    bound of 1); its words serve `cels run`'s session TOML as well as the flags."""
+    def report(max_items: int, released: int = 0) -> dict:
+        items = {"pairs": {"max_items": max_items, "epsilon": 1.0}}
+        return {"privacy": {"threshold": 16, "epsilon": 1.0, "delta": 1e-6, "items": items}, "release": {"items": released}}
+
+    assert empty_dp_reason(report(1, released=3)) is None
+    at_one, at_five = empty_dp_reason(report(1)), empty_dp_reason(report(5))
+    assert "tau = 16" in at_one and "raise epsilon or delta" in at_one and "max_items_per_user" not in at_one
+    assert "keep fewer items a user (max_items_per_user)" in at_five

@@ -84,10 +84,12 @@ def empty_dp_reason(report: dict[str, Any]) -> str | None:
     p = report["privacy"]
     if (report.get("release") or {}).get("items", 1):
         return None
+    fewer = any(int(part["max_items"]) > 1 for part in p["items"].values())
     return (
         f"EMPTY RELEASE: no item's noisy distinct-user count reached the threshold tau = {p['threshold']} at eps {p['epsilon']:g}, "
-        f"delta {p['delta']:g}, {items_words(p['items'])} a user; an item needs about tau users: raise --epsilon or --delta, "
-        "lower --max-items-per-user, or add users (docs/releases.md)"
+        f"delta {p['delta']:g}, {items_words(p['items'])} a user; an item needs about tau users who keep it: raise epsilon or delta, "
+        + ("keep fewer items a user (max_items_per_user), " if fewer else "")
+        + "or add users who share items (docs/releases.md)"
     )
 
 

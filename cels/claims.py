@@ -344,10 +344,11 @@ def dp_release_accounting(accounting: dict[str, Any], *, parties: int, seeded: b
         f"e^{epsilon:g} = {math.exp(epsilon):.3g} times likelier one way than the other, except with probability {delta:g}",
     ]
     if not single:
+        kinds = " and ".join(ITEM_WORDS[kind][1] for kind in accounting["items"])
         plain += [
-            "your partners learn the release and how many pairs each party holds, padded so that one user changes little; "
-            "no count of a pair that is not released",
-            "the solver node learns which parties hold each hashed pair (not which pair it is, until it is released) and the noisy counts",
+            f"your partners learn the release and how many {kinds} each party holds, padded so that one user changes little; "
+            "no count of an item that is not released",
+            "the solver node learns which parties hold each hashed item (not which item it is, until it is released) and the noisy counts",
         ]
     if seeded:
         plain = ["this run replayed its draws from --seed: it is NOT private and must not be published"]

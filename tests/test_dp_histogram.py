@@ -269,6 +269,18 @@ def test_release_accounting() -> None:
     assert {"max_items", "collusion", "padding_epsilon", "parties"} <= set(acc)
 
 
+def test_the_plain_words_name_the_item_kinds_that_ran() -> None:
+    """A histogram of queries told partners they learn "how many pairs each party holds"."""
+    from cels.claims import dp_release_accounting
+    from cels.mechanism.item_kinds import ItemKinds
+
+    for text, kinds in (("pairs", "query-url pairs"), ("queries", "queries"), ("pairs,queries:2", "query-url pairs and queries")):
+        acc = release_accounting(1.0, 1e-6, ItemKinds.parse(text, 1), 0.1, 3, 1)
+        plain = " ".join(dp_release_accounting(acc, parties=3, seeded=False)["plain"])
+        assert f"how many {kinds} each party holds" in plain, (text, plain)
+        assert "pair each" not in plain and "hashed item" in plain
+
+
 # -- noise shares -----------------------------------------------------------------------------
 
 

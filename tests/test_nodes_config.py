@@ -157,6 +157,8 @@ def test_the_session_schema_lists_every_session_option() -> None:
         ('[peers]\nparty-2 = "nowhere"\n', '[peers] party-2: expected host:port (a port from 1 to 65535), got "nowhere"'),
         ("[ledger]\nbudget_epsilon = true\n", "[ledger] budget_epsilon: expected a number > 0, got true"),
         ('[solver]\ntime_limit = 5\n', "unknown table [solver]"),  # a party node has no [solver] table
+        # a session file given to a node: the table says which file it is (a newcomer's cels status --config session.toml)
+        ('[run]\ninitiator = "party-1"\n', "[run] is a table of a session file (cels run --config); is this the right file?"),
         ('[ledger]\nbudget_eps = 1\n', "[ledger] unknown key 'budget_eps'"),
         ("deadline = 5\n", "key 'deadline' outside any table"),
     ],
@@ -175,7 +177,8 @@ def test_solver_node_rejects_a_party_table(tmp_path, capsys) -> None:
     config = tmp_path / "solver.toml"
     config.write_text('[data]\npath = "x.tsv"\n')
     assert solver_main(["--config", str(config)]) == 2
-    assert "unknown table [data]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown table [data]" in err and "[data] is a table of a party node's file (cels-party --config)" in err
 
 
 def test_missing_config_file_is_one_line_with_exit_2(tmp_path, capsys) -> None:

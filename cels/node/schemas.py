@@ -101,6 +101,10 @@ NODE_SCHEMAS = {"data": PARTY_SCHEMA, "solver": SOLVER_SCHEMA}
 for _schema in (PARTY_SCHEMA, SOLVER_SCHEMA, SESSION_SCHEMA):
     Draft202012Validator.check_schema(_schema)
 
+_FILES = ((SESSION_SCHEMA, "a session file (cels run --config)"), (PARTY_SCHEMA, "a party node's file (cels-party --config)"),
+          (SOLVER_SCHEMA, "a solver node's file (cels-solver --config)"))  # fmt: skip
+"""Whose tables are whose: a table unknown here but known there names the file it belongs in."""
+
 _TYPES = {"number": "a number", "integer": "an integer", "string": "a string", "boolean": "true or false",
           "array": "an array", "object": "a table"}  # fmt: skip
 _BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
@@ -130,7 +134,8 @@ def _explain(error: ValidationError) -> str:
         tables = ", ".join(f"[{t}]" for t in known)
         if not isinstance(error.instance[extra], dict):
             return f"key {extra!r} outside any table (tables: {tables})"
-        return f"unknown table [{extra}] (known: {tables})"
+        owner = next((what for other, what in _FILES if other is not error.schema and extra in other["properties"]), None)
+        return f"unknown table [{extra}] (known: {tables})" + (f": [{extra}] is a table of {owner}; is this the right file?" if owner else "")
     if error.validator == "required":
         missing = next(k for k in error.schema["required"] if k not in error.instance)
         return f"{at} needs {missing!r}" if where else f"needs the table [{missing}]"

@@ -13,17 +13,19 @@ LOCK = deploy/lock/test.txt
 ## "Dependencies")
 ## (pip's output goes to $(VENV)/pip.log, shown only if an install fails)
 $(STAMP): pyproject.toml $(LOCK)
-	$(PYTHON) -m venv $(VENV)
-	$(call quiet-pip,--upgrade pip)
-	$(call quiet-pip,--require-hashes -r $(LOCK))
-	$(call quiet-pip,--no-deps -e .)
-	touch $(STAMP)
+	@echo "setting up $(VENV) from $(LOCK) (pip's output: $(VENV)/pip.log) ..."
+	@$(PYTHON) -m venv $(VENV)
+	@$(call quiet-pip,--upgrade pip)
+	@$(call quiet-pip,--require-hashes -r $(LOCK))
+	@$(call quiet-pip,--no-deps -e .)
+	@touch $(STAMP)
 ## make demo needs only the core lock (no Ray, no pyarrow, no test tools): a venv made by
 ## make test serves it too
 CORE_LOCK = deploy/lock/core.txt
 DEMO_STAMP = $(VENV)/.demo-stamp
 $(DEMO_STAMP): pyproject.toml $(CORE_LOCK)
-	if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
+	@if [ -f $(STAMP) ]; then touch $(DEMO_STAMP); else \
+		echo "setting up $(VENV) from $(CORE_LOCK) (pip's output: $(VENV)/pip.log) ..." && \
 		$(PYTHON) -m venv $(VENV) && \
 		$(call quiet-pip,--upgrade pip) && \
 		$(call quiet-pip,--require-hashes -r $(CORE_LOCK)) && \

@@ -11,8 +11,8 @@ on the console: wall-clock seconds between those stamps.  What each node spent i
 (busy seconds) and sent is in the operator report.  At the end it prints one line per phase,
 in protocol order: its wall-clock seconds on the initiator, which takes part in every phase (the
 report's ``phase_wall_seconds``: they add up to the session's), and the megabytes every node
-sent in it.  A peer's phase that began and ended between two probes is shown ended, without
-seconds.  On a terminal,
+sent in it.  A peer's phase that began and ended between two probes is shown ``ended``,
+without seconds.  On a terminal,
 one bar shows the phase under way, nodes done of nodes in it.
 """
 
@@ -87,7 +87,7 @@ class SessionProgress:
         """``node`` left ``phase`` at ``at``: its line, once, with the phase's wall-clock seconds there."""
         self.left[(node, phase)] = at
         began = self.entered.get((node, phase))
-        took = f"{at - began:8.2f} s" if began is not None else "   ended (its start was not seen)"
+        took = f"{at - began:8.2f} s" if began is not None else f"{'ended':>10}"  # began and ended between two probes
         role = " (initiator)" if node == self.initiator else ""
         self._write(f"  [{at:7.1f} s] {node + role:>22} {phase:<9} {took}")
         if phase == self.bar_phase and self.bar is not None:

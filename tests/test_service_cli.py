@@ -271,3 +271,16 @@ def test_simulate_refuses_an_existing_release_before_it_reads_the_input(tmp_path
     printed = capsys.readouterr()
     assert "--out" in printed.err and "exists: give --force to replace it" in printed.err and "reading" not in printed.err
     assert (tmp_path / "sim" / "sanitized.tsv").read_text() == "an earlier release\n"
+
+
+def test_status_shows_a_sessions_whole_reason() -> None:
+    """A refusal's reason is the last column, shown whole (it was cut at 80 characters, in the
+    middle of the rule's value)."""
+    from cels.cli.status import tables
+
+    reason = "party-2 refuses session s-1: policy.releases: release = sampled is not one of dp (the party's [policy] releases)"
+    session = {"session_id": "s-1", "outcome": "refused", "phase": "ready", "started_at": 0.0, "seconds": 0.0,
+               "bytes_sent": 0, "bytes_received": 0, "initiator": "party-1", "origin": "party-2", "reason": reason}  # fmt: skip
+    result = {"node": "solver", "role": "solver", "address": "127.0.0.1:1", "health": "SERVING", "config": "solver.toml", "peers": {},
+              "status": {"node_key_bits": 2048, "running_sessions": 0, "sessions": [session]}}  # fmt: skip
+    assert f"party-2: {reason}" in tables(result, 2.0)

@@ -200,7 +200,7 @@ def tables(result: dict[str, Any], timeout: float) -> str:
         for s in status["sessions"]:
             why = f"{s['origin']}: {s['reason']}" if s["origin"] or s["reason"] else ""
             rows.append((s["session_id"], s["outcome"], s["phase"], _when(s["started_at"]), f"{s['seconds']:.1f}",
-                         f"{int(s['bytes_sent']) / 1e6:.3f}", f"{int(s['bytes_received']) / 1e6:.3f}", s["initiator"], why[:80]))  # fmt: skip
+                         f"{int(s['bytes_sent']) / 1e6:.3f}", f"{int(s['bytes_received']) / 1e6:.3f}", s["initiator"], why))  # fmt: skip
         lines += _aligned(rows) if len(rows) > 1 else ["  none"]
         for s in (s for s in status["sessions"] if s["outcome"] == "resumable"):
             lines += ["", f"session {s['session_id']} can run again with the keys this node kept: "

@@ -4,9 +4,10 @@ starting the engine).  It builds the image offline, runs the certs step, a solve
 party nodes with 2048-bit keys on a slice of the AOL log, and audits the release, then the same
 with the transformed solve on a smaller slice, asks the metrics profile's Prometheus what it
 saw, and runs and audits the private session once more with party-1 on its own Ray cluster (the
-cluster profile's head and worker); this test checks that it passed, that the three audits ran
-on non-empty releases, and that nothing of the compose project is left (containers, volumes,
-networks)."""
+cluster profile's head and worker); this test checks that it passed, that the audits ran on
+non-empty releases (the DP histogram's too), that a stranger was refused by the Ray cluster,
+that on the file's own networks only party-1 reached its metrics, and that nothing of the
+compose project is left (containers, volumes, networks)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,17 @@ def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
     assert "solve" in private[2] and "nlp" in transformed[2] and "solve" in on_ray[2]  # the private solve, the paper's Algorithm 2, the private solve
     assert re.search(r"compose-test: ray-worker ran [1-9]\d* Ray worker processes for party-1", run.stderr), run.stderr[-4000:]
     assert "metrics: scraped (up): party-1, party-2, party-3, solver" in run.stdout
+    assert re.search(r"^audit: \d+ users, 17 pairs in; 17 pairs out at tau = \d+: clean", run.stdout, re.M), run.stdout[-4000:]  # the DP histogram
+    # a stranger on the nodes' network is refused by party-1's Ray cluster, through its client server and its GCS
+    assert re.search(r"a stranger on \S+ calling ray://ray-head:7111: REFUSED", run.stderr), run.stderr[-4000:]
+    assert re.search(r"a stranger on \S+ running ray start --address=ray-head:7110: exit [1-9]", run.stderr), run.stderr[-4000:]
+    if "bridge networks run here" in run.stderr:  # the file's own networks: who reaches a node's metrics
+        probes = dict(((who, where), verdict.split()[0]) for who, where, verdict in re.findall(r"^isolation: (\S+)\s+-> (\S+): (.*)$", run.stderr, re.M))
+        assert probes.pop(("party-1", "party-1-metrics:9101")) == "REACHED" and len(probes) == 5, probes
+        assert set(probes.values()) == {"UNREACHABLE"}, probes
     assert "compose-test: PASSED" in run.stderr
     for out in ("out", "out-transformed", "out-cluster"):
         assert (tmp_path / out / "sanitized.tsv").is_file() and (tmp_path / out / "operator" / "report.json").is_file()
     assert leftovers() == {"containers": [], "volumes": [], "networks": []}
+    probe_net = subprocess.run(["docker", "network", "ls", "--quiet", "--filter", f"name={PROJECT}-probe"], capture_output=True, text=True, timeout=30)
+    assert probe_net.stdout.split() == []  # the networking step's own network went too

@@ -336,6 +336,9 @@ cluster() {  # party-1 on its own Ray cluster: the cluster profile's head and wo
     network=$(docker inspect -f '{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}' "$("${COMPOSE[@]}" ps -q ray-head)")
     stranger+=(--network "${network%% *}")
     [ "$NETWORKS" = own ] || stranger+=(--add-host ray-head:127.0.0.1)
+    verdict=$("${stranger[@]}" cels:dev python3 - connect ray-head 7110 <deploy/compose_probe.py)  # it reaches the port: a refusal below is Ray's, not the network's
+    say "a stranger on ${network%% *} connecting to ray-head:7110: $verdict"
+    [ "$verdict" = REACHED ] || exit 1
     verdict=$("${stranger[@]}" cels:dev timeout 180 python3 - ray ray://ray-head:7111 <deploy/compose_probe.py 2>/dev/null | tail -1)
     say "a stranger on ${network%% *} calling ray://ray-head:7111: ${verdict:-no verdict}"
     [ "${verdict%% *}" = REFUSED ] || exit 1

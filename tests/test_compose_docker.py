@@ -59,6 +59,7 @@ def test_compose_in_containers_audits_clean(shared_data, tmp_path) -> None:
     assert "metrics: scraped (up): party-1, party-2, party-3, solver" in run.stdout
     assert re.search(r"^audit: \d+ users, 17 pairs in; 17 pairs out at tau = \d+: clean", run.stdout, re.M), run.stdout[-4000:]  # the DP histogram
     # a stranger on the nodes' network is refused by party-1's Ray cluster, through its client server and its GCS
+    assert re.search(r"a stranger on \S+ connecting to ray-head:7110: REACHED", run.stderr), run.stderr[-4000:]  # the network lets it through
     assert re.search(r"a stranger on \S+ calling ray://ray-head:7111: REFUSED", run.stderr), run.stderr[-4000:]
     assert re.search(r"a stranger on \S+ running ray start --address=ray-head:7110: exit [1-9]", run.stderr), run.stderr[-4000:]
     if "bridge networks run here" in run.stderr:  # the file's own networks: who reaches a node's metrics

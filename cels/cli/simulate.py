@@ -254,9 +254,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     fmt = log_format(args.format or "aol")  # the embedded log is AOL
     suffix = fmt.release_suffix or output_suffix(args.input)
     output = args.out / options.release_kind.output_name(suffix)
-    releases = {"--out": output, "release note": release_note_path(output)}
+    releases, inputs = {"--out": output, "release note": release_note_path(output)}, (args.input,) if args.input else ()
     if args.out.is_dir():  # an earlier release is refused before the input is read
-        check_output_paths(releases, inputs=(args.input,) if args.input else (), force=args.force)
+        check_output_paths(releases, inputs=inputs, force=args.force)
     if args.input is None:
         log, fmt_args = synthetic_log(users=args.synthetic_users, pairs=args.synthetic_pairs), ["--format", "aol"]
     else:  # read before --out is made: a bad input leaves nothing behind
@@ -266,7 +266,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         log, fmt_args = load_input(args), input_flags(args)
     args.out.mkdir(parents=True, exist_ok=True)
     report_path = operator_path(args.report, output, options.session_id)
-    check_output_paths(releases | {"--report": report_path}, inputs=(args.input,) if args.input else (), force=args.force)
+    check_output_paths(releases | {"--report": report_path}, inputs=inputs, force=args.force)
     shares = log.split_by_user(args.parties)
     print(f"input: {log.n_users} users, {log.n_pairs} pairs, |D| = {log.size}; split over {args.parties} parties "
           f"({', '.join(str(s.n_users) for s in shares)} users)", flush=True)  # fmt: skip

@@ -18,8 +18,7 @@ DNS_REFRESH_MS = 1000
 """How soon a channel may look its peer's name up again after a failed connection: a peer
 restarted at a new address (a recreated container, a rescheduled pod) is found before the
 watchdog's probes declare it dead (cels.node.link.PROBE_TIMEOUT_MAX unreachable), not after gRPC's
-default floor of 30 s between two lookups (seen in make compose-test: a party recreated with a
-new address was declared dead by a solver that kept dialling the old one)."""
+default floor of 30 s between two lookups."""
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 4 * 1024 * 1024),

@@ -67,7 +67,10 @@ DEBIAN_BASE=cels-base:bookworm
 # both profiles, so that ps, logs and down see every service; `up run` starts the trigger and
 # its dependencies only, so party-1's Ray cluster runs in the cluster step alone.  The step
 # networking puts the host-network files in its place where bridge networks cannot run.
-COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f docker-compose.yml -f deploy/compose-test.yml --profile metrics --profile cluster)
+compose_files() {  # compose_files -f FILE...: the docker-compose command every step runs, over these files
+    COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" "$@" --profile metrics --profile cluster)
+}
+compose_files -f docker-compose.yml -f deploy/compose-test.yml
 NETWORKS=own  # or host: the step networking's verdict
 PROMETHEUS_API=127.0.0.1:9090  # the metrics profile's Prometheus (prometheus-operator:9090 resolves to 127.0.0.1)
 STARTED_DOCKERD=
@@ -147,7 +150,7 @@ networking() {  # the file's own networks where this machine runs bridge network
     docker rm -f "$net-listener" >/dev/null 2>&1 || true
     docker network rm "$net" >/dev/null 2>&1 || true
     verdict=$(docker network create --internal "$net" >/dev/null 2>&1 \
-        && docker run -d --rm --name "$net-listener" --network "$net" -i "$BASE_IMAGE" python3 -c "$(cat deploy/compose_probe.py)" listen 9000 >/dev/null 2>&1 \
+        && docker run -d --rm --name "$net-listener" --network "$net" "$BASE_IMAGE" python3 -c "$(cat deploy/compose_probe.py)" listen 9000 >/dev/null 2>&1 \
         && docker run --rm -i --network "$net" "$BASE_IMAGE" python3 - connect "$net-listener" 9000 --wait 20 <deploy/compose_probe.py 2>&1) || verdict="no bridge network: $verdict"
     docker rm -f "$net-listener" >/dev/null 2>&1 || true
     docker network rm "$net" >/dev/null 2>&1 || true
@@ -158,7 +161,7 @@ networking() {  # the file's own networks where this machine runs bridge network
     NETWORKS=host
     say "WARNING: bridge networks cannot run here ($verdict): docker-compose.yml runs on the host's network, and the isolation of its networks is NOT tested"
     "$PYTHON" deploy/compose_release.py loopback --out "$WORK/compose-loopback.yml"
-    COMPOSE=(docker-compose --project-name "$PROJECT" --project-directory "$REPO" -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml -f deploy/compose-host.yml --profile metrics --profile cluster)
+    compose_files -f "$WORK/compose-loopback.yml" -f deploy/compose-test.yml -f deploy/compose-host.yml
 }
 
 isolation() {  # who reaches a node's metrics and Prometheus's API, as the nodes run (finding 6)
@@ -334,17 +337,18 @@ cluster() {  # party-1 on its own Ray cluster: the cluster profile's head and wo
     # certificate, tries Ray's client (as party-1 joins) and `ray start` (as the worker joined)
     local network verdict status stranger=(docker run --rm -i -e RAY_USAGE_STATS_ENABLED=0 -e RAY_gcs_rpc_server_reconnect_timeout_s=5)
     network=$(docker inspect -f '{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}' "$("${COMPOSE[@]}" ps -q ray-head)")
-    stranger+=(--network "${network%% *}")
+    network=${network%% *}  # its first (the cluster profile's services join one)
+    stranger+=(--network "$network")
     [ "$NETWORKS" = own ] || stranger+=(--add-host ray-head:127.0.0.1)
     verdict=$("${stranger[@]}" cels:dev python3 - connect ray-head 7110 <deploy/compose_probe.py)  # it reaches the port: a refusal below is Ray's, not the network's
-    say "a stranger on ${network%% *} connecting to ray-head:7110: $verdict"
+    say "a stranger on $network connecting to ray-head:7110: $verdict"
     [ "$verdict" = REACHED ] || exit 1
     verdict=$("${stranger[@]}" cels:dev timeout 180 python3 - ray ray://ray-head:7111 <deploy/compose_probe.py 2>/dev/null | tail -1)
-    say "a stranger on ${network%% *} calling ray://ray-head:7111: ${verdict:-no verdict}"
+    say "a stranger on $network calling ray://ray-head:7111: ${verdict:-no verdict}"
     [ "${verdict%% *}" = REFUSED ] || exit 1
     status=0
     "${stranger[@]}" cels:dev timeout 180 ray start --address=ray-head:7110 --disable-usage-stats >"$WORK/logs/stranger-ray-start.log" 2>&1 || status=$?
-    say "a stranger on ${network%% *} running ray start --address=ray-head:7110: exit $status ($(grep -v '^ *$' "$WORK/logs/stranger-ray-start.log" | tail -1 | cut -c1-160))"
+    say "a stranger on $network running ray start --address=ray-head:7110: exit $status ($(grep -v '^ *$' "$WORK/logs/stranger-ray-start.log" | tail -1 | cut -c1-160))"
     [ "$status" -ne 0 ] || exit 1
 }
 
